@@ -1,0 +1,36 @@
+"""stoker keeps an accelerator fed: image batches decoded in parallel and prefetched.
+
+``import stoker`` imports no ML framework; the adapters import theirs when called.
+"""
+
+from . import ops
+from .errors import (
+    ConfigError,
+    DecodeError,
+    DecompressionBombError,
+    SourceError,
+    StokerError,
+    TooManyErrors,
+    WorkerDied,
+    WorkerHung,
+)
+from .loader import Loader, StokerWarning
+from .stats import StatsReport
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Loader",
+    "StatsReport",
+    "StokerWarning",
+    "ops",
+    "StokerError",
+    "ConfigError",
+    "SourceError",
+    "DecodeError",
+    "DecompressionBombError",
+    "TooManyErrors",
+    "WorkerDied",
+    "WorkerHung",
+    "__version__",
+]

@@ -1,0 +1,135 @@
+"""Fill one batch: take the epoch's order slice, read, decode and transform each sample into
+the batch arrays, replacing bad samples deterministically. Runs in workers and inline alike."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import order as order_mod
+from .errors import DecodeError, SourceError, TooManyErrors
+from .sources.base import Source
+from .transforms import Pipeline
+
+#: Errors that mean "this sample's data is bad" (counted against max_errors), not a bug.
+DATA_ERRORS = (DecodeError, SourceError, OSError)
+MAX_REPLACEMENT_TRIES = 64
+
+
+@dataclass
+class Plan:
+    """Everything that fixes which samples a batch holds; the same in every process."""
+
+    n: int
+    batch_size: int
+    seed: int
+    shuffle: bool
+    drop_last: bool
+    rank: int = 0
+    world_size: int = 1
+
+    def order(self, epoch: int) -> np.ndarray:
+        """This rank's sample order for ``epoch``."""
+        return order_mod.epoch_order(
+            self.n,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            rank=self.rank,
+            world_size=self.world_size,
+            drop_last=self.drop_last,
+        )
+
+    def batches(self, per_rank: int) -> int:
+        """Batches per epoch for ``per_rank`` samples."""
+        full, rest = divmod(per_rank, self.batch_size)
+        return full if self.drop_last or rest == 0 else full + 1
+
+
+@dataclass
+class Report:
+    """What filling one batch produced: its size, the bad samples met, and stage timings."""
+
+    count: int = 0
+    bad: list[tuple[int, str, str]] = field(default_factory=list)
+    read_s: float = 0.0
+    decode_s: float = 0.0
+    transform_s: float = 0.0
+
+
+class Assembler:
+    """Fills batches for one process; keeps the current epoch's order cached."""
+
+    def __init__(self, source: Source, pipeline: Pipeline, plan: Plan) -> None:
+        self.source, self.pipeline, self.plan = source, pipeline, plan
+        self._epoch = -1
+        self._order = np.zeros(0, dtype=np.int64)
+        self.current = -1  # index of the sample being loaded, for crash reports
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The (cached) order of ``epoch``."""
+        if epoch != self._epoch:
+            self._order, self._epoch = self.plan.order(epoch), epoch
+        return self._order
+
+    def fill(self, epoch: int, batch: int, images: np.ndarray, labels: np.ndarray,
+             status: np.ndarray | None = None) -> Report:
+        """Write batch ``batch`` of ``epoch`` into ``images``/``labels``; return its report."""
+        order = self.order(epoch)
+        start = batch * self.plan.batch_size
+        positions = np.arange(start, min(start + self.plan.batch_size, len(order)))
+        indices = order[positions]
+        u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
+        report = Report(count=len(indices))
+        for slot, pos in enumerate(positions):
+            index = self._load_good(epoch, order, int(pos), images[slot], u[slot], report, status)
+            labels[slot] = self.source.labels[index]
+        return report
+
+    def _load_good(self, epoch, order, pos, out, u, report, status) -> int:
+        """Load the sample at ``pos``; on bad data, the next good one in the epoch's order."""
+        for k in range(MAX_REPLACEMENT_TRIES):
+            index = int(order[(pos + k) % len(order)])
+            if k:
+                u = order_mod.sample_uniforms(self.plan.seed, epoch, [index], self.pipeline.uniforms)[0]
+            if status is not None:
+                status[0] = index
+            self.current = index
+            if self._load_one(epoch, index, out, u, report):
+                return index
+        raise TooManyErrors(
+            f"{MAX_REPLACEMENT_TRIES} samples in a row failed to load, starting at "
+            f"{self.source.name(int(order[pos]))}; see the loader's stats() for each reason"
+        )
+
+    def _load_one(self, epoch: int, index: int, out: np.ndarray, u: np.ndarray, report: Report) -> bool:
+        """Load one sample into ``out``; False (and a note in ``report``) if its data is bad."""
+        t0 = time.perf_counter()
+        try:
+            data = self.source.read(index)
+            t1 = time.perf_counter()
+            region = self.pipeline.load(data, u)
+        except DATA_ERRORS as exc:
+            report.bad.append((index, self.source.name(index), _reason(exc)))
+            return False
+        t2 = time.perf_counter()
+        rng = self._rng(epoch, index)
+        self.pipeline.finish(region, u, rng, out)
+        report.read_s += t1 - t0
+        report.decode_s += t2 - t1
+        report.transform_s += time.perf_counter() - t2
+        return True
+
+    def _rng(self, epoch: int, index: int) -> Any:
+        if not self.pipeline.needs_rng:
+            return None
+        return order_mod.sample_rng(self.plan.seed, epoch, index)
+
+
+def _reason(exc: BaseException) -> str:
+    """A one-line reason for a bad sample."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,115 @@
+"""Validate the Loader's keyword arguments up front, with messages that say how to fix them,
+and make the sized choices (``workers="auto"``, prefetch depth) with their reasons."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import psutil
+
+from .errors import ConfigError
+
+DEFAULT_MAX_PIXELS = 178_956_970  # as Pillow: twice its warning limit
+START_METHODS = ("spawn", "forkserver")
+
+
+def image_size(value: Any) -> tuple[int, int]:
+    """``224`` or ``(height, width)`` as a tuple of positive ints."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return (value, value)
+    if (
+        isinstance(value, (tuple, list))
+        and len(value) == 2
+        and all(isinstance(v, int) and v > 0 for v in value)
+    ):
+        return (int(value[0]), int(value[1]))
+    raise ConfigError(f"image_size={value!r}: give a positive int (224) or (height, width)")
+
+
+def positive_int(name: str, value: Any) -> int:
+    """A positive int, or a ConfigError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}={value!r}: must be a positive integer")
+    return value
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def workers(value: Any) -> tuple[int, str]:
+    """Worker count and the reason for it."""
+    if value == "auto":
+        cpus = usable_cpus()
+        count = max(1, min(cpus, 32))
+        return count, f"auto: one per usable CPU core ({cpus})"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"workers={value!r}: use 'auto', 0 (load in this process) or a count")
+    return value, "set by you" if value else "in the calling process (workers=0)"
+
+
+def max_errors(value: Any, n: int) -> int:
+    """The bad-sample budget as a count: an int as is, a fraction of ``n`` rounded up."""
+    if isinstance(value, bool):
+        raise ConfigError(f"max_errors={value!r}: give a count (10) or a fraction (0.001)")
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, float) and 0.0 <= value < 1.0:
+        return math.ceil(value * n)
+    raise ConfigError(f"max_errors={value!r}: give a count (10) or a fraction in [0, 1) (0.001)")
+
+
+def prefetch(value: Any, count: int, held: int, slot_bytes: int) -> tuple[int, int, str]:
+    """``(per_worker, slots, reason)``: batches in flight per worker and slots in the ring."""
+    if value != "auto":
+        depth = positive_int("prefetch", value)
+        per_worker = max(1, math.ceil(depth / count))
+        return per_worker, depth + held, "set by you"
+    budget = psutil.virtual_memory().available // 4
+    for per_worker in (2, 1):
+        slots = per_worker * count + held
+        if slots * slot_bytes <= budget:
+            why = f"auto: {per_worker} per worker, {slots * slot_bytes / 2**20:.0f} MiB ring"
+            return per_worker, slots, why
+    raise ConfigError(
+        f"a batch takes {slot_bytes / 2**20:.0f} MiB and {count + held} of them do not fit in a "
+        f"quarter of available memory ({budget / 2**20:.0f} MiB): lower batch_size or workers"
+    )
+
+
+def start_method(value: Any) -> str:
+    """'spawn' or 'forkserver' (fork is unsafe with threads and is refused)."""
+    if value not in START_METHODS:
+        raise ConfigError(
+            f"start_method={value!r}: use 'spawn' or 'forkserver'; 'fork' is unsafe once threads "
+            "(of torch, tf, jax or the loader) are running"
+        )
+    return str(value)
+
+
+def rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
+    """Explicit rank/world_size, else torch.distributed's if initialised, else (0, 1)."""
+    if rank is None and world_size is None:
+        return detect_rank()
+    if rank is None or world_size is None:
+        raise ConfigError("give both rank= and world_size=, or neither")
+    world = positive_int("world_size", world_size)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+        raise ConfigError(f"rank={rank!r}: must be an int in [0, world_size={world})")
+    return rank, world
+
+
+def detect_rank() -> tuple[int, int]:
+    """torch.distributed's rank/world if it is imported and initialised, else (0, 1)."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1

@@ -1,0 +1,46 @@
+"""The exception tree: every error stoker raises on purpose derives from StokerError."""
+
+from __future__ import annotations
+
+
+class StokerError(Exception):
+    """Base class of every error that stoker raises on purpose."""
+
+
+class ConfigError(StokerError, ValueError):
+    """A Loader argument is invalid; the message says how to fix it."""
+
+
+class SourceError(StokerError, ValueError):
+    """A data source cannot be opened or indexed (missing folder, empty CSV, bad array)."""
+
+
+class DecodeError(StokerError, ValueError):
+    """An image file cannot be decoded (corrupt, truncated, unsupported or not an image)."""
+
+
+class DecompressionBombError(DecodeError):
+    """An image claims more pixels than ``max_pixels`` allows; refused before allocation."""
+
+
+class TooManyErrors(StokerError):
+    """More samples failed to load than the ``max_errors`` budget allows."""
+
+
+class WorkerDied(StokerError):
+    """A worker process ended without being asked to (killed by a signal, ``os._exit``, crash)."""
+
+
+class WorkerHung(StokerError):
+    """A worker made no progress within the loader's ``timeout``."""
+
+
+class RemoteTraceback(Exception):
+    """Carries a worker's formatted traceback; set as ``__cause__`` of a re-raised error."""
+
+    def __init__(self, tb: str) -> None:
+        super().__init__(tb)
+        self.tb = tb
+
+    def __str__(self) -> str:
+        return self.tb

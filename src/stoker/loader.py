@@ -1,0 +1,294 @@
+"""Loader: wires source, order, workers, prefetch and adapters; iteration, len, state, stats, close."""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from . import config
+from .assemble import Assembler, Plan, Report
+from .errors import ConfigError, StokerError, TooManyErrors
+from .sources import open_source
+from .stats import Stats, StatsReport
+from .transforms import make_pipeline
+from .workers.engine import HELD, Engine
+from .workers.pool import WorkerPool
+from .workers.slots import SlotLayout, clean_stale, pick_folder
+
+STATE_VERSION = 1
+Batch = tuple[np.ndarray, np.ndarray]
+
+
+class StokerWarning(UserWarning):
+    """Warnings about the data (a skipped bad file) or the machine (a small /dev/shm)."""
+
+
+class _Inline:
+    """workers=0: fill each batch in the calling process when asked."""
+
+    def __init__(self, assembler: Assembler, layout: SlotLayout) -> None:
+        self.assembler, self.layout = assembler, layout
+        self.orphaned = 0
+
+    def get(self, key: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, Report]:
+        lay = self.layout
+        images = np.empty((lay.batch_size, lay.height, lay.width, 3), np.uint8)
+        labels = np.empty(lay.batch_size, np.int64)
+        return images, labels, self.assembler.fill(key[0], key[1], images, labels)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class _Running:
+    """What a started loader owns: pool and engine; closed by close() or the finalizer."""
+
+    def __init__(self) -> None:
+        self.pool: WorkerPool | None = None
+        self.engine: Engine | _Inline | None = None
+
+    def close(self) -> None:
+        engine, pool = self.engine, self.pool
+        self.engine = self.pool = None
+        if pool is not None:
+            pool.close()
+        if engine is not None:
+            engine.close()
+
+
+class Loader:
+    """Shuffled, augmented, fixed-shape image batches, decoded in parallel and prefetched.
+
+    Iterating gives ``(images, labels)``: ``uint8`` ``(B, H, W, 3)`` and ``int64`` ``(B,)``.
+    See the README for every argument; all are validated here with a message saying the fix.
+    """
+
+    def __init__(
+        self,
+        source: Any = None,
+        *,
+        paths: Any = None,
+        labels: Any = None,
+        batch_size: int = 64,
+        image_size: Any = 224,
+        augment: Any = "train",
+        shuffle: bool = True,
+        seed: int = 0,
+        workers: Any = "auto",
+        drop_last: bool | None = None,
+        prefetch: Any = "auto",
+        max_errors: Any = 0.001,
+        max_pixels: int = config.DEFAULT_MAX_PIXELS,
+        fast_decode: bool = False,
+        timeout: float = 300.0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        start_method: str = "spawn",
+    ) -> None:
+        self.source = open_source(source, paths=paths, labels=labels)
+        self.batch_size = config.positive_int("batch_size", batch_size)
+        self.image_size = config.image_size(image_size)
+        self.pipeline = make_pipeline(augment, self.image_size, bool(fast_decode), max_pixels)
+        self.augment, self.shuffle, self.seed = augment, bool(shuffle), int(seed)
+        self.drop_last = self.shuffle if drop_last is None else bool(drop_last)
+        self.workers, self._workers_reason = config.workers(workers)
+        self.max_errors = config.max_errors(max_errors, len(self.source))
+        self._prefetch_arg, self.timeout = prefetch, float(timeout)
+        self.start_method = config.start_method(start_method)
+        rank, world = config.rank_world(rank, world_size)
+        self.plan = Plan(len(self.source), self.batch_size, self.seed, self.shuffle,
+                         self.drop_last, rank, world)
+        self.layout = SlotLayout(self.batch_size, *self.image_size)
+        self._per_rank = len(self.plan.order(0))
+        self._batches = self.plan.batches(self._per_rank)
+        if self._batches == 0:
+            raise ConfigError(
+                f"{len(self.source)} samples make no full batch of {self.batch_size} with "
+                "drop_last=True: lower batch_size or pass drop_last=False"
+            )
+        self.epoch, self.position = 0, 0
+        self._stats = Stats()
+        self._run = _Running()
+        self._prefetch_reason, self._folder = "not started", "-"
+        self._finalizer = weakref.finalize(self, _Running.close, self._run)
+
+    # ------------------------------------------------------------------ iteration
+
+    def __len__(self) -> int:
+        """Batches per epoch (for this rank)."""
+        return self._batches
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Class names, when the source has them (folder names, text labels)."""
+        return self.source.classes
+
+    def __iter__(self) -> Iterator[Batch]:
+        """The rest of the current epoch (all of it, unless resumed or broken off mid-way)."""
+        return self._epoch_batches()
+
+    def stream(self) -> Iterator[Batch]:
+        """Batches without end, epoch after epoch."""
+        while True:
+            yield from self._epoch_batches()
+
+    def _epoch_batches(self) -> Iterator[Batch]:
+        if self.position >= self._batches:
+            self.epoch, self.position = self.epoch + 1, 0
+        epoch = self.epoch
+        while self.position < self._batches and self.epoch == epoch:
+            out = self._next((epoch, self.position))
+            self.position += 1
+            yield out
+        if self.epoch == epoch and self.position >= self._batches:
+            self.epoch, self.position = epoch + 1, 0
+
+    def _next(self, key: tuple[int, int]) -> Batch:
+        engine = self._engine()
+        t0 = self._stats.begin_wait()
+        try:
+            images, labels, report = engine.get(key)
+            self._account(report)
+        except BaseException:
+            self._run.close()
+            raise
+        self._stats.end_wait(t0, report.count)
+        if report.count < self.batch_size:
+            return images[: report.count], labels[: report.count]
+        return images, labels
+
+    def _account(self, report: Report) -> None:
+        """Fold a batch's report into the stats; warn about new bad files; enforce the budget."""
+        for _, name, reason in self._stats.add(report):
+            warnings.warn(
+                f"stoker skipped {name} ({reason}); a good sample took its place "
+                f"({len(self._stats.bad)} of max_errors={self.max_errors} used)",
+                StokerWarning,
+                stacklevel=4,
+            )
+        if len(self._stats.bad) > self.max_errors:
+            listed = "\n".join(f"  {n}: {r}" for n, r in list(self._stats.bad.values())[:20])
+            raise TooManyErrors(
+                f"{len(self._stats.bad)} samples failed to load, more than max_errors="
+                f"{self.max_errors}:\n{listed}\nfix or remove these files, or raise max_errors"
+            )
+
+    # ------------------------------------------------------------------ workers
+
+    def _engine(self) -> Engine | _Inline:
+        if self._run.engine is None:
+            if self._finalizer.alive is False:
+                raise StokerError("this Loader is closed; create a new one")
+            self._start()
+        assert self._run.engine is not None
+        return self._run.engine
+
+    def _start(self) -> None:
+        assembler = Assembler(self.source, self.pipeline, self.plan)
+        if self.workers == 0:
+            self._run.engine = _Inline(assembler, self.layout)
+            self._prefetch_reason, self._folder = "none: workers=0 loads on demand", "process memory"
+            return
+        clean_stale()
+        per_worker, slots, self._prefetch_reason = config.prefetch(
+            self._prefetch_arg, self.workers, HELD, self.layout.nbytes
+        )
+        self._folder = pick_folder(slots * self.layout.nbytes)
+        spec = {"source": self.source, "pipeline": self.pipeline, "plan": self.plan,
+                "layout": self.layout}
+        self._run.pool = WorkerPool(self.workers, spec, self.start_method)
+        self._run.engine = Engine(self._run.pool, self.layout, slots, per_worker, self._batches,
+                                  self._folder, self.timeout, self.source.name)
+
+    # ------------------------------------------------------------------ state
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position as JSON-able data; ``load_state_dict`` resumes exactly there."""
+        epoch, position = self.epoch, self.position
+        if position >= self._batches:
+            epoch, position = epoch + 1, 0
+        return {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "position": position,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "batches": self._batches,
+            "fingerprint": self.source.fingerprint(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``; refuses a state of another dataset or other settings."""
+        if state.get("version") != STATE_VERSION:
+            raise ConfigError(f"state version {state.get('version')!r}; this stoker reads "
+                              f"{STATE_VERSION}")
+        mine = self.state_dict()
+        for key in ("fingerprint", "seed", "batch_size", "batches"):
+            if state.get(key) != mine[key]:
+                raise ConfigError(
+                    f"this state was saved for a different {key} ({state.get(key)!r}, here "
+                    f"{mine[key]!r}); resume with the same dataset and settings"
+                )
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    # ------------------------------------------------------------------ reporting, adapters
+
+    def stats(self) -> StatsReport:
+        """Throughput, time the consumer waited for data and its share, stage times, bad files."""
+        engine = self._run.engine
+        return self._stats.report(
+            workers=self.workers,
+            workers_reason=self._workers_reason,
+            prefetch=0 if engine is None or isinstance(engine, _Inline) else len(engine.segments)
+            - HELD,
+            prefetch_reason=self._prefetch_reason,
+            kept_batches=engine.orphaned if engine is not None else 0,
+            memory_folder=self._folder,
+        )
+
+    def keras(self) -> Any:
+        """A ``keras.utils.PyDataset`` over this loader, for ``model.fit`` on any backend."""
+        from .adapters.keras import to_keras
+
+        return to_keras(self)
+
+    def torch(self, device: Any = None, **kwargs: Any) -> Any:
+        """An iterable of torch tensors, copied to ``device`` ahead of use."""
+        from .adapters.torch import to_torch
+
+        return to_torch(self, device=device, **kwargs)
+
+    def jax(self, sharding: Any = None) -> Any:
+        """An iterable of jax arrays, put on the device(s) ahead of use."""
+        from .adapters.jax import to_jax
+
+        return to_jax(self, sharding=sharding)
+
+    def tf(self) -> Any:
+        """A ``tf.data.Dataset`` of this loader's batches (one epoch per iteration)."""
+        from .adapters.tf import to_tf
+
+        return to_tf(self)
+
+    # ------------------------------------------------------------------ lifetime
+
+    def close(self) -> None:
+        """Stop the workers and free all shared memory; idempotent."""
+        self._finalizer()
+        self.source.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"Loader({len(self.source)} samples, batch_size={self.batch_size}, "
+            f"image_size={self.image_size}, augment={self.augment!r}, workers={self.workers})"
+        )

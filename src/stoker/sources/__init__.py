@@ -1,0 +1,63 @@
+"""Data sources: random access to samples by index, whatever the storage.
+
+A source has ``len()``, ``labels`` (int64 array), ``classes``, ``read(i)`` returning encoded bytes
+or a decoded ``uint8`` array, ``name(i)`` for messages, and ``fingerprint()`` for resume checks.
+It pickles cheaply (numpy arrays, no Python list per sample) so spawned workers get it whole.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SourceError
+from .arrays import ArraySource, NpySource
+from .base import Source
+from .folder import FolderSource
+from .table import PathSource, TableSource
+
+__all__ = ["Source", "open_source", "ArraySource", "NpySource", "FolderSource", "TableSource"]
+
+
+def open_source(source: Any = None, *, paths: Any = None, labels: Any = None) -> Source:
+    """Recognise what ``source`` is and return the matching Source.
+
+    ``source`` may be a folder (ImageFolder layout), a CSV/TSV file, a ``.npy`` file, a numpy
+    array of images (then ``labels`` is an array), or None with ``paths=`` (and ``labels=``).
+    """
+    if isinstance(source, Source):
+        return source
+    if source is None:
+        if paths is None:
+            raise SourceError("no data given: pass a folder, a CSV file, an array, or paths=[...]")
+        return PathSource(paths, labels)
+    if paths is not None:
+        raise SourceError("pass either a source or paths=, not both")
+    if isinstance(source, np.ndarray):
+        return ArraySource(source, labels)
+    if isinstance(source, (str, os.PathLike)):
+        return _open_path(Path(source), labels)
+    raise SourceError(
+        f"unsupported source of type {type(source).__name__}: pass a folder, a CSV/TSV file, "
+        "a .npy file, a numpy array of images, or paths=[...]"
+    )
+
+
+def _open_path(path: Path, labels: Any) -> Source:
+    """Open a source given as a path, by what the path is."""
+    if not path.exists():
+        raise SourceError(f"{path}: no such file or folder")
+    if path.is_dir():
+        return FolderSource(path)
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv", ".txt"):
+        return TableSource(path)
+    if suffix == ".npy":
+        return NpySource(path, labels)
+    raise SourceError(
+        f"{path}: cannot tell what this file is from its extension {suffix!r}; "
+        "stoker reads folders, .csv/.tsv files of path,label and .npy arrays"
+    )

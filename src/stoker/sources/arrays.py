@@ -1,0 +1,123 @@
+"""Sources of already-decoded images: numpy arrays in memory and ``.npy`` files (memory-mapped)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SourceError
+from ..workers.slots import Segment
+from .base import Source
+
+
+def check_images(images: np.ndarray, where: str) -> None:
+    """Refuse arrays that are not (N, H, W), (N, H, W, 1|3|4) uint8 images."""
+    if images.dtype != np.uint8:
+        raise SourceError(
+            f"{where}: images must be uint8, got {images.dtype}; convert with "
+            "(x * 255).clip(0, 255).astype('uint8') if they are floats in [0, 1]"
+        )
+    ok = images.ndim == 3 or (images.ndim == 4 and images.shape[3] in (1, 3, 4))
+    if not ok:
+        raise SourceError(f"{where}: expected images of shape (N, H, W[, 1|3|4]), got {images.shape}")
+
+
+def check_labels(labels: Any, count: int, where: str) -> np.ndarray:
+    """Labels as int64 of length ``count``; -1 for every sample when none are given."""
+    if labels is None:
+        return np.full(count, -1, dtype=np.int64)
+    out = np.asarray(labels)
+    if isinstance(labels, (str, os.PathLike)):
+        out = np.load(labels, mmap_mode="r")
+    if out.shape[0] != count:
+        raise SourceError(f"{where}: {count} images but {out.shape[0]} labels")
+    return np.asarray(out, dtype=np.int64).reshape(count)
+
+
+class ArraySource(Source):
+    """An in-memory array of images; copied once into shared memory that workers map."""
+
+    def __init__(self, images: np.ndarray, labels: Any = None) -> None:
+        check_images(images, "array source")
+        self.labels = check_labels(labels, images.shape[0], "array source")
+        self.shape, self._array = images.shape, images
+        self._segment: Segment | None = None
+        self._digest = hashlib.blake2b(
+            np.ascontiguousarray(images[:: max(1, len(images) // 64)]).tobytes(), digest_size=12
+        ).hexdigest()
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self._segment is None:
+            self._segment = Segment.create(self._array.nbytes, "arr")
+            self._segment.array(np.uint8, self.shape)[...] = self._array
+        state = dict(self.__dict__)
+        state["_array"] = None
+        state["_segment"] = self._segment.handle()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._segment = Segment.attach(*state["_segment"])
+        self._array = self._segment.array(np.uint8, self.shape)
+
+    def read(self, index: int) -> np.ndarray:
+        """The image as a view (no copy)."""
+        return self._array[index]
+
+    def name(self, index: int) -> str:
+        """``array[index]``."""
+        return f"array[{index}]"
+
+    def fingerprint(self) -> str:
+        """Digest of shape, labels and a sample of the pixels."""
+        h = hashlib.blake2b(self._digest.encode(), digest_size=12)
+        h.update(str(self.shape).encode() + self.labels.tobytes())
+        return h.hexdigest()
+
+    def close(self) -> None:
+        """Unlink the shared copy, if one was made."""
+        if self._segment is not None and self._segment.owner:
+            self._segment.unlink()
+
+
+class NpySource(Source):
+    """A ``.npy`` file of images, memory-mapped in every process and never read whole."""
+
+    def __init__(self, path: str | os.PathLike, labels: Any = None) -> None:
+        self.path = Path(path)
+        try:
+            arr = np.load(self.path, mmap_mode="r")
+        except ValueError as exc:
+            raise SourceError(f"{self.path}: cannot memory-map this .npy file ({exc})") from None
+        check_images(arr, str(self.path))
+        self.shape = arr.shape
+        self.labels = check_labels(labels, arr.shape[0], str(self.path))
+        self._array: np.ndarray | None = arr
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_array": None}
+
+    def _images(self) -> np.ndarray:
+        if self._array is None:
+            self._array = np.load(self.path, mmap_mode="r")
+        return self._array
+
+    def read(self, index: int) -> np.ndarray:
+        """The image, read from the mapping."""
+        return np.asarray(self._images()[index])
+
+    def name(self, index: int) -> str:
+        """``file.npy[index]``."""
+        return f"{self.path}[{index}]"
+
+    def fingerprint(self) -> str:
+        """Digest of the path, shape, size and mtime."""
+        st = os.stat(self.path)
+        key = f"{self.path.resolve()}|{self.shape}|{st.st_size}|{st.st_mtime_ns}"
+        h = hashlib.blake2b(key.encode(), digest_size=12)
+        h.update(self.labels.tobytes())
+        return h.hexdigest()

@@ -1,0 +1,117 @@
+"""Wait-time and per-stage accounting, and the report that answers "is my GPU waiting?"."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .assemble import Report
+
+INPUT_BOUND = 0.10  # waiting more than this share of wall time means the input is the bottleneck
+
+
+@dataclass
+class StatsReport:
+    """A snapshot of a loader's counters; ``print()`` it for a readable summary."""
+
+    images: int
+    batches: int
+    elapsed_s: float
+    wait_s: float
+    wait_share: float
+    images_per_s: float
+    read_ms: float
+    decode_ms: float
+    transform_ms: float
+    skipped: int
+    bad_files: list[tuple[str, str]]
+    workers: int
+    workers_reason: str
+    prefetch: int
+    prefetch_reason: str
+    kept_batches: int
+    memory_folder: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def bottleneck(self) -> str:
+        """'input' when the consumer waited a lot for data, else 'compute'."""
+        if self.batches == 0:
+            return "unknown"
+        return "input" if self.wait_share > INPUT_BOUND else "compute"
+
+    def __str__(self) -> str:
+        lines = [
+            f"stoker: {self.images} images in {self.batches} batches, {self.elapsed_s:.2f} s, "
+            f"{self.images_per_s:,.0f} img/s",
+            f"  waited for data: {self.wait_s:.2f} s = {self.wait_share:.1%} of the time"
+            f" -> bottleneck: {self.bottleneck}",
+            f"  per image (worker time): read {self.read_ms:.2f} ms, decode {self.decode_ms:.2f} "
+            f"ms, transform {self.transform_ms:.2f} ms",
+            f"  workers: {self.workers} ({self.workers_reason}); prefetch: {self.prefetch} "
+            f"batches ({self.prefetch_reason}); memory in {self.memory_folder}",
+            f"  skipped samples: {self.skipped}",
+        ]
+        lines += [f"    {name}: {reason}" for name, reason in self.bad_files[:10]]
+        if len(self.bad_files) > 10:
+            lines.append(f"    ... and {len(self.bad_files) - 10} more")
+        if self.kept_batches:
+            lines.append(f"  batches kept by the consumer past reuse: {self.kept_batches}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class Stats:
+    """Mutable counters the loader updates; ``report()`` makes a StatsReport."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+        self.last = 0.0
+        self.images = self.batches = 0
+        self.wait_s = self.read_s = self.decode_s = self.transform_s = 0.0
+        self.bad: dict[int, tuple[str, str]] = {}
+        self.loaded = 0
+
+    def begin_wait(self) -> float:
+        """Mark that the consumer asked for a batch; returns the start time."""
+        now = time.perf_counter()
+        if self.started is None:
+            self.started = now
+        return now
+
+    def end_wait(self, t0: float, images: int) -> None:
+        """The consumer got a batch of ``images`` after waiting since ``t0``."""
+        self.last = time.perf_counter()
+        self.wait_s += self.last - t0
+        self.images += images
+        self.batches += 1
+
+    def add(self, report: Report) -> list[tuple[int, str, str]]:
+        """Fold in a batch's report; returns bad samples not seen before."""
+        self.read_s += report.read_s
+        self.decode_s += report.decode_s
+        self.transform_s += report.transform_s
+        self.loaded += report.count
+        new = [b for b in report.bad if b[0] not in self.bad]
+        for index, name, reason in new:
+            self.bad[index] = (name, reason)
+        return new
+
+    def report(self, **config: object) -> StatsReport:
+        """A snapshot with per-image stage times in ms."""
+        elapsed = (self.last - self.started) if self.started is not None else 0.0
+        per = 1000.0 / max(1, self.loaded)
+        return StatsReport(
+            images=self.images,
+            batches=self.batches,
+            elapsed_s=elapsed,
+            wait_s=self.wait_s,
+            wait_share=self.wait_s / elapsed if elapsed > 0 else 0.0,
+            images_per_s=self.images / elapsed if elapsed > 0 else 0.0,
+            read_ms=self.read_s * per,
+            decode_ms=self.decode_s * per,
+            transform_ms=self.transform_s * per,
+            skipped=len(self.bad),
+            bad_files=list(self.bad.values()),
+            **config,  # type: ignore[arg-type]
+        )

@@ -1,0 +1,257 @@
+"""Train/eval/resize pipelines and the stock ops; each writes one sample into an ``out=`` array.
+
+A pipeline turns one stored sample (encoded bytes or a decoded array) into ``out`` (H, W, 3)
+``uint8``. The stock pipelines are fused: the crop box is chosen from the image header, only
+that region is decoded (at a reduced DCT scale where the output allows), and it is resized
+straight into the batch slot. Randomness comes from per-sample uniforms (see ``order``), so
+results depend only on ``(seed, epoch, index)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cv2
+import numpy as np
+
+from . import decode as dec
+from .errors import ConfigError
+
+Box = tuple[int, int, int, int]  # top, left, height, width
+
+
+def as_rgb(image: np.ndarray) -> np.ndarray:
+    """A (h, w, 3) view or copy of a gray, RGB or RGBA uint8 image."""
+    if image.ndim == 2:
+        return np.repeat(image[:, :, None], 3, axis=2)
+    if image.shape[2] == 3:
+        return image
+    if image.shape[2] == 1:
+        return np.repeat(image, 3, axis=2)
+    return image[:, :, :3]
+
+
+def resize_into(region: np.ndarray, out: np.ndarray) -> None:
+    """Resize ``region`` into ``out`` in place: bilinear, or area averaging past 2x shrink."""
+    h, w = out.shape[:2]
+    shrink = min(region.shape[0] / h, region.shape[1] / w)
+    interp = cv2.INTER_AREA if shrink > 2.0 else cv2.INTER_LINEAR
+    if region.shape[:2] == (h, w):
+        out[...] = region
+        return
+    cv2.resize(region, (w, h), dst=out, interpolation=interp)
+
+
+def random_resized_crop_box(
+    h: int, w: int, u: np.ndarray, scale: tuple[float, float], ratio: tuple[float, float]
+) -> Box:
+    """The usual RandomResizedCrop sampling (10 tries, then a centre crop), from 40 uniforms."""
+    area = h * w
+    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    for t in range(10):
+        target = area * (scale[0] + (scale[1] - scale[0]) * u[4 * t])
+        aspect = math.exp(lo + (hi - lo) * u[4 * t + 1])
+        cw = int(round(math.sqrt(target * aspect)))
+        ch = int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= w and 0 < ch <= h:
+            top = int(u[4 * t + 2] * (h - ch + 1))
+            left = int(u[4 * t + 3] * (w - cw + 1))
+            return top, left, ch, cw
+    in_ratio = w / h
+    if in_ratio < ratio[0]:
+        cw, ch = w, int(round(w / ratio[0]))
+    elif in_ratio > ratio[1]:
+        ch, cw = h, int(round(h * ratio[1]))
+    else:
+        ch, cw = h, w
+    return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+
+def center_box(h: int, w: int, out_h: int, out_w: int, fraction: float) -> Box:
+    """The box that 'resize shorter side to out/fraction, then centre crop out' takes."""
+    scale = max(out_h / (fraction * h), out_w / (fraction * w))
+    ch, cw = min(h, max(1, round(out_h / scale))), min(w, max(1, round(out_w / scale)))
+    return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+
+class Pipeline:
+    """Base of the stock pipelines: geometry from the header, then a fused decode + resize."""
+
+    uniforms = 0
+    needs_rng = False
+    reduce = True  # may the decoder shrink the region (DCT scaling) down to the output size?
+
+    def __init__(self, size: tuple[int, int], fast: bool, max_pixels: int) -> None:
+        self.size, self.fast, self.max_pixels = size, fast, max_pixels
+
+    def box(self, h: int, w: int, u: np.ndarray) -> Box | None:
+        """The region of the (displayed) image to keep; None for all of it."""
+        return None
+
+    def load(self, data: bytes | np.ndarray, u: np.ndarray) -> np.ndarray:
+        """Decode the sample's region (the stage whose errors count as bad data)."""
+        if isinstance(data, np.ndarray):
+            img = as_rgb(data)
+            box = self.box(img.shape[0], img.shape[1], u)
+            return img if box is None else img[box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
+        info = dec.probe(data, max_pixels=self.max_pixels)
+        box = self.box(info.height, info.width, u)
+        return dec.decode(
+            data,
+            info,
+            box=box,
+            min_size=self.size if self.reduce else None,
+            fast=self.fast,
+            max_pixels=self.max_pixels,
+        )
+
+    def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
+        """Write the loaded region into ``out``."""
+        resize_into(region, out)
+
+
+class TrainPipeline(Pipeline):
+    """RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) and a random horizontal flip."""
+
+    uniforms = 41
+
+    def __init__(self, size, fast, max_pixels, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+        super().__init__(size, fast, max_pixels)
+        self.scale, self.ratio = scale, ratio
+
+    def box(self, h: int, w: int, u: np.ndarray) -> Box:
+        return random_resized_crop_box(h, w, u, self.scale, self.ratio)
+
+    def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
+        resize_into(region, out)
+        if u[40] < 0.5:
+            cv2.flip(out, 1, dst=out)
+
+
+class EvalPipeline(Pipeline):
+    """Resize the shorter side to ``size / 0.875``, then take the centre ``size`` crop."""
+
+    def __init__(self, size, fast, max_pixels, fraction: float = 0.875):
+        super().__init__(size, fast, max_pixels)
+        self.fraction = fraction
+
+    def box(self, h: int, w: int, u: np.ndarray) -> Box:
+        return center_box(h, w, self.size[0], self.size[1], self.fraction)
+
+
+class ResizePipeline(Pipeline):
+    """A plain resize of the whole image to ``size`` (aspect ratio not kept)."""
+
+
+class CustomPipeline(Pipeline):
+    """Decode the whole image, run the user's callable(s) ``(image, rng) -> image``, fit to size."""
+
+    needs_rng = True
+    reduce = False
+
+    def __init__(self, size, fast, max_pixels, ops: Sequence[Callable[..., np.ndarray]]):
+        super().__init__(size, fast, max_pixels)
+        self.ops = list(ops)
+
+    def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
+        image = region
+        for op in self.ops:
+            image = op(image, rng)
+        image = _check_user_image(image, self.ops)
+        resize_into(image, out)
+
+
+def _check_user_image(image: Any, ops: list[Any]) -> np.ndarray:
+    """Accept what a user transform returned if it is an image; otherwise say what is wrong."""
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8 or arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (1, 3, 4)):
+        names = ", ".join(getattr(op, "__name__", type(op).__name__) for op in ops)
+        raise TypeError(
+            f"augment transform ({names}) returned {arr.dtype} array of shape {arr.shape}; it must "
+            "return a uint8 image of shape (h, w, 3)"
+        )
+    return as_rgb(arr)
+
+
+# ---------------------------------------------------------------------------- stock ops
+
+
+class RandomResizedCrop:
+    """Op: crop a random area fraction ``scale`` and aspect ``ratio`` of the image."""
+
+    def __init__(self, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> None:
+        self.scale, self.ratio = tuple(scale), tuple(ratio)
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        t, left, h, w = random_resized_crop_box(
+            image.shape[0], image.shape[1], rng.random(40), self.scale, self.ratio
+        )
+        return image[t : t + h, left : left + w]
+
+
+class CenterCrop:
+    """Op: keep the centre ``fraction`` of each side."""
+
+    def __init__(self, fraction: float = 0.875) -> None:
+        self.fraction = fraction
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        h, w = image.shape[:2]
+        ch, cw = max(1, round(h * self.fraction)), max(1, round(w * self.fraction))
+        return image[(h - ch) // 2 : (h - ch) // 2 + ch, (w - cw) // 2 : (w - cw) // 2 + cw]
+
+
+class Resize:
+    """Op: resize to ``size`` (int for a square, or (height, width))."""
+
+    def __init__(self, size: int | tuple[int, int]) -> None:
+        self.size = (size, size) if isinstance(size, int) else tuple(size)
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        out = np.empty((self.size[0], self.size[1], 3), np.uint8)
+        resize_into(as_rgb(image), out)
+        return out
+
+
+class HorizontalFlip:
+    """Op: mirror left-right with probability ``p``."""
+
+    def __init__(self, p: float = 0.5) -> None:
+        self.p = p
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        return image[:, ::-1] if rng.random() < self.p else image
+
+
+class ColorJitter:
+    """Op: random brightness and contrast factors in ``[1 - x, 1 + x]``."""
+
+    def __init__(self, brightness: float = 0.2, contrast: float = 0.2) -> None:
+        self.brightness, self.contrast = brightness, contrast
+
+    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        b = 1.0 + rng.uniform(-self.brightness, self.brightness)
+        c = 1.0 + rng.uniform(-self.contrast, self.contrast)
+        img = np.asarray(image, dtype=np.float32)
+        mean = img.mean()
+        return np.clip((img - mean) * c + mean * b, 0, 255).astype(np.uint8)
+
+
+def make_pipeline(augment: Any, size: tuple[int, int], fast: bool, max_pixels: int) -> Pipeline:
+    """Build the pipeline that ``augment=`` names: "train", "eval", None, a callable or a list."""
+    if augment == "train":
+        return TrainPipeline(size, fast, max_pixels)
+    if augment == "eval":
+        return EvalPipeline(size, fast, max_pixels)
+    if augment is None or augment == "resize":
+        return ResizePipeline(size, fast, max_pixels)
+    if callable(augment):
+        return CustomPipeline(size, fast, max_pixels, [augment])
+    if isinstance(augment, (list, tuple)) and augment and all(callable(a) for a in augment):
+        return CustomPipeline(size, fast, max_pixels, augment)
+    raise ConfigError(
+        f"augment={augment!r} is not understood; use 'train', 'eval', None, a callable "
+        "(image, rng) -> image, or a list of stoker ops such as [stoker.ops.RandomResizedCrop()]"
+    )

@@ -1,0 +1,153 @@
+"""The prefetch engine: keeps batches in flight on the workers, one ring slot each, and hands
+them out in order. Batches are keyed ``(epoch, batch)``; the sequence runs on across epochs, so
+the pipeline stays full at an epoch boundary.
+
+Zero copy with safe ownership: a delivered batch is a view of its slot. The engine keeps only a
+weak reference; when the slot comes round again and the consumer still holds the array (kept it
+in a list, say), the slot's segment is unlinked (the consumer's view stays valid) and the slot
+gets a fresh segment, instead of overwriting data under the consumer's feet.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..assemble import Report
+from ..errors import WorkerHung
+from .errors import unpack_exception
+from .pool import WorkerPool
+from .slots import Segment, SlotLayout
+
+Key = tuple[int, int]
+POLL_S = 0.2
+HELD = 2  # batches the consumer may hold before their slot is reused (current + previous)
+
+
+class Engine:
+    """Schedules ``(epoch, batch)`` keys on a WorkerPool, ahead of use, into ring slots."""
+
+    def __init__(self, pool: WorkerPool, layout: SlotLayout, slots: int, per_worker: int,
+                 batches: int, folder: str, timeout: float, name: Callable[[int], str]) -> None:
+        self.pool, self.layout, self.folder = pool, layout, folder
+        self.batches, self.timeout, self.per_worker, self.name = batches, timeout, per_worker, name
+        self.segments = [Segment.create(layout.nbytes, f"slot{i}", folder) for i in range(slots)]
+        self.free: deque[int] = deque(range(slots))
+        self.held: deque[tuple[int, Any]] = deque()
+        self.scheduled: deque[Key] = deque()
+        self.inflight: dict[Key, tuple[int, int]] = {}
+        self.done: dict[Key, tuple[int, Report]] = {}
+        self.discard: set[Key] = set()
+        self.load = [0] * len(pool.procs)
+        self.next_key: Key | None = None
+        self.orphaned = 0
+
+    def get(self, key: Key) -> tuple[np.ndarray, np.ndarray, Report]:
+        """Return batch ``key`` (waiting if needed); keeps the window ahead of it full."""
+        if not self.scheduled or self.scheduled[0] != key:
+            self._reset(key)
+        self._reclaim(HELD - 1)
+        self._fill_window()
+        while key not in self.done:
+            self._wait_one(key)
+            self._fill_window()
+        self.scheduled.popleft()
+        slot, report = self.done.pop(key)
+        images, labels = self.layout.views(self.segments[slot])
+        self.held.append((slot, weakref.ref(images)))
+        return images, labels.copy(), report
+
+    def _reset(self, key: Key) -> None:
+        """Drop what was scheduled (results still coming are discarded) and restart at ``key``."""
+        for k in self.scheduled:
+            if k in self.done:
+                self.free.append(self.done.pop(k)[0])
+            elif k in self.inflight:
+                self.discard.add(k)
+        self.scheduled.clear()
+        self.next_key = key
+
+    def _advance(self, key: Key) -> Key:
+        epoch, batch = key
+        return (epoch, batch + 1) if batch + 1 < self.batches else (epoch + 1, 0)
+
+    def _fill_window(self) -> None:
+        """Schedule keys while a slot is free and some worker has room."""
+        while self.free and self.next_key is not None:
+            wid = min(range(len(self.load)), key=self.load.__getitem__)
+            if self.load[wid] >= self.per_worker:
+                return
+            slot, key = self.free.popleft(), self.next_key
+            self.pool.send(wid, (key[0], key[1], slot, self.segments[slot].handle()))
+            self.load[wid] += 1
+            self.inflight[key] = (wid, slot)
+            self.scheduled.append(key)
+            self.next_key = self._advance(key)
+
+    def _reclaim(self, keep: int) -> None:
+        """Return consumer-held slots beyond the ``keep`` newest to the free list."""
+        while len(self.held) > keep:
+            slot, ref = self.held.popleft()
+            if ref() is not None:
+                self._replace(slot)
+            self.free.append(slot)
+
+    def _replace(self, slot: int) -> None:
+        """The consumer still uses this slot's memory: give the slot a new segment."""
+        old = self.segments[slot]
+        old.unlink()
+        self.segments[slot] = Segment.create(self.layout.nbytes, f"slot{slot}", self.folder)
+        self.orphaned += 1
+
+    def _wait_one(self, key: Key) -> None:
+        """Handle replies for up to ``timeout`` seconds; liveness checked between polls."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            replies = self.pool.receive(POLL_S)
+            if replies:
+                for wid, reply in replies:
+                    self._handle(wid, reply)
+                return
+            wid = self.inflight[key][0] if key in self.inflight else -1
+            self.pool.check_alive(self._context(wid, key))
+            if time.monotonic() > deadline:
+                raise WorkerHung(
+                    f"no batch arrived in {self.timeout:.0f} s; worker {wid} is still on "
+                    f"{self._sample(wid)}. Raise Loader(timeout=...) if samples are that slow."
+                )
+
+    def _context(self, wid: int, key: Key) -> str:
+        if wid < 0:
+            return ""
+        return f" while loading {self._sample(wid)} (epoch {key[0]}, batch {key[1]})"
+
+    def _sample(self, wid: int) -> str:
+        index = self.pool.current_sample(wid) if wid >= 0 else -1
+        return self.name(index) if index >= 0 else "its first sample"
+
+    def _handle(self, wid: int, reply: tuple) -> None:
+        """Record a worker's reply; re-raise its exception here."""
+        kind, epoch, batch, slot, payload = reply
+        key = (epoch, batch)
+        self.load[wid] -= 1
+        self.inflight.pop(key, None)
+        if key in self.discard:
+            self.discard.discard(key)
+            self.free.append(slot)
+            return
+        if kind == "error":
+            raise unpack_exception(payload, f"(epoch {epoch}, batch {batch})")
+        self.done[key] = (slot, payload)
+
+    def close(self) -> None:
+        """Unlink every slot segment (the pool is closed by its owner)."""
+        self.held.clear()
+        for seg in self.segments:
+            seg.unlink()
+            seg.close()
+        self.segments = []

@@ -1,0 +1,205 @@
+"""Worker processes: start (explicit spawn/forkserver context), the worker loop, liveness,
+shutdown. Each worker has its own pipe, so a dead worker shows up at once as end-of-file, and
+no lock is shared that a killed process could leave held."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+
+from ..assemble import Assembler, Plan
+from ..errors import ConfigError, WorkerDied
+from ..sources.base import Source
+from ..transforms import Pipeline
+from .errors import describe_exit, pack_exception
+from .slots import Segment, SlotLayout, clean_stale
+
+STATUS_FIELDS = 2  # current sample index, batches done
+
+
+@dataclass
+class WorkerSpec:
+    """What every worker needs; pickled once per worker at start."""
+
+    source: Source
+    pipeline: Pipeline
+    plan: Plan
+    layout: SlotLayout
+    status: tuple[str, int]
+    workers: int
+
+
+def _watch_parent(parent: int) -> None:
+    """If the parent dies (even by SIGKILL), remove its segments and exit."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            clean_stale(owner=parent)
+            os._exit(0)
+
+
+class _Worker:
+    """The loop that runs inside one worker process."""
+
+    def __init__(self, wid: int, conn: Connection, spec: WorkerSpec) -> None:
+        self.wid, self.conn, self.spec = wid, conn, spec
+        self.assembler = Assembler(spec.source, spec.pipeline, spec.plan)
+        self.status_seg = Segment.attach(*spec.status)
+        self.status = self.status_seg.array(np.int64, (spec.workers, STATUS_FIELDS))[wid]
+        self.slots: dict[int, tuple[str, Segment, np.ndarray, np.ndarray]] = {}
+
+    def views(self, slot: int, handle: tuple[str, int]) -> tuple[np.ndarray, np.ndarray]:
+        """The slot's arrays, re-attaching if the parent gave the slot a new segment."""
+        held = self.slots.get(slot)
+        if held is not None and held[0] == handle[0]:
+            return held[2], held[3]
+        if held is not None:
+            del self.slots[slot]
+            held[1].close()
+        seg = Segment.attach(*handle)
+        images, labels = self.spec.layout.views(seg)
+        self.slots[slot] = (handle[0], seg, images, labels)
+        return images, labels
+
+    def run(self) -> None:
+        """Serve tasks until told to stop or the parent goes away."""
+        while True:
+            try:
+                task = self.conn.recv()
+            except (EOFError, OSError):
+                return
+            if task is None:
+                return
+            self.conn.send(self.serve(*task))
+
+    def serve(self, epoch: int, batch: int, slot: int, handle: tuple[str, int]) -> tuple:
+        """Fill one batch; the reply says it is done, or carries the exception."""
+        try:
+            images, labels = self.views(slot, handle)
+            report = self.assembler.fill(epoch, batch, images, labels, self.status)
+            self.status[1] += 1
+            return ("ok", epoch, batch, slot, report)
+        except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+            cur = self.assembler.current
+            sample = self.spec.source.name(cur) if cur >= 0 else None
+            return ("error", epoch, batch, slot, pack_exception(exc, self.wid, sample))
+
+
+def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> None:
+    """Entry point of a worker process."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    import cv2
+
+    cv2.setNumThreads(1)
+    spec.source.open_in_worker()
+    _Worker(wid, conn, spec).run()
+
+
+class WorkerPool:
+    """The parent's side: the processes, their pipes, and the status array they update."""
+
+    def __init__(self, count: int, spec_args: dict[str, Any], start_method: str) -> None:
+        self.ctx = mp.get_context(start_method)
+        self.status_seg = Segment.create(count * STATUS_FIELDS * 8, "status")
+        self.status = self.status_seg.array(np.int64, (count, STATUS_FIELDS))
+        self.status[:] = -1
+        spec = WorkerSpec(status=self.status_seg.handle(), workers=count, **spec_args)
+        self.procs: list[Any] = []
+        self.conns: list[Connection] = []
+        try:
+            for wid in range(count):
+                self._start(wid, spec)
+        except BaseException:
+            self.close(0.5)
+            raise
+
+    def _start(self, wid: int, spec: WorkerSpec) -> None:
+        ours, theirs = self.ctx.Pipe(duplex=True)
+        proc = self.ctx.Process(
+            target=worker_main, args=(wid, theirs, spec, os.getpid()), name=f"stoker-worker-{wid}",
+            daemon=True,
+        )
+        try:
+            proc.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            ours.close()
+            raise ConfigError(
+                f"cannot send the loader's settings to a worker process ({exc}); a custom augment "
+                "must be a function or object defined at the top level of an importable module, "
+                "or use workers=0"
+            ) from exc
+        finally:
+            theirs.close()
+        self.procs.append(proc)
+        self.conns.append(ours)
+
+    def send(self, wid: int, task: tuple) -> None:
+        """Give worker ``wid`` a task."""
+        try:
+            self.conns[wid].send(task)
+        except (BrokenPipeError, OSError):
+            self.raise_dead(wid, "")
+
+    def receive(self, timeout: float) -> list[tuple[int, tuple]]:
+        """Replies that arrived within ``timeout`` seconds; a closed pipe means a dead worker."""
+        ready = wait(self.conns, timeout)
+        out = []
+        for conn in ready:
+            wid = self.conns.index(conn)  # type: ignore[arg-type]
+            try:
+                out.append((wid, conn.recv()))
+            except (EOFError, OSError):
+                self.raise_dead(wid, "")
+        return out
+
+    def check_alive(self, context: str) -> None:
+        """Raise WorkerDied if any worker has exited."""
+        for wid, proc in enumerate(self.procs):
+            if proc.exitcode is not None:
+                self.raise_dead(wid, context)
+
+    def current_sample(self, wid: int) -> int:
+        """Index of the sample worker ``wid`` is (or was last) loading, -1 if none yet."""
+        return int(self.status[wid, 0])
+
+    def raise_dead(self, wid: int, context: str) -> None:
+        """Raise the error for a worker that ended unasked (exit code or signal named)."""
+        proc = self.procs[wid]
+        proc.join(2.0)
+        raise WorkerDied(
+            f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)}{context}"
+        )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop every worker: ask, then terminate, then kill; never waits longer than needed."""
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + timeout
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(1.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(1.0)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+        self.status = np.zeros((0, STATUS_FIELDS), np.int64)
+        self.status_seg.close()
+        self.status_seg.unlink()

@@ -1,0 +1,195 @@
+"""Shared-memory segments and the batch ring; the parent process owns and unlinks every one.
+
+Segments are plain files in ``/dev/shm`` (or a temporary folder when ``/dev/shm`` is too small)
+named ``stoker_<owner pid>_<token>_<tag>``, so segments left by a dead process are recognised
+and removed at the next start. Space is reserved with ``posix_fallocate`` when a segment is
+created: a full tmpfs gives a clear error then, never a bus error later.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import secrets
+import tempfile
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import StokerError
+
+SHM_DIR = "/dev/shm"
+PREFIX = "stoker_"
+ALIGN = 64
+_TOKEN = secrets.token_hex(3)
+_counter = [0]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def segment_dirs() -> list[str]:
+    """Folders where stoker may place segments: ``/dev/shm`` first, then the temp folder."""
+    dirs = [SHM_DIR] if os.path.isdir(SHM_DIR) else []
+    return dirs + [tempfile.gettempdir()]
+
+
+def shm_free_bytes() -> int:
+    """Free bytes in ``/dev/shm`` (0 when it does not exist)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def clean_stale(owner: int | None = None) -> list[str]:
+    """Remove segments whose owner process is gone (or all of ``owner``'s); return their paths."""
+    removed = []
+    for folder in segment_dirs():
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            pid = _owner_pid(name)
+            if pid is None or (pid != owner if owner is not None else _pid_alive(pid)):
+                continue
+            try:
+                os.unlink(os.path.join(folder, name))
+                removed.append(os.path.join(folder, name))
+            except OSError:
+                pass
+    return removed
+
+
+def _owner_pid(name: str) -> int | None:
+    if not name.startswith(PREFIX):
+        return None
+    part = name[len(PREFIX) :].split("_", 1)[0]
+    return int(part) if part.isdigit() else None
+
+
+def _reserve(fd: int, size: int, path: str) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ShmFullError(path, size) from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)
+
+
+class ShmFullError(StokerError, OSError):
+    """Not enough room in the segment folder for a shared-memory segment."""
+
+    def __init__(self, path: str, size: int) -> None:
+        folder = os.path.dirname(path)
+        super().__init__(
+            f"no room for a {size / 2**20:.1f} MiB shared-memory segment in {folder}: lower "
+            "batch_size or prefetch, or enlarge it (docker run --shm-size=2g)"
+        )
+
+
+class Segment:
+    """One shared-memory file mapped into this process."""
+
+    def __init__(self, path: str, size: int, owner: bool) -> None:
+        self.path, self.size, self.owner = path, size, owner
+        fd = os.open(path, os.O_RDWR)
+        try:
+            self.map = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)
+
+    @classmethod
+    def create(cls, size: int, tag: str, folder: str | None = None) -> Segment:
+        """Create, reserve and map a new segment owned by this process."""
+        _counter[0] += 1
+        name = f"{PREFIX}{os.getpid()}_{_TOKEN}_{_counter[0]}_{tag}"
+        path = os.path.join(folder or segment_dirs()[0], name)
+        size = max(size, 1)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            _reserve(fd, size, path)
+        except BaseException:
+            os.close(fd)
+            os.unlink(path)
+            raise
+        os.close(fd)
+        return cls(path, size, owner=True)
+
+    @classmethod
+    def attach(cls, path: str, size: int) -> Segment:
+        """Map an existing segment created by another process."""
+        return cls(path, size, owner=False)
+
+    def handle(self) -> tuple[str, int]:
+        """What another process needs to attach: ``(path, size)``."""
+        return (self.path, self.size)
+
+    def array(self, dtype: Any, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+        """A numpy view of part of the segment."""
+        return np.ndarray(shape, dtype=dtype, buffer=self.map, offset=offset)
+
+    def unlink(self) -> None:
+        """Remove the file; the memory goes once every mapping of it is gone."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        """Unmap, unless numpy views still use the mapping (then it goes with them)."""
+        try:
+            self.map.close()
+        except BufferError:
+            pass
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """Byte layout of one batch slot: labels (int64) first, then the images (uint8)."""
+
+    batch_size: int
+    height: int
+    width: int
+
+    @property
+    def labels_bytes(self) -> int:
+        return -(-self.batch_size * 8 // ALIGN) * ALIGN
+
+    @property
+    def nbytes(self) -> int:
+        return self.labels_bytes + self.batch_size * self.height * self.width * 3
+
+    def views(self, seg: Segment) -> tuple[np.ndarray, np.ndarray]:
+        """``(images, labels)`` arrays over a slot's segment."""
+        labels = seg.array(np.int64, (self.batch_size,))
+        images = seg.array(np.uint8, (self.batch_size, self.height, self.width, 3), self.labels_bytes)
+        return images, labels
+
+
+def pick_folder(total_bytes: int) -> str:
+    """``/dev/shm`` when it has room for ``total_bytes`` with a margin, else the temp folder."""
+    free = shm_free_bytes()
+    if free >= total_bytes * 1.25 + (64 << 20) or not os.path.isdir(tempfile.gettempdir()):
+        return SHM_DIR
+    warnings.warn(
+        f"/dev/shm has {free / 2**20:.0f} MiB free but the batch ring needs "
+        f"{total_bytes / 2**20:.0f} MiB; using file-backed memory in {tempfile.gettempdir()} "
+        "instead (slower to start). Enlarge /dev/shm (docker run --shm-size=2g) to avoid this.",
+        stacklevel=3,
+    )
+    return tempfile.gettempdir()
