@@ -47,6 +47,16 @@ def _watch_parent(parent: int) -> None:
             os._exit(0)
 
 
+def _after_eof(parent: int) -> None:
+    """The pipe closed without a stop message: if the parent died, remove its segments."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        if os.getppid() != parent:
+            clean_stale(owner=parent)
+            return
+        time.sleep(0.02)
+
+
 class _Worker:
     """The loop that runs inside one worker process."""
 
@@ -70,12 +80,13 @@ class _Worker:
         self.slots[slot] = (handle[0], seg, images, labels)
         return images, labels
 
-    def run(self) -> None:
+    def run(self, parent: int) -> None:
         """Serve tasks until told to stop or the parent goes away."""
         while True:
             try:
                 task = self.conn.recv()
             except (EOFError, OSError):
+                _after_eof(parent)
                 return
             if task is None:
                 return
@@ -102,7 +113,7 @@ def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> No
 
     cv2.setNumThreads(1)
     spec.source.open_in_worker()
-    _Worker(wid, conn, spec).run()
+    _Worker(wid, conn, spec).run(parent)
 
 
 class WorkerPool:
@@ -114,6 +125,7 @@ class WorkerPool:
         self.status = self.status_seg.array(np.int64, (count, STATUS_FIELDS))
         self.status[:] = -1
         spec = WorkerSpec(status=self.status_seg.handle(), workers=count, **spec_args)
+        self.name = spec.source.name
         self.procs: list[Any] = []
         self.conns: list[Connection] = []
         try:
@@ -176,6 +188,9 @@ class WorkerPool:
         """Raise the error for a worker that ended unasked (exit code or signal named)."""
         proc = self.procs[wid]
         proc.join(2.0)
+        index = self.current_sample(wid)
+        if not context and index >= 0:
+            context = f" while loading {self.name(index)}"
         raise WorkerDied(
             f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)}{context}"
         )

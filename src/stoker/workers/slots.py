@@ -151,11 +151,12 @@ class Segment:
             pass
 
     def close(self) -> None:
-        """Unmap, unless numpy views still use the mapping (then it goes with them)."""
-        try:
-            self.map.close()
-        except BufferError:
-            pass
+        """Drop this object's mapping; it is unmapped once no numpy view uses it.
+
+        Never ``mmap.close()``: numpy views made with ``buffer=`` keep only a reference to the
+        mmap object, so closing it would leave them pointing at unmapped memory.
+        """
+        self.map = None  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)

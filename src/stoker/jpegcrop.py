@@ -1,0 +1,157 @@
+"""Decode only the crop window of a JPEG, optionally at a reduced DCT scale.
+
+A thin wrapper over the optional C extension :mod:`stoker._jpeg` (built against the
+system's libjpeg-turbo by ``setup.py``). It decodes the rows and columns a region
+needs and no more -- ``jpeg_crop_scanline`` for the columns, ``jpeg_skip_scanlines``
+for the rows above, nothing below -- straight into a numpy array, with the GIL
+released, so threads in one worker decode in parallel.
+
+Where the extension could not be built, :data:`AVAILABLE` is False and the callers
+(:mod:`stoker.decode`) use simplejpeg instead; the pure-Python helpers here
+(:func:`scaled_region`, :func:`pick_denom`) work either way.
+
+Coordinates: a region ``(top, left, height, width)`` is in full-resolution *stored*
+pixel coordinates (before any EXIF rotation). Decoded at scale ``1/s`` the result is
+the smallest window of the scaled image that covers the region (see
+:func:`scaled_region`). Decoding is exact: the window equals the same window of a
+full decode by the same libjpeg-turbo with the same settings.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    from stoker import _jpeg
+except ImportError:  # built without libjpeg headers: the callers fall back to simplejpeg
+    _jpeg = None
+
+Buffer = bytes | bytearray | memoryview
+"""What the functions accept as JPEG data (anything with the buffer protocol works)."""
+
+__all__ = ["AVAILABLE", "DENOMS", "decode_region", "header", "pick_denom", "scaled_region"]
+
+AVAILABLE: bool = _jpeg is not None
+"""True when the C extension :mod:`stoker._jpeg` is importable."""
+
+DENOMS: tuple[int, ...] = (8, 4, 2, 1)
+"""The DCT scales used, as denominators, largest first. Only powers of two: libjpeg's
+other scales (7/8 ... 1/8 in eighths) are slower than a full-size decode."""
+
+
+def _ceil_div(a: int, b: int) -> int:
+    """``ceil(a / b)`` for non-negative integers, without floating point."""
+    return -(-a // b)
+
+
+def scaled_region(
+    top: int, left: int, height: int, width: int, img_h: int, img_w: int, denom: int
+) -> tuple[int, int, int, int]:
+    """Map a full-resolution region to the window decoded at scale ``1/denom``.
+
+    Returns ``(y0, x0, out_h, out_w)``: the window's top-left corner and size in the
+    scaled image, which libjpeg makes ``ceil(img_h/denom) x ceil(img_w/denom)``::
+
+        y0 = top // denom    y1 = min(ceil((top + height) / denom), ceil(img_h / denom))
+        x0 = left // denom   x1 = min(ceil((left + width) / denom), ceil(img_w / denom))
+        out_h, out_w = y1 - y0, x1 - x0
+
+    i.e. the smallest scaled window covering the region. This mirrors the C code
+    exactly, and is what :func:`decode_region` returns the shape of. Raises
+    ``ValueError`` for a region outside the image or an unsupported ``denom``.
+    """
+    if denom not in DENOMS:
+        raise ValueError(f"denom must be one of {DENOMS}, not {denom!r}")
+    if height <= 0 or width <= 0 or top < 0 or left < 0:
+        raise ValueError(
+            f"region {(top, left, height, width)} needs top, left >= 0 and height, width > 0"
+        )
+    if top + height > img_h or left + width > img_w:
+        raise ValueError(
+            f"region {(top, left, height, width)} (top, left, height, width) exceeds "
+            f"the image size {img_h}x{img_w}"
+        )
+    y0, x0 = top // denom, left // denom
+    y1 = min(_ceil_div(top + height, denom), _ceil_div(img_h, denom))
+    x1 = min(_ceil_div(left + width, denom), _ceil_div(img_w, denom))
+    return y0, x0, y1 - y0, x1 - x0
+
+
+def pick_denom(box_h: int, box_w: int, min_h: int, min_w: int) -> int:
+    """The largest DCT scale denominator in (8, 4, 2, 1) that keeps a region big enough.
+
+    Returns the largest ``s`` with ``box_h >= min_h * s`` and ``box_w >= min_w * s``,
+    which guarantees the scaled window (:func:`scaled_region`) has at least
+    ``min_h`` rows and ``min_w`` columns; 1 (full resolution) when no reduction fits.
+    Minimums below 1 count as 1.
+    """
+    min_h, min_w = max(int(min_h), 1), max(int(min_w), 1)
+    for denom in DENOMS[:-1]:
+        if box_h >= min_h * denom and box_w >= min_w * denom:
+            return denom
+    return 1
+
+
+def header(data: Buffer) -> tuple[int, int, int, int]:
+    """Return ``(height, width, components, colorspace)`` of a JPEG without decoding.
+
+    Sizes are full-resolution and stored (no EXIF rotation); ``colorspace`` is
+    libjpeg's ``J_COLOR_SPACE`` (1 grayscale, 2 RGB, 3 YCbCr, 4 CMYK, 5 YCCK). Nothing
+    is allocated from the dimensions, so check them here before :func:`decode_region`.
+    Raises ``ValueError`` for data without a readable JPEG header and
+    ``RuntimeError`` when the extension is not available.
+    """
+    return _require().header(data)
+
+
+def decode_region(
+    data: Buffer,
+    box: tuple[int, int, int, int] | None = None,
+    min_size: tuple[int, int] | None = None,
+    fast: bool = False,
+    *,
+    image_size: tuple[int, int] | None = None,
+) -> np.ndarray:
+    """Decode the region ``box = (top, left, height, width)`` of a JPEG to RGB.
+
+    ``box`` is in full-resolution stored coordinates (None: the whole image). With
+    ``min_size = (H, W)`` the region is decoded at the largest DCT scale 1/8, 1/4 or
+    1/2 that still gives at least H rows and W columns (:func:`pick_denom`); the
+    result is then the covering window of the scaled image (:func:`scaled_region`).
+    ``fast`` uses the fast integer IDCT and plain upsampling (slightly less accurate).
+    ``image_size = (height, width)`` skips the header parse when the caller already
+    has the stored size (and has checked it against its pixel budget).
+
+    Returns a new C-contiguous ``uint8`` array of shape ``(out_h, out_w, 3)``.
+    Raises ``ValueError`` for corrupt or truncated data, a region outside the image,
+    and CMYK/YCCK images (the message contains "cmyk": decode those another way);
+    ``RuntimeError`` when the extension is not available. Damage *below* the region
+    of a baseline file is not seen (those rows are never decoded); the pixels
+    returned are always the file's own.
+    """
+    lib = _require()
+    if image_size is None:
+        img_h, img_w = lib.header(data)[:2]
+    else:
+        img_h, img_w = image_size
+    top, left, height, width = (0, 0, img_h, img_w) if box is None else box
+    denom = 1 if min_size is None else pick_denom(height, width, min_size[0], min_size[1])
+    _, _, out_h, out_w = scaled_region(top, left, height, width, img_h, img_w, denom)
+    out = np.empty((out_h, out_w, 3), dtype=np.uint8)
+    got = lib.decode_region(data, top, left, height, width, denom, bool(fast), out)
+    if got != (out_h, out_w):  # image_size did not match the file
+        raise ValueError(
+            f"JPEG region decoded to {got}, expected {(out_h, out_w)}: "
+            f"image_size {image_size} does not match the file"
+        )
+    return out
+
+
+def _require():  # type: ignore[no-untyped-def]
+    """Return the extension module, or raise RuntimeError saying how to get it."""
+    if _jpeg is None:
+        raise RuntimeError(
+            "stoker._jpeg is not built (libjpeg-turbo headers were missing at install "
+            "time); install libjpeg-turbo's development package and reinstall stoker"
+        )
+    return _jpeg

@@ -1,0 +1,75 @@
+"""Transforms and sources that tests hand to worker processes (must be importable by name)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+
+import numpy as np
+
+MARK = 200  # a pixel value set in the top-left corner of a poisoned image
+
+
+def is_marked(image: np.ndarray) -> bool:
+    """True for an image whose top-left 4x4 block was set to MARK (see make_marked_array)."""
+    return bool((image[:4, :4] == MARK).all())
+
+
+def fail_on_mark(image, rng):
+    """Raise ValueError for a marked image; pass others through."""
+    if is_marked(image):
+        raise ValueError("poisoned sample")
+    return image
+
+
+def kill_on_mark(image, rng):
+    """SIGKILL this worker on a marked image."""
+    if is_marked(image):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return image
+
+
+def exit_on_mark(image, rng):
+    """os._exit(3) on a marked image."""
+    if is_marked(image):
+        os._exit(3)
+    return image
+
+
+def segfault_on_mark(image, rng):
+    """Crash with a segmentation fault on a marked image."""
+    if is_marked(image):
+        ctypes.string_at(0)
+    return image
+
+
+def hang_on_mark(image, rng):
+    """Never return for a marked image."""
+    while is_marked(image):
+        time.sleep(0.05)
+    return image
+
+
+def invert(image, rng):
+    """A deterministic user transform."""
+    return 255 - image
+
+
+def jitter(image, rng):
+    """A random user transform: adds a per-sample random offset."""
+    return np.clip(image.astype(np.int16) + int(rng.integers(-20, 20)), 0, 255).astype(np.uint8)
+
+
+def bad_return(image, rng):
+    """Returns something that is not an image."""
+    return "not an image"
+
+
+def make_marked_array(n: int = 40, marked: int = 17, size: int = 24) -> np.ndarray:
+    """Random images with sample ``marked`` poisoned by MARK in its corner."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 150, size=(n, size, size, 3), dtype=np.uint8)
+    images[marked, :4, :4] = MARK
+    return images

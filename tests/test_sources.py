@@ -1,0 +1,81 @@
+"""Sources: folder, CSV/TSV, path lists, arrays and .npy files, and their error messages."""
+
+import numpy as np
+import pytest
+
+from stoker.errors import SourceError
+from stoker.sources import ArraySource, FolderSource, NpySource, TableSource, open_source
+
+
+def test_folder_labels_follow_sorted_class_names(image_folder):
+    src = open_source(image_folder)
+    assert isinstance(src, FolderSource)
+    assert src.classes == ["class_000", "class_001", "class_002"]
+    assert len(src) == 36
+    assert np.array_equal(np.bincount(src.labels), [12, 12, 12])
+    assert src.name(0).endswith(".jpg") and src.read(0)[:2] == b"\xff\xd8"
+
+
+def test_folder_index_is_compact(image_folder):
+    src = FolderSource(image_folder)
+    per_sample = (src.index.blob.nbytes + src.index.offsets.nbytes + src.labels.nbytes) / len(src)
+    assert per_sample < 100
+
+
+def test_csv_paths_are_relative_to_the_file(image_folder):
+    src = open_source(image_folder / "labels.csv")
+    assert isinstance(src, TableSource)
+    assert len(src) == 36
+    assert src.read(5) == open(src.name(5), "rb").read()
+
+
+def test_tsv_with_text_labels(tmp_path, image_folder):
+    files = sorted(image_folder.glob("class_00*/*.jpg"))[:4]
+    table = tmp_path / "list.tsv"
+    table.write_text("".join(f"{f}\t{'cat' if i % 2 else 'dog'}\n" for i, f in enumerate(files)))
+    src = open_source(table)
+    assert src.classes == ["cat", "dog"]
+    assert src.labels.tolist() == [1, 0, 1, 0]
+
+
+def test_path_lists(image_folder):
+    files = sorted(image_folder.glob("class_00*/*.jpg"))[:3]
+    src = open_source(paths=files, labels=[2, 0, 1])
+    assert src.labels.tolist() == [2, 0, 1]
+    unlabeled = open_source(paths=[str(f) for f in files])
+    assert unlabeled.labels.tolist() == [-1, -1, -1]
+    with pytest.raises(SourceError, match="one label per path"):
+        open_source(paths=files, labels=[1])
+
+
+def test_arrays_and_npy(tmp_path):
+    images = np.zeros((5, 8, 9, 3), np.uint8)
+    src = open_source(images, labels=np.arange(5))
+    assert isinstance(src, ArraySource) and src.read(4).shape == (8, 9, 3)
+    np.save(tmp_path / "x.npy", images)
+    npy = open_source(tmp_path / "x.npy", labels=np.arange(5))
+    assert isinstance(npy, NpySource) and npy.read(2).shape == (8, 9, 3)
+    with pytest.raises(SourceError, match="uint8"):
+        open_source(images.astype(np.float32))
+    with pytest.raises(SourceError, match="5 images but 4 labels"):
+        open_source(images, labels=np.arange(4))
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda p: p / "missing", "no such file or folder"),
+        (lambda p: p, "no class subfolders"),
+        (lambda p: (p / "a").mkdir() or p, "no image files"),
+        (lambda p: (p / "x.parquetz").write_text("x") and p / "x.parquetz", "cannot tell"),
+        (lambda p: (p / "e.csv").write_text("\n") and p / "e.csv", "empty file"),
+    ],
+)
+def test_bad_sources_say_what_is_wrong(tmp_path, make, match):
+    with pytest.raises(SourceError, match=match):
+        open_source(make(tmp_path))
+
+
+def test_unsupported_type():
+    with pytest.raises(SourceError, match="unsupported source"):
+        open_source(42)
