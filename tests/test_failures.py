@@ -107,22 +107,24 @@ def test_bad_files_are_replaced_named_and_counted(tmp_path, image_folder, corrup
     runs = []
     for workers in (0, 2):
         with pytest.warns(stoker.StokerWarning, match="skipped"):
-            with stoker.Loader(root, batch_size=3, image_size=16, workers=workers,
-                               max_errors=10, drop_last=False) as loader:
+            with stoker.Loader(
+                root, batch_size=3, image_size=16, workers=workers, max_errors=10, drop_last=False
+            ) as loader:
                 runs.append([x.copy() for x, _ in loader])
                 report = loader.stats()
         assert report.images == 8 + len(bad) + 1
         named = {Path(n).stem for n, _ in report.bad_files}
         assert named == set(bad) | {"gone"} or named == (set(bad) | {"gone"}) - {"bad_truncated"}
-    assert all(np.array_equal(a, b) for a, b in zip(*runs))
+    assert all(np.array_equal(a, b) for a, b in zip(*runs, strict=True))
 
 
 @pytest.mark.timeout(60)
 def test_odd_but_valid_files_decode(tmp_path, image_folder, corrupt_files):
     odd = {k: v for k, v in corrupt_files.items() if k.startswith("odd_")}
     root = folder_with(tmp_path, image_folder, odd)
-    with stoker.Loader(root, batch_size=2, image_size=16, workers=2, max_errors=0,
-                       augment="eval") as loader:
+    with stoker.Loader(
+        root, batch_size=2, image_size=16, workers=2, max_errors=0, augment="eval"
+    ) as loader:
         list(loader)
         assert loader.stats().skipped == 0
 

@@ -16,9 +16,10 @@ def batches(loader):
 
 
 def same(a, b):
-    return len(a) == len(b) and all(
-        np.array_equal(x1, x2) and np.array_equal(y1, y2) for (x1, y1), (x2, y2) in zip(a, b)
-    )
+    if len(a) != len(b):
+        return False
+    pairs = zip(a, b, strict=True)
+    return all(np.array_equal(x1, x2) and np.array_equal(y1, y2) for (x1, y1), (x2, y2) in pairs)
 
 
 @pytest.mark.timeout(60)
@@ -34,8 +35,9 @@ def test_batches_have_the_promised_shape(image_folder):
 
 @pytest.mark.timeout(60)
 def test_eval_loader_keeps_every_sample_in_order(image_folder):
-    with stoker.Loader(image_folder, batch_size=10, image_size=32, augment="eval",
-                       shuffle=False, workers=2) as loader:
+    with stoker.Loader(
+        image_folder, batch_size=10, image_size=32, augment="eval", shuffle=False, workers=2
+    ) as loader:
         got = batches(loader)
     assert [len(y) for _, y in got] == [10, 10, 10, 6]
     labels = np.concatenate([y for _, y in got])
@@ -46,8 +48,9 @@ def test_eval_loader_keeps_every_sample_in_order(image_folder):
 @pytest.mark.parametrize("augment", ["train", "eval", None])
 def test_same_seed_same_batches_whatever_the_worker_count(image_folder, augment):
     def run(workers, seed=0):
-        with stoker.Loader(image_folder, batch_size=6, image_size=24, augment=augment,
-                           workers=workers, seed=seed) as loader:
+        with stoker.Loader(
+            image_folder, batch_size=6, image_size=24, augment=augment, workers=workers, seed=seed
+        ) as loader:
             return batches(loader) + batches(loader)
 
     inline = run(0)
@@ -119,8 +122,15 @@ def test_arrays_npy_and_user_transforms_run_in_workers(tmp_path):
     images = helpers.make_marked_array(n=20, marked=0)
     np.save(tmp_path / "x.npy", images)
     for source in (images, tmp_path / "x.npy"):
-        with stoker.Loader(source, labels=np.arange(20), batch_size=5, image_size=24,
-                           augment=helpers.invert, shuffle=False, workers=2) as loader:
+        with stoker.Loader(
+            source,
+            labels=np.arange(20),
+            batch_size=5,
+            image_size=24,
+            augment=helpers.invert,
+            shuffle=False,
+            workers=2,
+        ) as loader:
             x, y = next(iter(loader))
         assert np.array_equal(x, 255 - images[:5]) and y.tolist() == [0, 1, 2, 3, 4]
 
@@ -130,8 +140,9 @@ def test_random_user_transform_and_op_lists_are_deterministic(image_folder):
     ops = [stoker.ops.RandomResizedCrop(), stoker.ops.HorizontalFlip(), helpers.jitter]
     runs = []
     for workers in (0, 2):
-        with stoker.Loader(image_folder, batch_size=6, image_size=20, augment=ops,
-                           workers=workers) as loader:
+        with stoker.Loader(
+            image_folder, batch_size=6, image_size=20, augment=ops, workers=workers
+        ) as loader:
             runs.append(batches(loader))
     assert same(*runs)
 
@@ -180,8 +191,15 @@ def test_bad_arguments_say_how_to_fix_them(image_folder, kwargs, match):
 def test_ranks_get_disjoint_samples_and_equal_batch_counts(image_folder):
     seen, counts = [], []
     for rank in range(3):
-        with stoker.Loader(image_folder / "labels.csv", batch_size=5, image_size=16, workers=0,
-                           rank=rank, world_size=3, augment="eval") as loader:
+        with stoker.Loader(
+            image_folder / "labels.csv",
+            batch_size=5,
+            image_size=16,
+            workers=0,
+            rank=rank,
+            world_size=3,
+            augment="eval",
+        ) as loader:
             counts.append(len(loader))
             seen.append(loader.plan.order(0))
     assert len(set(counts)) == 1

@@ -75,8 +75,14 @@ class Assembler:
             self._order, self._epoch = self.plan.order(epoch), epoch
         return self._order
 
-    def fill(self, epoch: int, batch: int, images: np.ndarray, labels: np.ndarray,
-             status: np.ndarray | None = None) -> Report:
+    def fill(
+        self,
+        epoch: int,
+        batch: int,
+        images: np.ndarray,
+        labels: np.ndarray,
+        status: np.ndarray | None = None,
+    ) -> Report:
         """Write batch ``batch`` of ``epoch`` into ``images``/``labels``; return its report."""
         order = self.order(epoch)
         start = batch * self.plan.batch_size
@@ -94,7 +100,9 @@ class Assembler:
         for k in range(MAX_REPLACEMENT_TRIES):
             index = int(order[(pos + k) % len(order)])
             if k:
-                u = order_mod.sample_uniforms(self.plan.seed, epoch, [index], self.pipeline.uniforms)[0]
+                u = order_mod.sample_uniforms(
+                    self.plan.seed, epoch, [index], self.pipeline.uniforms
+                )[0]
             if status is not None:
                 status[0] = index
             self.current = index
@@ -105,7 +113,9 @@ class Assembler:
             f"{self.source.name(int(order[pos]))}; see the loader's stats() for each reason"
         )
 
-    def _load_one(self, epoch: int, index: int, out: np.ndarray, u: np.ndarray, report: Report) -> bool:
+    def _load_one(
+        self, epoch: int, index: int, out: np.ndarray, u: np.ndarray, report: Report
+    ) -> bool:
         """Load one sample into ``out``; False (and a note in ``report``) if its data is bad."""
         t0 = time.perf_counter()
         try:

@@ -1,4 +1,4 @@
-"""Loader: wires source, order, workers, prefetch and adapters; iteration, len, state, stats, close."""
+"""Loader: wires source, order, workers, prefetch and adapters; iteration, state, stats, close."""
 
 from __future__ import annotations
 
@@ -100,8 +100,9 @@ class Loader:
         self._prefetch_arg, self.timeout = prefetch, float(timeout)
         self.start_method = config.start_method(start_method)
         rank, world = config.rank_world(rank, world_size)
-        self.plan = Plan(len(self.source), self.batch_size, self.seed, self.shuffle,
-                         self.drop_last, rank, world)
+        self.plan = Plan(
+            len(self.source), self.batch_size, self.seed, self.shuffle, self.drop_last, rank, world
+        )
         self.layout = SlotLayout(self.batch_size, *self.image_size)
         self._per_rank = len(self.plan.order(0))
         self._batches = self.plan.batches(self._per_rank)
@@ -191,18 +192,33 @@ class Loader:
         assembler = Assembler(self.source, self.pipeline, self.plan)
         if self.workers == 0:
             self._run.engine = _Inline(assembler, self.layout)
-            self._prefetch_reason, self._folder = "none: workers=0 loads on demand", "process memory"
+            self._prefetch_reason, self._folder = (
+                "none: workers=0 loads on demand",
+                "process memory",
+            )
             return
         clean_stale()
         per_worker, slots, self._prefetch_reason = config.prefetch(
             self._prefetch_arg, self.workers, HELD, self.layout.nbytes
         )
         self._folder = pick_folder(slots * self.layout.nbytes)
-        spec = {"source": self.source, "pipeline": self.pipeline, "plan": self.plan,
-                "layout": self.layout}
+        spec = {
+            "source": self.source,
+            "pipeline": self.pipeline,
+            "plan": self.plan,
+            "layout": self.layout,
+        }
         self._run.pool = WorkerPool(self.workers, spec, self.start_method)
-        self._run.engine = Engine(self._run.pool, self.layout, slots, per_worker, self._batches,
-                                  self._folder, self.timeout, self.source.name)
+        self._run.engine = Engine(
+            self._run.pool,
+            self.layout,
+            slots,
+            per_worker,
+            self._batches,
+            self._folder,
+            self.timeout,
+            self.source.name,
+        )
 
     # ------------------------------------------------------------------ state
 
@@ -224,8 +240,9 @@ class Loader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``; refuses a state of another dataset or other settings."""
         if state.get("version") != STATE_VERSION:
-            raise ConfigError(f"state version {state.get('version')!r}; this stoker reads "
-                              f"{STATE_VERSION}")
+            raise ConfigError(
+                f"state version {state.get('version')!r}; this stoker reads {STATE_VERSION}"
+            )
         mine = self.state_dict()
         for key in ("fingerprint", "seed", "batch_size", "batches"):
             if state.get(key) != mine[key]:
@@ -243,8 +260,9 @@ class Loader:
         return self._stats.report(
             workers=self.workers,
             workers_reason=self._workers_reason,
-            prefetch=0 if engine is None or isinstance(engine, _Inline) else len(engine.segments)
-            - HELD,
+            prefetch=0
+            if engine is None or isinstance(engine, _Inline)
+            else len(engine.segments) - HELD,
             prefetch_reason=self._prefetch_reason,
             kept_batches=engine.orphaned if engine is not None else 0,
             memory_folder=self._folder,

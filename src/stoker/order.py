@@ -73,5 +73,5 @@ def sample_uniforms(seed: int, epoch: int, indices: np.ndarray, count: int) -> n
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """A numpy Generator for one sample, for user transforms: ``SeedSequence([seed, epoch, index])``."""
+    """A numpy Generator for one sample (user transforms): SeedSequence([seed, epoch, index])."""
     return np.random.default_rng(np.random.SeedSequence([seed, epoch, int(index)]))

@@ -166,7 +166,11 @@ class CustomPipeline(Pipeline):
 def _check_user_image(image: Any, ops: list[Any]) -> np.ndarray:
     """Accept what a user transform returned if it is an image; otherwise say what is wrong."""
     arr = np.asarray(image)
-    if arr.dtype != np.uint8 or arr.ndim not in (2, 3) or (arr.ndim == 3 and arr.shape[2] not in (1, 3, 4)):
+    if (
+        arr.dtype != np.uint8
+        or arr.ndim not in (2, 3)
+        or (arr.ndim == 3 and arr.shape[2] not in (1, 3, 4))
+    ):
         names = ", ".join(getattr(op, "__name__", type(op).__name__) for op in ops)
         raise TypeError(
             f"augment transform ({names}) returned {arr.dtype} array of shape {arr.shape}; it must "

@@ -23,7 +23,9 @@ def check_images(images: np.ndarray, where: str) -> None:
         )
     ok = images.ndim == 3 or (images.ndim == 4 and images.shape[3] in (1, 3, 4))
     if not ok:
-        raise SourceError(f"{where}: expected images of shape (N, H, W[, 1|3|4]), got {images.shape}")
+        raise SourceError(
+            f"{where}: expected images of shape (N, H, W[, 1|3|4]), got {images.shape}"
+        )
 
 
 def check_labels(labels: Any, count: int, where: str) -> np.ndarray:

@@ -76,7 +76,7 @@ class TableSource(Source):
 
 
 class PathSource(TableSource):
-    """Images given as Python lists: ``paths=[...]`` and optional ``labels=[...]`` (-1 if absent)."""
+    """Images given as lists: ``paths=[...]`` and optional ``labels=[...]`` (-1 if absent)."""
 
     def __init__(self, paths: Any, labels: Any = None) -> None:
         plist = [os.fspath(p) for p in paths]

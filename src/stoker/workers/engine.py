@@ -32,8 +32,17 @@ HELD = 2  # batches the consumer may hold before their slot is reused (current +
 class Engine:
     """Schedules ``(epoch, batch)`` keys on a WorkerPool, ahead of use, into ring slots."""
 
-    def __init__(self, pool: WorkerPool, layout: SlotLayout, slots: int, per_worker: int,
-                 batches: int, folder: str, timeout: float, name: Callable[[int], str]) -> None:
+    def __init__(
+        self,
+        pool: WorkerPool,
+        layout: SlotLayout,
+        slots: int,
+        per_worker: int,
+        batches: int,
+        folder: str,
+        timeout: float,
+        name: Callable[[int], str],
+    ) -> None:
         self.pool, self.layout, self.folder = pool, layout, folder
         self.batches, self.timeout, self.per_worker, self.name = batches, timeout, per_worker, name
         self.segments = [Segment.create(layout.nbytes, f"slot{i}", folder) for i in range(slots)]

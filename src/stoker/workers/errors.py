@@ -18,8 +18,14 @@ def pack_exception(exc: BaseException, wid: int, sample: str | None) -> dict[str
         pickle.loads(blob)
     except Exception:
         blob = None
-    return {"blob": blob, "type": type(exc).__name__, "text": str(exc), "tb": tb, "wid": wid,
-            "sample": sample}
+    return {
+        "blob": blob,
+        "type": type(exc).__name__,
+        "text": str(exc),
+        "tb": tb,
+        "wid": wid,
+        "sample": sample,
+    }
 
 
 def unpack_exception(payload: dict[str, Any], where: str) -> BaseException:

@@ -138,7 +138,9 @@ class WorkerPool:
     def _start(self, wid: int, spec: WorkerSpec) -> None:
         ours, theirs = self.ctx.Pipe(duplex=True)
         proc = self.ctx.Process(
-            target=worker_main, args=(wid, theirs, spec, os.getpid()), name=f"stoker-worker-{wid}",
+            target=worker_main,
+            args=(wid, theirs, spec, os.getpid()),
+            name=f"stoker-worker-{wid}",
             daemon=True,
         )
         try:
@@ -191,9 +193,7 @@ class WorkerPool:
         index = self.current_sample(wid)
         if not context and index >= 0:
             context = f" while loading {self.name(index)}"
-        raise WorkerDied(
-            f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)}{context}"
-        )
+        raise WorkerDied(f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)}{context}")
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop every worker: ask, then terminate, then kill; never waits longer than needed."""

@@ -178,7 +178,9 @@ class SlotLayout:
     def views(self, seg: Segment) -> tuple[np.ndarray, np.ndarray]:
         """``(images, labels)`` arrays over a slot's segment."""
         labels = seg.array(np.int64, (self.batch_size,))
-        images = seg.array(np.uint8, (self.batch_size, self.height, self.width, 3), self.labels_bytes)
+        images = seg.array(
+            np.uint8, (self.batch_size, self.height, self.width, 3), self.labels_bytes
+        )
         return images, labels
 
 

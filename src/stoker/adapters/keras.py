@@ -1,0 +1,148 @@
+"""Keras 3 adapter: a ``keras.utils.PyDataset`` over a Loader, for ``fit``/``evaluate``/``predict``.
+
+Works on the TensorFlow, JAX and PyTorch backends. Keras epochs are consecutive runs of
+``len(loader)`` batches of ``loader.stream()``, so a loader resumed mid-epoch continues where it
+stopped. Keras asks for batches by index, and sometimes asks twice: the TensorFlow backend peeks at
+the first two batches to build its ``tf.data`` signature and then starts again from index 0, and
+the JAX and PyTorch backends take the first batch to build an unbuilt model, then restart the
+epoch. The dataset therefore keeps, for the current Keras epoch, a map from index to the loader
+batch it handed out (any index order works, so ``fit(shuffle=True)`` is fine), never pulls a
+second loader batch for an index it still holds, and keeps only what a restart can ask again:
+
+- the batch pulled last, as the loader's zero-copy view (the loader allows one held batch);
+- batches handed out by a peek or an interrupted pass, copied once when the loader is about to
+  reuse their memory (at most a couple of copies per ``fit``, none in a steady epoch).
+
+A Keras epoch ends when every index was asked for inside ``on_epoch_begin``/``on_epoch_end``.
+Limits: if Keras abandons a pass after more batches than were kept (a custom loop, a
+``tf.distribute`` strategy whose prefetch ran ahead), the restarted pass gets fresh batches; with
+one or two batches per epoch, the model-building peek of the JAX/PyTorch backends may take them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import keras
+import numpy as np
+
+__all__ = ["StokerPyDataset", "to_keras"]
+
+Batch = tuple[np.ndarray, np.ndarray]
+
+
+class _Entry:
+    """A batch handed out for one index; ``pending``: Keras may ask for that index again."""
+
+    __slots__ = ("batch", "pending", "copied")
+
+    def __init__(self, batch: Batch, pending: bool) -> None:
+        self.batch, self.pending, self.copied = batch, pending, False
+
+
+class StokerPyDataset(keras.utils.PyDataset):
+    """A ``keras.utils.PyDataset`` that hands out each batch of a Loader once per Keras epoch.
+
+    ``len()`` and ``num_batches`` are ``len(loader)``, so progress bars count the right steps.
+    Keras' own workers stay off (``workers=1``, no multiprocessing): the loader already decodes
+    in worker processes and prefetches, and pulling in the consumer's thread keeps the loader's
+    "time waited for data" honest. (On the TensorFlow backend Keras wraps the dataset in a
+    ``tf.data`` generator with its own prefetch; that thread then does the pulling.)
+    """
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__(workers=1, use_multiprocessing=False, max_queue_size=1)
+        self.loader = loader
+        self._stream: Any = None
+        self._lock = threading.Lock()
+        self._entries: dict[int, _Entry] = {}  # index -> batch, for indices Keras may ask again
+        self._assigned: set[int] = set()  # indices given a batch in this Keras epoch
+        self._seen: set[int] = set()  # indices asked for inside on_epoch_begin/on_epoch_end
+        self._in_epoch = False
+        self._last: int | None = None  # index of the batch pulled last (may stay a view)
+
+    def __len__(self) -> int:
+        """Batches per Keras epoch: ``len(loader)``."""
+        return len(self.loader)
+
+    @property
+    def num_batches(self) -> int:
+        """Batches per Keras epoch: ``len(loader)`` (finite, so Keras shows the step count)."""
+        return len(self.loader)
+
+    def __getitem__(self, index: int) -> Batch:
+        """The ``(images, labels)`` batch for ``index`` of the current Keras epoch.
+
+        The first request for an index takes the loader's next batch; a repeated request (a
+        peek, a restarted pass) returns the same batch again.
+        """
+        n = len(self.loader)
+        index = int(index)
+        if not 0 <= index < n:
+            raise IndexError(f"batch index {index} out of range for {n} batches")
+        with self._lock:
+            if self._in_epoch:
+                self._seen.add(index)
+            entry = self._entries.get(index)
+            if entry is not None:
+                if self._in_epoch:
+                    entry.pending = False
+                return entry.batch
+            if index in self._assigned:
+                # Keras restarted a pass whose batches are gone: begin a new Keras epoch.
+                self._reset()
+                if self._in_epoch:
+                    self._seen.add(index)
+            batch = self._pull()
+            self._assigned.add(index)
+            self._entries[index] = _Entry(batch, pending=not self._in_epoch)
+            self._last = index
+            return batch
+
+    def _pull(self) -> Batch:
+        """Take the loader's next batch; first free or copy what the loader is about to reuse."""
+        for index, entry in list(self._entries.items()):
+            if index == self._last:
+                continue  # the loader lets the consumer hold its newest batch
+            if not entry.pending:
+                del self._entries[index]
+            elif not entry.copied:  # Keras will ask again: keep it in our own memory
+                images, labels = entry.batch
+                entry.batch, entry.copied = (np.array(images), labels), True
+        if self._stream is None:
+            self._stream = self.loader.stream()
+        return next(self._stream)
+
+    def _reset(self) -> None:
+        self._entries.clear()
+        self._assigned.clear()
+        self._seen.clear()
+        self._last = None
+
+    def on_epoch_begin(self) -> None:
+        """Called by Keras when an epoch (or a pass over this dataset) starts."""
+        with self._lock:
+            self._in_epoch = True
+
+    def on_epoch_end(self) -> None:
+        """Called by Keras when a pass ends: a full one ends the Keras epoch; else keep batches."""
+        with self._lock:
+            self._in_epoch = False
+            if len(self._seen) >= len(self.loader):
+                self._reset()
+            else:  # interrupted (model-building peek): the pass restarts at its first index
+                for entry in self._entries.values():
+                    entry.pending = True
+
+    def __repr__(self) -> str:
+        return f"StokerPyDataset({self.loader!r}, {len(self)} batches)"
+
+
+def to_keras(loader: Any) -> StokerPyDataset:
+    """Wrap ``loader`` for Keras 3: ``model.fit(to_keras(train), validation_data=to_keras(val))``.
+
+    Images come as ``uint8`` ``(B, H, W, 3)`` (put a ``Rescaling`` layer in the model), labels
+    as ``int64`` ``(B,)`` (use ``sparse_categorical_crossentropy``).
+    """
+    return StokerPyDataset(loader)

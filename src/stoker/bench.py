@@ -1,0 +1,100 @@
+"""``stoker bench``: the loader's throughput next to this machine's decode ceiling for the same
+data and work, CPU time and memory per image, and which stage is the bottleneck."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+import psutil
+
+from . import config
+from .assemble import Assembler
+from .loader import Loader
+
+
+def tree_pss() -> int:
+    """Proportional set size of this process and its children, in bytes."""
+    total = 0
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.Error, AttributeError):
+            continue
+    return total
+
+
+def tree_cpu() -> float:
+    """CPU seconds (user + system) used so far by this process and its live children."""
+    total = 0.0
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def single_core_rate(loader: Loader, seconds: float = 3.0) -> float:
+    """Images/s of read + decode + transform in this process, on one core."""
+    asm = Assembler(loader.source, loader.pipeline, loader.plan)
+    lay = loader.layout
+    images = np.empty((lay.batch_size, lay.height, lay.width, 3), np.uint8)
+    labels = np.empty(lay.batch_size, np.int64)
+    asm.fill(0, 0, images, labels)  # warm-up
+    done, t0, batch = 0, time.perf_counter(), 0
+    while time.perf_counter() - t0 < seconds:
+        batch = (batch + 1) % len(loader)
+        done += asm.fill(0, batch, images, labels).count
+    return done / (time.perf_counter() - t0)
+
+
+def _epoch(loader: Loader, max_batches: int) -> tuple[int, float, float]:
+    cpu0, t0, n = tree_cpu(), time.perf_counter(), 0
+    for i, (x, _) in enumerate(loader):
+        n += len(x)
+        if max_batches and i + 1 >= max_batches:
+            break
+    return n, time.perf_counter() - t0, tree_cpu() - cpu0
+
+
+def run_bench(source: Any, *, batch_size: int = 256, image_size: int = 224,
+              augment: Any = "train", workers: Any = "auto", epochs: int = 3,
+              max_batches: int = 0) -> str:
+    """Run the benchmark and return its report."""
+    with Loader(source, batch_size=batch_size, image_size=image_size, augment=augment,
+                workers=0) as probe:
+        one = single_core_rate(probe)
+    cores = config.usable_cpus()
+    with Loader(source, batch_size=batch_size, image_size=image_size, augment=augment,
+                workers=workers) as loader:
+        _epoch(loader, max_batches)  # warm-up: worker start, page cache
+        runs, peak = [], 0
+        for _ in range(max(1, epochs)):
+            runs.append(_epoch(loader, max_batches))
+            peak = max(peak, tree_pss())
+        report = loader.stats()
+    rates = [n / dt for n, dt, _ in runs]
+    rate = statistics.median(rates)
+    cpu_ms = 1000 * sum(c for _, _, c in runs) / sum(n for n, _, _ in runs)
+    ceiling = one * min(cores, max(1, loader.workers))
+    stages = {"read": report.read_ms, "decode": report.decode_ms, "transform": report.transform_ms}
+    slowest = max(stages, key=stages.__getitem__)
+    return "\n".join([
+        f"stoker bench {source}: batch {batch_size}, image {image_size}, augment {augment}, "
+        f"workers {loader.workers}",
+        f"  throughput: {rate:,.0f} img/s (median of {len(runs)} epochs: "
+        + ", ".join(f"{r:,.0f}" for r in rates) + ")",
+        f"  ceiling: {one:,.0f} img/s on one core x {min(cores, max(1, loader.workers))} = "
+        f"{ceiling:,.0f} img/s; ratio {rate / ceiling:.2f}",
+        f"  CPU per image: {cpu_ms:.2f} ms (whole process tree); peak PSS {peak / 2**20:,.0f} MiB",
+        f"  stage time per image: " + ", ".join(f"{k} {v:.2f} ms" for k, v in stages.items())
+        + f"; slowest: {slowest}",
+        f"  consumer waited {report.wait_share:.0%} of the time (no compute here, so ~100% "
+        "is expected); in training, stats() tells whether input is the bottleneck",
+    ])

@@ -1,0 +1,66 @@
+"""``stoker doctor``: the machine facts that make or break a loader, and stale segment cleanup."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import multiprocessing as mp
+import os
+
+from . import config
+from .workers import slots
+
+
+def _version(package: str) -> str:
+    try:
+        return md.version(package)
+    except md.PackageNotFoundError:
+        return "not installed"
+
+
+def _stale() -> list[str]:
+    found = []
+    for folder in slots.segment_dirs():
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            continue
+        for name in names:
+            pid = slots._owner_pid(name)
+            if pid is not None and not slots._pid_alive(pid):
+                found.append(os.path.join(folder, name))
+    return found
+
+
+def doctor(clean: bool = False) -> str:
+    """A readable report; with ``clean``, remove segments left by dead processes."""
+    free = slots.shm_free_bytes()
+    try:
+        st = os.statvfs(slots.SHM_DIR)
+        total = st.f_blocks * st.f_frsize
+    except OSError:
+        total = 0
+    stale = _stale()
+    lines = [
+        f"/dev/shm: {total / 2**20:,.0f} MiB, {free / 2**20:,.0f} MiB free"
+        + ("  (small: stoker will fall back to file-backed memory)" if total < 256 << 20 else ""),
+        f"stale stoker segments (owner process gone): {len(stale)}",
+        *[f"  {p}" for p in stale[:20]],
+        f"usable CPU cores: {config.usable_cpus()}; default start method: "
+        f"{mp.get_start_method(allow_none=True) or 'fork (platform default)'}; stoker uses spawn",
+        f"decoders: simplejpeg {_version('simplejpeg')}, opencv {_version('opencv-python-headless')}"
+        f", pillow {_version('pillow')}, crop-window C extension: {_ext_state()}",
+        "frameworks: "
+        + ", ".join(f"{p} {_version(p)}" for p in ("keras", "tensorflow-cpu", "torch", "jax")),
+    ]
+    if clean:
+        removed = slots.clean_stale()
+        lines.append(f"removed {len(removed)} stale segment(s)")
+    return "\n".join(lines)
+
+
+def _ext_state() -> str:
+    try:
+        from . import _jpeg  # type: ignore[attr-defined]  # noqa: F401
+    except ImportError:
+        return "not built (simplejpeg is used)"
+    return "built"

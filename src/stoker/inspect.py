@@ -1,0 +1,58 @@
+"""``stoker inspect``: what a source holds: counts, classes, image sizes and formats, bad files."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from . import decode as dec
+from .assemble import DATA_ERRORS
+from .sources import open_source
+
+
+def _probe_all(src: Any, full: bool) -> tuple[list[tuple[int, int]], Counter, list[str]]:
+    sizes: list[tuple[int, int]] = []
+    formats: Counter = Counter()
+    bad: list[str] = []
+    for i in range(len(src)):
+        try:
+            data = src.read(i)
+            if isinstance(data, np.ndarray):
+                sizes.append(data.shape[:2])
+                formats["array"] += 1
+                continue
+            info = dec.probe(data)
+            if full:
+                dec.decode(data, info)
+        except DATA_ERRORS as exc:
+            bad.append(f"{src.name(i)}: {type(exc).__name__}: {exc}")
+            continue
+        sizes.append((info.height, info.width))
+        formats[info.format] += 1
+    return sizes, formats, bad
+
+
+def inspect_source(source: Any, decode: bool = False) -> str:
+    """A readable summary of ``source``; headers only unless ``decode``."""
+    src = open_source(source)
+    lines = [f"{source}: {len(src)} samples"]
+    counts = np.bincount(src.labels[src.labels >= 0]) if (src.labels >= 0).any() else []
+    names = src.classes or [str(i) for i in range(len(counts))]
+    if len(counts):
+        shown = ", ".join(f"{n}: {c}" for n, c in zip(names, counts, strict=False))
+        lines.append(f"classes ({len(counts)}): {shown[:400]}")
+    sizes, formats, bad = _probe_all(src, decode)
+    if sizes:
+        hw = np.asarray(sizes)
+        lines.append(
+            "height min/median/max: {}/{}/{}; width: {}/{}/{}".format(
+                hw[:, 0].min(), int(np.median(hw[:, 0])), hw[:, 0].max(),
+                hw[:, 1].min(), int(np.median(hw[:, 1])), hw[:, 1].max(),
+            )
+        )
+    lines.append("formats: " + ", ".join(f"{k} {v}" for k, v in formats.most_common()))
+    lines.append(f"bad files: {len(bad)}" + ("" if decode else " (headers checked; --decode for all)"))
+    lines += [f"  {b}" for b in bad[:50]]
+    return "\n".join(lines)
