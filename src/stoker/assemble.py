@@ -101,7 +101,7 @@ class Assembler:
             index = int(order[(pos + k) % len(order)])
             if k:
                 u = order_mod.sample_uniforms(
-                    self.plan.seed, epoch, [index], self.pipeline.uniforms
+                    self.plan.seed, epoch, np.array([index]), self.pipeline.uniforms
                 )[0]
             if status is not None:
                 status[0] = index

@@ -38,7 +38,7 @@ def inspect_source(source: Any, decode: bool = False) -> str:
     """A readable summary of ``source``; headers only unless ``decode``."""
     src = open_source(source)
     lines = [f"{source}: {len(src)} samples"]
-    counts = np.bincount(src.labels[src.labels >= 0]) if (src.labels >= 0).any() else []
+    counts: Any = np.bincount(src.labels[src.labels >= 0]) if (src.labels >= 0).any() else []
     names = src.classes or [str(i) for i in range(len(counts))]
     if len(counts):
         shown = ", ".join(f"{n}: {c}" for n, c in zip(names, counts, strict=False))

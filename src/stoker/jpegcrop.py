@@ -19,10 +19,14 @@ full decode by the same libjpeg-turbo with the same settings.
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 import numpy as np
 
+_jpeg: ModuleType | None
 try:
-    from stoker import _jpeg
+    _jpeg = importlib.import_module("stoker._jpeg")
 except ImportError:  # built without libjpeg headers: the callers fall back to simplejpeg
     _jpeg = None
 
@@ -56,7 +60,8 @@ def scaled_region(
         x0 = left // denom   x1 = min(ceil((left + width) / denom), ceil(img_w / denom))
         out_h, out_w = y1 - y0, x1 - x0
 
-    i.e. the smallest scaled window covering the region. This mirrors the C code
+    i.e. the smallest scaled window covering the region (the ``min`` never binds for a
+    region inside the image; it is kept as a guard). This mirrors the C code
     exactly, and is what :func:`decode_region` returns the shape of. Raises
     ``ValueError`` for a region outside the image or an unsupported ``denom``.
     """
@@ -139,15 +144,12 @@ def decode_region(
     _, _, out_h, out_w = scaled_region(top, left, height, width, img_h, img_w, denom)
     out = np.empty((out_h, out_w, 3), dtype=np.uint8)
     got = lib.decode_region(data, top, left, height, width, denom, bool(fast), out)
-    if got != (out_h, out_w):  # image_size did not match the file
-        raise ValueError(
-            f"JPEG region decoded to {got}, expected {(out_h, out_w)}: "
-            f"image_size {image_size} does not match the file"
-        )
+    if got != (out_h, out_w):  # cannot happen: the C code uses the same mapping
+        raise RuntimeError(f"JPEG region decoded to {got}, expected {(out_h, out_w)}")
     return out
 
 
-def _require():  # type: ignore[no-untyped-def]
+def _require() -> ModuleType:
     """Return the extension module, or raise RuntimeError saying how to get it."""
     if _jpeg is None:
         raise RuntimeError(

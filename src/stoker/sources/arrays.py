@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from ..workers.slots import Segment
+from ..workers.slots import Segment, pick_folder
 from .base import Source
 
 
@@ -54,7 +54,8 @@ class ArraySource(Source):
 
     def __getstate__(self) -> dict[str, Any]:
         if self._segment is None:
-            self._segment = Segment.create(self._array.nbytes, "arr")
+            folder = pick_folder(self._array.nbytes)
+            self._segment = Segment.create(self._array.nbytes, "arr", folder)
             self._segment.array(np.uint8, self.shape)[...] = self._array
         state = dict(self.__dict__)
         state["_array"] = None

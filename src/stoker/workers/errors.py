@@ -15,7 +15,7 @@ def pack_exception(exc: BaseException, wid: int, sample: str | None) -> dict[str
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     try:
         blob: bytes | None = pickle.dumps(exc)
-        pickle.loads(blob)
+        pickle.loads(pickle.dumps(exc))
     except Exception:
         blob = None
     return {

@@ -120,7 +120,7 @@ class WorkerPool:
     """The parent's side: the processes, their pipes, and the status array they update."""
 
     def __init__(self, count: int, spec_args: dict[str, Any], start_method: str) -> None:
-        self.ctx = mp.get_context(start_method)
+        self.ctx: Any = mp.get_context(start_method)
         self.status_seg = Segment.create(count * STATUS_FIELDS * 8, "status")
         self.status = self.status_seg.array(np.int64, (count, STATUS_FIELDS))
         self.status[:] = -1
@@ -166,8 +166,8 @@ class WorkerPool:
 
     def receive(self, timeout: float) -> list[tuple[int, tuple]]:
         """Replies that arrived within ``timeout`` seconds; a closed pipe means a dead worker."""
-        ready = wait(self.conns, timeout)
-        out = []
+        ready: list[Any] = wait(self.conns, timeout)
+        out: list[tuple[int, Any]] = []
         for conn in ready:
             wid = self.conns.index(conn)  # type: ignore[arg-type]
             try:

@@ -1,0 +1,69 @@
+"""TensorFlow adapter: a Loader as a ``tf.data.Dataset`` of ``(uint8 images, int64 labels)``.
+
+Each iteration of the dataset is one epoch: ``len(loader)`` consecutive batches of
+``loader.stream()``. On a fresh loader that is exactly the loader's epoch; on one resumed
+mid-epoch it continues from there and runs into the next epoch, so every iteration has the same
+length and the dataset's cardinality, ``len(loader)``, always holds (``assert_cardinality`` checks
+it, and ``len(dataset)`` and Keras' progress bar know it). No ``.prefetch`` is needed: the loader
+prefetches in its workers, and a tf.data buffer would only keep more batches alive. Batches reach
+TensorFlow without a copy (the tensors alias the loader's shared memory and keep it alive).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["to_tf"]
+
+
+def _always_full(loader: Any) -> bool:
+    """True when every batch has ``batch_size`` samples (so the batch axis can be fixed)."""
+    plan = getattr(loader, "plan", None)
+    if plan is None:
+        return bool(getattr(loader, "drop_last", False))
+    if plan.drop_last:
+        return True
+    per_rank = plan.n if plan.world_size == 1 else -(-plan.n // plan.world_size)
+    return per_rank == len(loader) * loader.batch_size
+
+
+class _Epochs:
+    """One shared ``loader.stream()``, cut into runs of ``len(loader)`` batches."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.stream: Iterator[tuple[np.ndarray, np.ndarray]] | None = None
+        self.lock = threading.Lock()
+
+    def __call__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """One epoch of batches (tf.data calls this once per iteration of the dataset)."""
+        for _ in range(len(self.loader)):
+            with self.lock:
+                if self.stream is None:
+                    self.stream = self.loader.stream()
+                batch = next(self.stream)
+            yield batch
+            del batch
+
+
+def to_tf(loader: Any) -> tf.data.Dataset:
+    """Wrap ``loader`` as a ``tf.data.Dataset``: ``for images, labels in to_tf(train): ...``.
+
+    The output signature is exact: images ``tf.uint8`` ``(B, H, W, 3)`` (batch axis ``None`` when
+    the last batch of an epoch can be short), labels ``tf.int64`` ``(B,)``. Also usable as
+    ``model.fit(to_tf(train), epochs=...)`` on Keras' TensorFlow backend.
+    """
+    height, width = loader.image_size
+    batch = loader.batch_size if _always_full(loader) else None
+    signature = (
+        tf.TensorSpec((batch, height, width, 3), tf.uint8, name="images"),
+        tf.TensorSpec((batch,), tf.int64, name="labels"),
+    )
+    dataset = tf.data.Dataset.from_generator(_Epochs(loader), output_signature=signature)
+    return dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
+

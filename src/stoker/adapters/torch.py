@@ -1,0 +1,194 @@
+"""PyTorch adapter: a Loader's batches as torch tensors, copied to a device ahead of use.
+
+- ``device=None``: ``torch.from_numpy`` views of the loader's batches, no copy at all.
+- ``device="cpu"``: the same views, converted in place of use when ``dtype`` asks for it.
+- ``device="cuda"``: each batch goes through a pinned host buffer (a ring of two) and is copied
+  on a side stream; the copy of the next batch is issued before the current one is handed over,
+  so it overlaps the model's work. The consumer's stream waits on an event, and ``record_stream``
+  tells the caching allocator which stream uses the tensors.
+- other devices (``mps``, ``xpu``, ...): a plain ``.to(device)``.
+
+``dtype``, ``mean`` and ``std`` are applied on the device after the copy, so only ``uint8`` travels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError
+
+__all__ = ["TorchLoader", "to_torch"]
+
+Tensors = tuple[torch.Tensor, torch.Tensor]
+
+
+def _units(mean: Any, std: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``mean``/``std`` (scalars or 3 per-channel values) in 0-255 units, as float64 arrays."""
+    m = np.broadcast_to(np.asarray(mean, dtype=np.float64), (3,)).copy()
+    s = np.broadcast_to(np.asarray(std, dtype=np.float64), (3,)).copy()
+    if not (np.isfinite(m).all() and np.isfinite(s).all() and (s > 0).all()):
+        raise ConfigError(f"mean={mean!r}, std={std!r}: need finite values and std > 0")
+    if m.max() <= 1.0 and s.max() <= 1.0:  # 0-1 units, as torchvision's Normalize
+        m, s = m * 255.0, s * 255.0
+    return m, s
+
+
+class _Pinned:
+    """One pinned host buffer of the CUDA ring, and the event of the copy that last read it."""
+
+    def __init__(self, batch_size: int, height: int, width: int) -> None:
+        shape = (batch_size, height, width, 3)
+        self.images = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+        self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=True)
+        self.np_images, self.np_labels = self.images.numpy(), self.labels.numpy()
+        self.copied: torch.cuda.Event | None = None
+
+
+class TorchLoader:
+    """Iterable of ``(images, labels)`` torch tensors over a Loader: one epoch per ``iter()``.
+
+    ``state_dict()``/``load_state_dict()`` delegate to the loader, so checkpointing tools that
+    save a data loader's state (torchdata's ``StatefulDataLoader`` protocol, ``torch.distributed
+    .checkpoint`` wrappers, Lightning) capture and restore the exact position.
+    """
+
+    def __init__(self, loader: Any, device: Any = None, channels_last: bool = True,
+                 dtype: torch.dtype | None = None, mean: Any = None, std: Any = None) -> None:
+        self.loader = loader
+        self.device = None if device is None else torch.device(device)
+        if self.device is not None and self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.channels_last = bool(channels_last)
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise ConfigError(f"dtype={dtype!r} is not a torch.dtype; pass e.g. torch.float32")
+        if (mean is None) != (std is None):
+            raise ConfigError("pass both mean and std, or neither")
+        if mean is not None and (dtype is None or not dtype.is_floating_point):
+            raise ConfigError("mean/std need a floating dtype: pass dtype=torch.float32 too")
+        self.dtype = dtype
+        self._norm = None if mean is None else _units(mean, std)
+        self._consts: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        """Batches per epoch: ``len(loader)``."""
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The loader's position (JSON-able); see ``Loader.state_dict``."""
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume the loader from ``state_dict()``; see ``Loader.load_state_dict``."""
+        self.loader.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[Tensors]:
+        """The rest of the loader's current epoch, as tensors on ``device``."""
+        batches = iter(self.loader)
+        dev = self.device
+        if dev is not None and dev.type == "cuda":
+            return self._cuda(batches, dev)
+        return self._plain(batches, dev)
+
+    def _convert(self, x: torch.Tensor) -> torch.Tensor:
+        """``uint8`` NHWC on the device -> the layout, dtype and normalisation asked for."""
+        if not self.channels_last:
+            x = x.permute(0, 3, 1, 2)  # NCHW shape; memory stays channels-last (no copy)
+        if self.dtype is None:
+            return x
+        low = self.dtype in (torch.float16, torch.bfloat16)
+        work = torch.float32 if low else self.dtype
+        x = x.to(work)
+        if self._norm is not None:
+            mean, std = self._constants(x.device, work)
+            x = x.sub_(mean).div_(std)
+        return x.to(self.dtype) if low else x
+
+    def _constants(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        key = (device, dtype)
+        if key not in self._consts:
+            assert self._norm is not None
+            shape = (3,) if self.channels_last else (3, 1, 1)
+            mean, std = (torch.tensor(v, dtype=dtype).reshape(shape).to(device)
+                         for v in self._norm)
+            self._consts[key] = (mean, std)
+        return self._consts[key]
+
+    def _plain(self, batches: Iterable[Any], dev: torch.device | None) -> Iterator[Tensors]:
+        for images, labels in batches:
+            x, y = torch.from_numpy(images), torch.from_numpy(labels)
+            if dev is not None and dev.type != "cpu":
+                x, y = x.to(dev), y.to(dev)
+            del images, labels
+            yield self._convert(x), y
+
+    def _cuda(self, batches: Iterable[Any], dev: torch.device) -> Iterator[Tensors]:
+        side = torch.cuda.Stream(dev)
+        height, width = self.loader.image_size
+        ring = [_Pinned(self.loader.batch_size, height, width) for _ in range(2)]
+
+        def issue(batch: Any, buf: _Pinned) -> tuple[torch.Tensor, torch.Tensor, Any]:
+            images, labels = batch
+            n = len(labels)
+            if buf.copied is not None:
+                buf.copied.synchronize()  # the copy that last read this buffer is done
+            np.copyto(buf.np_images[:n], images)
+            np.copyto(buf.np_labels[:n], labels)
+            with torch.cuda.stream(side):
+                x = buf.images[:n].to(dev, non_blocking=True)
+                y = buf.labels[:n].to(dev, non_blocking=True)
+                buf.copied = torch.cuda.Event()
+                buf.copied.record(side)
+                x = self._convert(x)
+                ready = torch.cuda.Event()
+                ready.record(side)
+            return x, y, ready
+
+        def hand_over(x: torch.Tensor, y: torch.Tensor, ready: Any) -> Tensors:
+            stream = torch.cuda.current_stream(dev)
+            stream.wait_event(ready)
+            x.record_stream(stream)  # made on the side stream, used on this one
+            y.record_stream(stream)
+            return x, y
+
+        it = iter(batches)
+        first = next(it, None)
+        if first is None:
+            return
+        pending = issue(first, ring[0])
+        del first
+        for i, batch in enumerate(it, 1):
+            ahead = issue(batch, ring[i % 2])  # next batch's copy starts before this one is used
+            del batch
+            yield hand_over(*pending)
+            pending = ahead
+        yield hand_over(*pending)
+
+    def __repr__(self) -> str:
+        return (f"TorchLoader({self.loader!r}, device={self.device}, "
+                f"channels_last={self.channels_last}, dtype={self.dtype})")
+
+
+def to_torch(loader: Any, device: Any = None, channels_last: bool = True,
+             dtype: torch.dtype | None = None, mean: Any = None, std: Any = None) -> TorchLoader:
+    """Wrap ``loader`` for PyTorch: ``for x, y in to_torch(train, device="cuda"): ...``.
+
+    - ``device``: ``None`` gives zero-copy CPU tensors; ``"cuda"``/``"cuda:1"`` copies through
+      pinned memory on a side stream, one batch ahead; ``"cpu"`` and others copy plainly.
+    - ``channels_last``: ``True`` keeps the loader's ``(B, H, W, 3)``; ``False`` gives PyTorch's
+      ``(B, 3, H, W)`` shape as a free permuted view, whose memory stays channels-last
+      (``torch.channels_last`` format, which cuDNN convolutions like); call ``.contiguous()`` if
+      you need NCHW-contiguous memory (``.view`` needs it; ``.reshape``/``.flatten`` do not).
+    - ``dtype``: e.g. ``torch.float32``/``torch.bfloat16``; converts on the device. Without
+      ``mean``/``std`` the values stay 0-255.
+    - ``mean``/``std``: scalars or 3 per-channel values giving ``(x - mean) / std``. Values all
+      <= 1 are read in 0-1 units (torchvision's ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224,
+      0.225)``), otherwise in 0-255 units (``mean=(123.7, 116.3, 103.5)``); the result is the same
+      normalised tensor either way. ``mean=0, std=1`` gives values in [0, 1].
+    - Labels are ``int64`` ``(B,)``, on the same device.
+    """
+    return TorchLoader(loader, device=device, channels_last=channels_last, dtype=dtype,
+                       mean=mean, std=std)
