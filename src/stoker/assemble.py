@@ -30,9 +30,25 @@ class Plan:
     drop_last: bool
     rank: int = 0
     world_size: int = 1
+    #: Rows per storage block (Parquet row group) in order, from ``source.block_sizes``; when
+    #: set and ``shuffle`` is on, epochs use the quasi-random ``block_order`` so a dataset
+    #: larger than RAM is read a few blocks at a time.
+    block_sizes: tuple[int, ...] | None = None
 
     def order(self, epoch: int) -> np.ndarray:
         """This rank's sample order for ``epoch``."""
+        if self.shuffle and self.block_sizes:
+            if sum(self.block_sizes) != self.n:
+                raise SourceError(
+                    f"block sizes add up to {sum(self.block_sizes)} samples, the source has "
+                    f"{self.n}; the source's block_sizes must cover every sample once"
+                )
+            return order_mod.rank_split(
+                order_mod.block_order(self.block_sizes, seed=self.seed, epoch=epoch),
+                rank=self.rank,
+                world_size=self.world_size,
+                drop_last=self.drop_last,
+            )
         return order_mod.epoch_order(
             self.n,
             seed=self.seed,

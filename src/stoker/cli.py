@@ -1,4 +1,4 @@
-"""The ``stoker`` command: demo, bench, inspect, doctor."""
+"""The ``stoker`` command: demo, bench, inspect, doctor, convert."""
 
 from __future__ import annotations
 
@@ -27,6 +27,17 @@ def _parser() -> argparse.ArgumentParser:
     inspect.add_argument("--decode", action="store_true", help="fully decode every image")
     doctor = sub.add_parser("doctor", help="shared memory, leaked segments, decoders")
     doctor.add_argument("--clean", action="store_true", help="remove segments of dead processes")
+    conv = sub.add_parser("convert", help="write a source as Parquet shards (resumable)")
+    conv.add_argument("src", help="any stoker source: image folder, CSV, .npy, tar, HDF5...")
+    conv.add_argument("dst", help="folder for the shards, errors.csv and the manifest")
+    conv.add_argument("--max-side", type=int, default=None, help="shrink longer sides above N px")
+    conv.add_argument("--quality", type=int, default=None, help="re-encode as JPEG at quality Q")
+    conv.add_argument("--workers", type=int, default=1, help="processes writing shards")
+    conv.add_argument("--shard-mb", type=float, default=256, help="target shard size in MB")
+    conv.add_argument("--row-group-mb", type=float, default=4, help="target row group size in MB")
+    conv.add_argument("--shuffle-seed", type=int, default=None,
+                      help="store samples in a seeded random order (for block shuffling)")
+    conv.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
@@ -60,6 +71,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .inspect import inspect_source
 
         print(inspect_source(args.source, decode=args.decode))
+    elif args.command == "convert":
+        from .convert import convert
+
+        manifest = convert(
+            args.src,
+            args.dst,
+            max_side=args.max_side,
+            quality=args.quality,
+            workers=args.workers,
+            shard_bytes=int(args.shard_mb * 2**20),
+            row_group_bytes=int(args.row_group_mb * 2**20),
+            progress=not args.quiet,
+            shuffle_seed=args.shuffle_seed,
+        )
+        run = manifest["run"]
+        print(
+            f"stoker convert: {manifest['rows']} images in {len(manifest['shards'])} shards "
+            f"({run['shards_built']} written, {run['shards_kept']} kept from an earlier run), "
+            f"{manifest['errors']} skipped (see errors.csv); {run['images_per_s'] or 0:,.0f} "
+            f"img/s; manifest {args.dst}/stoker-manifest.json"
+        )
     else:
         from .doctor import doctor
 

@@ -27,6 +27,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from . import jpegcrop
 from .errors import DecodeError, DecompressionBombError
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageInfo", "probe", "decode", "DEFAULT_MAX_PIXELS"]
@@ -272,12 +273,58 @@ def decode(
         box = (0, 0, info.height, info.width)
     else:
         _check_box(box, info)
+    if info.format == "jpeg" and jpegcrop.AVAILABLE:
+        region = _decode_jpeg_window(data, info, box, min_size, fast)
+        if region is not None:
+            return region
     factor = _scale_factor(box, min_size) if info.format == "jpeg" else 1
     if info.format == "jpeg":
         image, factor = _decode_jpeg(data, info, factor, fast)
     else:
         image = _decode_other(data, info)
     return _crop_oriented(image, box, info, factor)
+
+
+def _decode_jpeg_window(
+    data: bytes | memoryview,
+    info: ImageInfo,
+    box: tuple[int, int, int, int],
+    min_size: tuple[int, int] | None,
+    fast: bool,
+) -> np.ndarray | None:
+    """Decode only ``box`` with the C extension (crop window, skipped rows, DCT scaling).
+
+    Returns None for CMYK/YCCK (the caller falls back). The file must end in an EOI marker:
+    rows below the window are never decoded, so truncation is checked here instead, which
+    keeps "is this file bad?" the same whatever crop an epoch draws.
+    """
+    if not _ends_with_eoi(data):
+        raise DecodeError("truncated JPEG: no end-of-image marker")
+    stored = _stored_box(box, info)
+    if min_size is not None and info.orientation >= 5:
+        min_size = (min_size[1], min_size[0])
+    try:
+        region = jpegcrop.decode_region(
+            data, stored, min_size, fast, image_size=_stored_size(info)
+        )
+    except ValueError as exc:
+        if "cmyk" in str(exc).lower():
+            return None
+        raise DecodeError(f"corrupt JPEG: {exc}") from None
+    if info.orientation == 1:
+        return region
+    return np.ascontiguousarray(_orient(region, info.orientation))
+
+
+def _ends_with_eoi(data: bytes | memoryview) -> bool:
+    """True when an EOI marker (FF D9) is at the end, allowing up to 4 KiB of trailing bytes.
+
+    FF D9 cannot occur inside entropy-coded data (an FF there is always stuffed or a restart
+    marker), so a truncated file has none near its end.
+    """
+    if bytes(data[-2:]) == b"\xff\xd9":
+        return True
+    return bytes(data[-4096:]).rfind(b"\xff\xd9") >= 0
 
 
 def _check_box(box: tuple[int, int, int, int], info: ImageInfo) -> None:

@@ -18,15 +18,40 @@ from .arrays import ArraySource, NpySource
 from .base import Source
 from .folder import FolderSource
 from .table import PathSource, TableSource
+from .tar import TarSource
 
-__all__ = ["Source", "open_source", "ArraySource", "NpySource", "FolderSource", "TableSource"]
+__all__ = [
+    "Source",
+    "open_source",
+    "ArraySource",
+    "NpySource",
+    "FolderSource",
+    "TableSource",
+    "TarSource",
+    "ShardSource",
+    "HDF5Source",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """ShardSource (pyarrow) and HDF5Source (h5py) are imported on first use."""
+    if name == "ShardSource":
+        from .shards import ShardSource
+
+        return ShardSource
+    if name == "HDF5Source":
+        from .hdf5 import HDF5Source
+
+        return HDF5Source
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def open_source(source: Any = None, *, paths: Any = None, labels: Any = None) -> Source:
     """Recognise what ``source`` is and return the matching Source.
 
-    ``source`` may be a folder (ImageFolder layout), a CSV/TSV file, a ``.npy`` file, a numpy
-    array of images (then ``labels`` is an array), or None with ``paths=`` (and ``labels=``).
+    ``source`` may be a folder (ImageFolder layout, or of Parquet shards or WebDataset tars), a
+    CSV/TSV file, a ``.npy``, ``.parquet``, ``.tar`` or ``.h5``/``.hdf5`` file, a numpy array of
+    images (then ``labels`` is an array), or None with ``paths=`` (and ``labels=``).
     """
     if isinstance(source, Source):
         return source
@@ -51,13 +76,43 @@ def _open_path(path: Path, labels: Any) -> Source:
     if not path.exists():
         raise SourceError(f"{path}: no such file or folder")
     if path.is_dir():
+        kind = _folder_kind(path)
+        if kind == "parquet":
+            from .shards import ShardSource
+
+            return ShardSource(path)
+        if kind == "tar":
+            return TarSource(path)
         return FolderSource(path)
     suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        from .shards import ShardSource
+
+        return ShardSource(path)
+    if suffix == ".tar":
+        return TarSource(path)
+    if suffix in (".h5", ".hdf5"):
+        from .hdf5 import HDF5Source
+
+        return HDF5Source(path)
     if suffix in (".csv", ".tsv", ".txt"):
         return TableSource(path)
     if suffix == ".npy":
         return NpySource(path, labels)
     raise SourceError(
         f"{path}: cannot tell what this file is from its extension {suffix!r}; "
-        "stoker reads folders, .csv/.tsv files of path,label and .npy arrays"
+        "stoker reads folders, .csv/.tsv files of path,label, .npy arrays, .parquet shards, "
+        "WebDataset .tar shards and .h5/.hdf5 files"
     )
+
+
+def _folder_kind(path: Path) -> str:
+    """'parquet' or 'tar' for a folder of shards (files directly inside), else 'folder'."""
+    if (path / "stoker-manifest.json").is_file():
+        return "parquet"
+    names = [e.name.lower() for e in os.scandir(path) if e.is_file() and not e.name.startswith(".")]
+    if any(n.endswith(".parquet") for n in names):
+        return "parquet"
+    if any(n.endswith(".tar") for n in names):
+        return "tar"
+    return "folder"

@@ -1,0 +1,504 @@
+"""``stoker convert``: any stoker source -> Parquet shards in the Hugging Face image layout.
+
+Each shard ``shard-00000.parquet`` has the columns ``image: struct{bytes: binary, path: string}``
+and ``label: int64``; the image bytes are stored uncompressed with PLAIN encoding, so every image
+sits verbatim in the file and :class:`~stoker.sources.shards.ShardSource` reads one as an mmap
+slice. Row groups hold about ``row_group_bytes`` of images, shards about ``shard_bytes``.
+
+The run can be interrupted and resumed: the sample -> shard assignment is fixed by a plan saved
+in ``DST/.stoker-convert/plan.json`` before any shard is written; each shard is written under a
+temporary name and renamed when complete, so a rerun keeps the finished shards and rebuilds only
+the others. Unreadable or corrupt inputs are listed in ``DST/errors.csv`` and skipped. The
+manifest ``DST/stoker-manifest.json`` (counts, classes, checksums, source fingerprint, stoker
+version) is written last. Nothing here uses pickle: the state on disk is JSON and Parquet.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .assemble import DATA_ERRORS
+from .errors import ConfigError, DecodeError
+from .sources import open_source
+from .sources.base import PathIndex, Source
+
+__all__ = ["convert", "MANIFEST", "ERRORS", "shard_name"]
+
+MANIFEST = "stoker-manifest.json"
+ERRORS = "errors.csv"
+STATE = ".stoker-convert"
+FORMAT = "stoker-shards"
+FORMAT_VERSION = 1
+DEFAULT_QUALITY = 90  # JPEG quality when re-encoding and no quality is given
+_SIZE_SAMPLES = 32  # samples read to estimate sizes when the source has no file paths
+_TICK = 16  # a worker reports progress every this many samples
+
+
+def shard_name(number: int) -> str:
+    """The file name of shard ``number``: ``shard-00000.parquet``."""
+    return f"shard-{number:05d}.parquet"
+
+
+def _tmp_name(number: int) -> str:
+    return f".{shard_name(number)}.tmp"
+
+
+# ---------------------------------------------------------------------------- public entry
+
+
+def convert(
+    src: Any,
+    dst: str | os.PathLike,
+    *,
+    max_side: int | None = None,
+    quality: int | None = None,
+    workers: int = 1,
+    shard_bytes: int = 256 << 20,
+    row_group_bytes: int = 4 << 20,
+    progress: bool = True,
+    shuffle_seed: int | None = None,
+) -> dict[str, Any]:
+    """Convert the stoker source ``src`` into Parquet shards in ``dst``; return the manifest.
+
+    ``max_side`` shrinks images whose longer side is larger (cv2 ``INTER_AREA``) and re-encodes
+    them as JPEG at ``quality`` (default 90); ``quality`` alone re-encodes every image. Without
+    either, image bytes are copied verbatim (decoded-array sources are stored as PNG).
+    ``workers`` processes (spawned) each write whole shards. ``shuffle_seed`` stores the samples
+    in a seeded random order instead of the source's (worth it when the source is sorted by
+    class and the shards will be read with the quasi-random block shuffle).
+    """
+    _check_args(max_side, quality, workers, shard_bytes, row_group_bytes)
+    source = open_source(src)
+    out = Path(dst)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / STATE).mkdir(exist_ok=True)
+    settings = {
+        "max_side": max_side,
+        "quality": quality,
+        "shard_bytes": int(shard_bytes),
+        "row_group_bytes": int(row_group_bytes),
+        "shuffle_seed": shuffle_seed,
+    }
+    plan = _load_or_make_plan(source, out, settings)
+    for stale in out.glob(".shard-*.parquet.tmp"):
+        stale.unlink()
+    todo, records = [], {}
+    for number in range(len(plan["shards"])):
+        record = _finished(out, number)
+        if record is None:
+            todo.append(number)
+        else:
+            records[number] = record
+    t0 = time.perf_counter()
+    total = sum(len(plan["shards"][k]) for k in todo)
+    job = {"dst": str(out), "settings": settings}
+    with _Progress(total, progress) as bar:
+        for record in _run(source, job, plan, todo, workers, bar):
+            records[record["number"]] = record
+    elapsed = time.perf_counter() - t0
+    return _finish(source, out, plan, settings, records, len(todo), total, elapsed)
+
+
+def _check_args(max_side, quality, workers, shard_bytes, row_group_bytes) -> None:
+    if max_side is not None and (not isinstance(max_side, int) or max_side < 1):
+        raise ConfigError(f"max_side must be a positive int or None, got {max_side!r}")
+    if quality is not None and (not isinstance(quality, int) or not 1 <= quality <= 100):
+        raise ConfigError(f"quality must be an int in 1..100 or None, got {quality!r}")
+    if not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers must be an int >= 1, got {workers!r}")
+    if shard_bytes < 1 or row_group_bytes < 1:
+        raise ConfigError("shard_bytes and row_group_bytes must be positive byte counts")
+
+
+# ---------------------------------------------------------------------------- the plan
+
+
+def _load_or_make_plan(source: Source, out: Path, settings: dict[str, Any]) -> dict[str, Any]:
+    """The sample -> shard assignment: saved before any shard is written, reused on resume."""
+    key = {"fingerprint": source.fingerprint(), "count": len(source), **settings}
+    path = out / STATE / "plan.json"
+    if path.exists():
+        plan = json.loads(path.read_text())
+        if plan.get("key") == key:
+            return plan
+        if any(out.glob("shard-*.parquet")):
+            raise ConfigError(
+                f"{out} holds shards of a different conversion (other source or settings: "
+                f"{plan.get('key')} vs {key}); convert into an empty folder or delete it first"
+            )
+    samples = np.arange(len(source), dtype=np.int64)
+    if settings["shuffle_seed"] is not None:
+        gen = np.random.default_rng(np.random.SeedSequence([settings["shuffle_seed"], 0x5A4D]))
+        samples = gen.permutation(samples)
+    sizes = _estimated_sizes(source, samples, settings)
+    starts = np.cumsum(sizes) - sizes
+    shard_of = starts // settings["shard_bytes"]
+    cuts = np.flatnonzero(np.diff(shard_of)) + 1
+    shards = [part.tolist() for part in np.split(samples, cuts)] if len(samples) else []
+    plan = {"key": key, "shards": shards}
+    _write_json(path, plan)
+    return plan
+
+
+def _estimated_sizes(source: Source, samples: np.ndarray, settings: dict[str, Any]) -> np.ndarray:
+    """Bytes each sample will take in a shard: file sizes, or a mean from a few reads."""
+    index = getattr(source, "index", None)
+    count = len(samples)
+    if isinstance(index, PathIndex) and count:
+        sizes = np.empty(count, dtype=np.int64)
+        for k, i in enumerate(samples):
+            try:
+                sizes[k] = os.stat(index.path(int(i))).st_size
+            except OSError:
+                sizes[k] = 0
+    else:
+        sizes = np.full(count, max(1, _mean_size(source, samples, settings, raw=True)), np.int64)
+    if count and (settings["max_side"] is not None or settings["quality"] is not None):
+        raw = _mean_size(source, samples, settings, raw=True)
+        new = _mean_size(source, samples, settings, raw=False)
+        sizes = (sizes * (new / max(raw, 1))).astype(np.int64)
+    return np.maximum(sizes, 1)
+
+
+def _mean_size(source: Source, samples: np.ndarray, settings: dict[str, Any], raw: bool) -> int:
+    """Mean stored size of up to _SIZE_SAMPLES evenly spaced samples (raw or as they'd be put)."""
+    picks = samples[np.linspace(0, len(samples) - 1, min(_SIZE_SAMPLES, len(samples))).astype(int)]
+    total = seen = 0
+    for i in picks:
+        try:
+            data = source.read(int(i))
+            if raw and not isinstance(data, np.ndarray):
+                total += len(data)
+            else:
+                total += len(_prepare(data, settings["max_side"], settings["quality"]))
+            seen += 1
+        except DATA_ERRORS:
+            continue
+    return total // seen if seen else 100_000
+
+
+# ---------------------------------------------------------------------------- running shards
+
+
+def _run(source: Source, job: dict[str, Any], plan: dict[str, Any], todo: list[int],
+         workers: int, bar: _Progress):
+    """Write the shards in ``todo``; yield each one's record as it completes."""
+    if not todo:
+        return
+    if workers == 1 or len(todo) == 1:
+        for number in todo:
+            yield _write_shard(source, job, number, plan["shards"][number], bar.add)
+        return
+    ctx = mp.get_context("spawn")
+    ticks = ctx.Queue()
+    pool = ProcessPoolExecutor(
+        min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
+        initargs=(source, job, ticks),
+    )
+    try:
+        pending = {pool.submit(_worker_shard, n, plan["shards"][n]) for n in todo}
+        while pending:
+            done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
+            _drain(ticks, bar)
+            for future in done:
+                yield future.result()
+        _drain(ticks, bar)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        ticks.close()
+        ticks.join_thread()
+
+
+def _drain(ticks: Any, bar: _Progress) -> None:
+    while True:
+        try:
+            bar.add(ticks.get_nowait())
+        except queue.Empty:
+            return
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(source: Source, job: dict[str, Any], ticks: Any) -> None:
+    import cv2
+
+    cv2.setNumThreads(1)  # one process per core already; cv2's own threads would contend
+    source.open_in_worker()
+    _WORKER.update(source=source, job=job, ticks=ticks)
+
+
+def _worker_shard(number: int, samples: list[int]) -> dict[str, Any]:
+    return _write_shard(_WORKER["source"], _WORKER["job"], number, samples, _WORKER["ticks"].put)
+
+
+def _write_shard(source: Source, job: dict[str, Any], number: int, samples: list[int],
+                 tick: Any) -> dict[str, Any]:
+    """Write one shard to its temporary name, checksum it, record it, rename it."""
+    import pyarrow.parquet as pq
+
+    out = Path(job["dst"])
+    settings = job["settings"]
+    tmp, final = out / _tmp_name(number), out / shard_name(number)
+    schema = image_schema(source.classes)
+    writer = pq.ParquetWriter(
+        tmp, schema, compression={"image.bytes": "NONE", "image.path": "SNAPPY",
+                                  "label": "SNAPPY"},
+        use_dictionary=["label"], write_statistics=["label"],
+    )
+    rows: list[tuple[bytes, str, int]] = []
+    buffered, groups, errors, written, unticked = 0, [], [], 0, 0
+    try:
+        for i in samples:
+            unticked += 1
+            if unticked >= _TICK:
+                tick(unticked)
+                unticked = 0
+            try:
+                data = _prepare(source.read(i), settings["max_side"], settings["quality"])
+            except DATA_ERRORS as exc:
+                errors.append([i, source.name(i), _reason(exc)])
+                continue
+            rows.append((data, _path_of(source, i), int(source.labels[i])))
+            buffered += len(data)
+            if buffered >= settings["row_group_bytes"]:
+                groups.append(_flush(writer, schema, rows))
+                written += len(rows)
+                rows, buffered = [], 0
+        if rows:
+            groups.append(_flush(writer, schema, rows))
+            written += len(rows)
+    finally:
+        writer.close()
+        if unticked:
+            tick(unticked)
+    record = {
+        "number": number,
+        "file": final.name,
+        "rows": written,
+        "row_groups": groups,
+        "bytes": tmp.stat().st_size,
+        "sha256": _sha256(tmp),
+        "errors": errors,
+        "labels": _label_counts(source.labels, samples, errors),
+    }
+    _write_json(out / STATE / f"{final.name}.json", record)
+    os.replace(tmp, final)
+    return record
+
+
+def image_schema(classes: list[str] | None) -> Any:
+    """The Arrow schema of a shard, with Hugging Face ``datasets`` feature metadata."""
+    import pyarrow as pa
+
+    label: dict[str, Any] = {"dtype": "int64", "_type": "Value"}
+    if classes:
+        label = {"names": list(classes), "_type": "ClassLabel"}
+    features = {"image": {"_type": "Image"}, "label": label}
+    meta = {"huggingface": json.dumps({"info": {"features": features}})}
+    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    return pa.schema([pa.field("image", image), pa.field("label", pa.int64())], metadata=meta)
+
+
+def _flush(writer: Any, schema: Any, rows: list[tuple[bytes, str, int]]) -> int:
+    """Write ``rows`` as one row group; return its row count."""
+    import pyarrow as pa
+
+    image = pa.StructArray.from_arrays(
+        [pa.array([r[0] for r in rows], pa.binary()), pa.array([r[1] for r in rows], pa.string())],
+        fields=list(schema.field("image").type),
+    )
+    table = pa.Table.from_arrays([image, pa.array([r[2] for r in rows], pa.int64())],
+                                 schema=schema)
+    writer.write_table(table, row_group_size=len(rows))
+    return len(rows)
+
+
+def _prepare(data: bytes | np.ndarray, max_side: int | None, quality: int | None) -> bytes:
+    """The bytes to store for one sample: verbatim when allowed, else decoded and re-encoded."""
+    import cv2
+    import simplejpeg
+
+    from .decode import decode, probe
+
+    if isinstance(data, np.ndarray):
+        image = _rgb(data)
+    else:
+        info = probe(data)  # refuses non-images and decompression bombs
+        fits = max_side is None or max(info.height, info.width) <= max_side
+        if quality is None and fits:
+            return bytes(data)
+        target = None
+        if not fits and max_side is not None:
+            scale = max_side / max(info.height, info.width)
+            target = (max(1, round(info.height * scale)), max(1, round(info.width * scale)))
+        image = decode(data, info, min_size=target)  # reduced DCT scale when it shrinks anyway
+    h, w = image.shape[:2]
+    if max_side is not None and max(h, w) > max_side:
+        scale = max_side / max(h, w)
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
+    image = np.ascontiguousarray(image)
+    if isinstance(data, np.ndarray) and quality is None:
+        ok, png = cv2.imencode(".png", image[..., ::-1])  # lossless for decoded arrays
+        if not ok:
+            raise DecodeError("cannot encode this array as PNG")
+        return png.tobytes()
+    return simplejpeg.encode_jpeg(image, quality=quality or DEFAULT_QUALITY, colorspace="RGB")
+
+
+def _rgb(array: np.ndarray) -> np.ndarray:
+    if array.ndim == 2 or (array.ndim == 3 and array.shape[2] == 1):
+        return np.repeat(array.reshape(array.shape[0], array.shape[1], 1), 3, axis=2)
+    return array[..., :3]
+
+
+def _path_of(source: Source, i: int) -> str:
+    index = getattr(source, "index", None)
+    return index.relative(i) if isinstance(index, PathIndex) else source.name(i)
+
+
+def _label_counts(labels: np.ndarray, samples: list[int], errors: list[list[Any]]) -> dict:
+    """Rows per label among the samples written (JSON keys are the label numbers)."""
+    bad = {e[0] for e in errors}
+    kept = np.asarray([labels[i] for i in samples if i not in bad], dtype=np.int64)
+    values, counts = np.unique(kept, return_counts=True)
+    return {str(v): int(c) for v, c in zip(values, counts, strict=True)}
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# ---------------------------------------------------------------------------- resume, finish
+
+
+def _finished(out: Path, number: int) -> dict[str, Any] | None:
+    """The record of a shard completed by an earlier run, or None if it must be (re)built."""
+    final = out / shard_name(number)
+    rec_path = out / STATE / f"{final.name}.json"
+    if not final.exists() or not rec_path.exists():
+        return None
+    try:
+        record = json.loads(rec_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if record.get("bytes") != final.stat().st_size:
+        return None
+    return record
+
+
+def _finish(source: Source, out: Path, plan: dict[str, Any], settings: dict[str, Any],
+            records: dict[int, dict[str, Any]], built: int, converted: int,
+            elapsed: float) -> dict[str, Any]:
+    """Write errors.csv, then the manifest (last); return the manifest."""
+    import stoker
+
+    numbers = sorted(records)
+    errors = [(shard_name(n), *e) for n in numbers for e in records[n]["errors"]]
+    tmp = out / (ERRORS + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["shard", "index", "name", "reason"])
+        w.writerows(errors)
+    os.replace(tmp, out / ERRORS)
+    shards = [
+        {k: records[n][k] for k in ("file", "rows", "bytes", "sha256", "row_groups")}
+        for n in numbers
+    ]
+    manifest = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "stoker_version": stoker.__version__,
+        "source": {
+            "fingerprint": source.fingerprint(),
+            "kind": type(source).__name__,
+            "samples": len(source),
+        },
+        "classes": source.classes,
+        "rows": sum(s["rows"] for s in shards),
+        "label_counts": _total_counts(records[n]["labels"] for n in numbers),
+        "errors": len(errors),
+        "settings": settings,
+        "columns": {"image": "struct{bytes: binary (uncompressed, PLAIN), path: string}",
+                    "label": "int64"},
+        "shards": shards,
+        "run": {"shards_built": built, "shards_kept": len(numbers) - built,
+                "samples_converted": converted, "seconds": round(elapsed, 3),
+                "images_per_s": round(converted / elapsed, 1) if elapsed > 0 else None},
+    }
+    _write_json(out / MANIFEST, manifest)
+    return manifest
+
+
+def _total_counts(parts: Any) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for part in parts:
+        for key, count in part.items():
+            total[key] = total.get(key, 0) + count
+    return dict(sorted(total.items(), key=lambda kv: int(kv[0])))
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """tqdm when installed; otherwise a line on stderr every few seconds with rate and ETA."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.enabled, self.done = total, enabled and total > 0, 0
+        self.t0 = self.last = time.perf_counter()
+        self._bar = None
+        if self.enabled:
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                tqdm = None
+            if tqdm is not None:
+                self._bar = tqdm(total=total, unit="img", desc="stoker convert", smoothing=0.1)
+
+    def add(self, count: int) -> None:
+        self.done += count
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(count)
+            return
+        now = time.perf_counter()
+        if now - self.last >= 5.0 or self.done >= self.total:
+            self.last = now
+            rate = self.done / max(now - self.t0, 1e-9)
+            eta = (self.total - self.done) / rate if rate else float("inf")
+            print(f"stoker convert: {self.done}/{self.total} images, {rate:,.0f} img/s, "
+                  f"ETA {eta:,.0f} s", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.close()

@@ -1,0 +1,396 @@
+"""Parquet shards: stoker's own (``stoker convert``) and Hugging Face-style image datasets.
+
+A shard has an ``image`` column (``struct{bytes, path}`` or plain binary) and usually a
+``label`` column. Where the image bytes are stored uncompressed without a dictionary, every
+image sits verbatim in the file: a sidecar index ``<shard>.idx.npy`` gives each image's
+(offset, length), and ``read(i)`` is a slice of a memory map. Other shards (compressed image
+columns, as most foreign datasets are) are read a row group at a time, keeping the last one.
+
+The sidecar is an int64 array of shape ``(rows + 2, 2)``: ``[MAGIC, VERSION]``, then the
+shard's ``[size, mtime_ns]`` (a mismatch means the shard changed: the index is rebuilt), then
+one ``[offset, length]`` per row (``[-1, 0]`` for a missing image). It lives next to the shard,
+or under ``cache_dir`` (default ``~/.cache/stoker/index``) when that folder is read-only. Every
+offset is checked against the bytes pyarrow reads when the index is built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import struct
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import DecodeError, SourceError
+from .base import Source
+from .table import encode_labels
+
+MAGIC = 0x5354_4B49_4458  # "STKIDX"
+INDEX_VERSION = 1
+MANIFEST = "stoker-manifest.json"
+_OPEN_MAPS = 64  # memory maps (one file descriptor each) kept open per process
+_OPEN_FILES = 8  # ParquetFile readers kept open per process (row-group mode)
+_NEEDLE = 64  # bytes of each value searched for when locating it
+
+
+class ShardSource(Source):
+    """A folder (or list) of Parquet shards; see the module docstring."""
+
+    def __init__(
+        self,
+        folder_or_files: str | os.PathLike | list[str | os.PathLike],
+        *,
+        image_column: str = "image",
+        label_column: str = "label",
+        cache_dir: str | os.PathLike | None = None,
+    ) -> None:
+        self.files, manifest = _list_shards(folder_or_files)
+        self.image_column, self.label_column = image_column, label_column
+        self._cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache/stoker/index"
+        rows, groups, labels, self.modes, self.index_files = [], [], [], [], []
+        hf_classes: list[str] | None = None
+        for k, path in enumerate(self.files):
+            pf = pq.ParquetFile(path)
+            expected = manifest["shards"][k] if manifest else None
+            if expected is not None and expected["bytes"] != os.path.getsize(path):
+                raise SourceError(
+                    f"{path}: {os.path.getsize(path)} bytes, the manifest says "
+                    f"{expected['bytes']}; the shard changed since conversion: convert again"
+                )
+            self._check_columns(pf, path)
+            rows.append(pf.metadata.num_rows)
+            md = pf.metadata
+            groups.extend(md.row_group(g).num_rows for g in range(md.num_row_groups))
+            labels.append(self._labels(pf))
+            hf_classes = hf_classes or _hf_classes(pf)
+            idx = self._offset_index(path, pf, expected)
+            self.modes.append(0 if idx is not None else 1)
+            self.index_files.append(idx or "")
+        self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
+        self.block_sizes = tuple(int(g) for g in groups)
+        self._group_starts = [_group_starts(path) for path in self.files]
+        self.labels, text_classes = _join_labels(labels, str(folder_or_files))
+        self.classes = (manifest or {}).get("classes") or hf_classes or text_classes
+        self._digest = self._make_digest(manifest)
+        self._reset()
+
+    # ------------------------------------------------------------------ setup
+
+    def _check_columns(self, pf: pq.ParquetFile, path: str) -> None:
+        schema = pf.schema_arrow
+        if self.image_column not in schema.names:
+            raise SourceError(
+                f"{path}: no {self.image_column!r} column (columns: {', '.join(schema.names)}); "
+                "stoker reads Parquet with an image column of struct{bytes, path} or binary"
+            )
+        kind = schema.field(self.image_column).type
+        ok = pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or (
+            pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0
+        )
+        if not ok:
+            raise SourceError(
+                f"{path}: column {self.image_column!r} is {kind}; expected struct{{bytes, path}} "
+                "or binary image bytes"
+            )
+
+    def _value_path(self, pf: pq.ParquetFile) -> str:
+        kind = pf.schema_arrow.field(self.image_column).type
+        return f"{self.image_column}.bytes" if pa.types.is_struct(kind) else self.image_column
+
+    def _labels(self, pf: pq.ParquetFile) -> np.ndarray | list[Any]:
+        if self.label_column not in pf.schema_arrow.names:
+            return np.full(pf.metadata.num_rows, -1, dtype=np.int64)
+        column = pf.read(columns=[self.label_column]).column(0)
+        if pa.types.is_integer(column.type):
+            return column.fill_null(-1).to_numpy().astype(np.int64)
+        return column.to_pylist()
+
+    def _offset_index(self, path: str, pf: pq.ParquetFile, expected: dict | None) -> str | None:
+        """Path of a valid sidecar index for ``path`` (built if missing or stale); None when
+        the image bytes are not stored verbatim (compressed or dictionary-encoded)."""
+        st = os.stat(path)
+        for candidate in self._index_locations(path):
+            if _index_valid(candidate, st, pf.metadata.num_rows):
+                return candidate
+        offsets = _locate_values(path, pf, self._value_path(pf))
+        if offsets is None:
+            return None
+        if expected is not None and expected.get("sha256"):
+            if _sha256(path) != expected["sha256"]:
+                raise SourceError(
+                    f"{path}: sha256 differs from the manifest; the shard is damaged or was "
+                    "replaced: convert again or restore it"
+                )
+        table = np.empty((len(offsets) + 2, 2), dtype=np.int64)
+        table[0] = (MAGIC, INDEX_VERSION)
+        table[1] = (st.st_size, st.st_mtime_ns)
+        table[2:] = offsets
+        for candidate in self._index_locations(path):
+            try:
+                Path(candidate).parent.mkdir(parents=True, exist_ok=True)
+                tmp = f"{candidate}.{os.getpid()}.tmp"
+                with open(tmp, "wb") as f:
+                    np.save(f, table, allow_pickle=False)
+                os.replace(tmp, candidate)
+                return candidate
+            except OSError:
+                continue
+        raise SourceError(f"{path}: cannot write its byte-offset index anywhere")
+
+    def _index_locations(self, path: str) -> list[str]:
+        """Next to the shard first, then in the cache folder (for read-only folders)."""
+        beside = f"{path}.idx.npy"
+        folder = os.path.dirname(os.path.abspath(path))
+        key = hashlib.blake2b(folder.encode("utf-8", "surrogateescape"), digest_size=8)
+        cached = str(self._cache_dir / key.hexdigest() / f"{os.path.basename(path)}.idx.npy")
+        return [beside, cached] if _writable(folder) else [cached, beside]
+
+    def _make_digest(self, manifest: dict | None) -> str:
+        h = hashlib.blake2b(digest_size=12)
+        for k, path in enumerate(self.files):
+            sha = manifest["shards"][k]["sha256"] if manifest else ""
+            h.update(f"{os.path.basename(path)}|{os.path.getsize(path)}|{sha}\0".encode())
+        h.update(self.starts.tobytes())
+        h.update(self.labels.tobytes())
+        return h.hexdigest()
+
+    # ------------------------------------------------------------------ per-process handles
+
+    def _reset(self) -> None:
+        self._maps: OrderedDict[int, tuple[mmap.mmap, np.ndarray]] = OrderedDict()
+        self._readers: OrderedDict[int, pq.ParquetFile] = OrderedDict()
+        self._group: tuple[int, int, pa.Array | None] = (-1, -1, None)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for key in ("_maps", "_readers", "_group"):
+            state.pop(key, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def open_in_worker(self) -> None:
+        """Nothing to do: maps and readers open lazily on first use in each process."""
+
+    def close(self) -> None:
+        """Close this process's memory maps and readers."""
+        for mm, _ in self._maps.values():
+            try:
+                mm.close()
+            except BufferError:  # a caller still holds a view; the GC closes it later
+                pass
+        self._reset()
+
+    # ------------------------------------------------------------------ reading
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """(shard number, row within the shard) of sample ``index``."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} out of range for {len(self)} samples")
+        shard = int(np.searchsorted(self.starts, index, side="right")) - 1
+        return shard, int(index - self.starts[shard])
+
+    def read(self, index: int) -> bytes:
+        """The encoded image bytes of sample ``index``."""
+        shard, row = self.locate(index)
+        if self.modes[shard] == 0:
+            mm, table = self._map(shard)
+            offset, length = table[row + 2]
+            if offset < 0:
+                raise DecodeError(f"{self.name(index)}: no image bytes (null)")
+            return mm[offset : offset + length]
+        return self._read_group(shard, row, index)
+
+    def _map(self, shard: int) -> tuple[mmap.mmap, np.ndarray]:
+        entry = self._maps.get(shard)
+        if entry is not None:
+            self._maps.move_to_end(shard)
+            return entry
+        with open(self.files[shard], "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        table = np.load(self.index_files[shard], mmap_mode="r", allow_pickle=False)
+        self._maps[shard] = (mm, table)
+        if len(self._maps) > _OPEN_MAPS:
+            old, _ = self._maps.popitem(last=False)[1]
+            try:
+                old.close()
+            except BufferError:
+                pass
+        return mm, table
+
+    def _read_group(self, shard: int, row: int, index: int) -> bytes:
+        starts = self._group_starts[shard]
+        group = int(np.searchsorted(starts, row, side="right")) - 1
+        cached_shard, cached_group, values = self._group
+        if (cached_shard, cached_group) != (shard, group) or values is None:
+            reader = self._readers.get(shard)
+            if reader is None:
+                reader = self._readers[shard] = pq.ParquetFile(self.files[shard])
+                if len(self._readers) > _OPEN_FILES:
+                    self._readers.popitem(last=False)
+            column = reader.read_row_group(group, columns=[self.image_column]).column(0)
+            values = column.combine_chunks()
+            if pa.types.is_struct(values.type):
+                values = values.field("bytes")
+            self._group = (shard, group, values)
+        value = values[row - int(starts[group])].as_py()
+        if value is None:
+            raise DecodeError(f"{self.name(index)}: no image bytes (null)")
+        return value
+
+    def name(self, index: int) -> str:
+        """``shard-00003.parquet[row 17]``."""
+        shard, row = self.locate(index)
+        return f"{self.files[shard]}[row {row}]"
+
+    def fingerprint(self) -> str:
+        """Digest of shard names, sizes (and manifest checksums), row counts and labels."""
+        return self._digest
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _list_shards(spec: Any) -> tuple[list[str], dict | None]:
+    """The shard files, and the stoker manifest when the folder has one (it lists them)."""
+    if isinstance(spec, (list, tuple)):
+        files = [os.fspath(p) for p in spec]
+        if not files:
+            raise SourceError("an empty list of Parquet shards")
+        return files, None
+    path = Path(spec)
+    if path.is_file():
+        return [str(path)], None
+    if not path.is_dir():
+        raise SourceError(f"{path}: no such folder or Parquet file")
+    manifest_path = path / MANIFEST
+    if manifest_path.exists():
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except ValueError as exc:
+            raise SourceError(f"{manifest_path}: not valid JSON ({exc})") from None
+        files = [str(path / s["file"]) for s in manifest.get("shards", [])]
+        missing = [f for f in files if not os.path.exists(f)]
+        if missing:
+            raise SourceError(
+                f"{path}: {len(missing)} shard(s) listed in {MANIFEST} are missing, first "
+                f"{missing[0]}; copy them back or convert again"
+            )
+        if not files:
+            raise SourceError(f"{manifest_path}: lists no shards")
+        return files, manifest
+    files = sorted(
+        str(p) for p in path.glob("*.parquet") if p.is_file() and not p.name.startswith(".")
+    )
+    if not files:
+        raise SourceError(f"{path}: no .parquet files")
+    return files, None
+
+
+def _writable(folder: str) -> bool:
+    return os.access(folder, os.W_OK)
+
+
+def _group_starts(path: str) -> np.ndarray:
+    md = pq.ParquetFile(path).metadata
+    sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+    return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+
+
+def _hf_classes(pf: pq.ParquetFile) -> list[str] | None:
+    """Class names from Hugging Face ``datasets`` metadata (a ClassLabel ``label`` feature)."""
+    meta = pf.schema_arrow.metadata or {}
+    raw = meta.get(b"huggingface")
+    if not raw:
+        return None
+    try:
+        features = json.loads(raw)["info"]["features"]
+        label = features.get("label") or features.get("labels") or {}
+        names = label.get("names")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return [str(n) for n in names] if isinstance(names, list) else None
+
+
+def _join_labels(parts: list[Any], where: str) -> tuple[np.ndarray, list[str] | None]:
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64), None
+    flat = [v for p in parts for v in (p.tolist() if isinstance(p, np.ndarray) else p)]
+    return encode_labels(["-1" if v is None else v for v in flat], where)
+
+
+def _index_valid(candidate: str, st: os.stat_result, rows: int) -> bool:
+    try:
+        table = np.load(candidate, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return False
+    return (
+        table.dtype == np.int64
+        and table.ndim == 2
+        and table.shape == (rows + 2, 2)
+        and tuple(table[0]) == (MAGIC, INDEX_VERSION)
+        and tuple(table[1]) == (st.st_size, st.st_mtime_ns)
+    )
+
+
+def _locate_values(path: str, pf: pq.ParquetFile, column: str) -> np.ndarray | None:
+    """(offset, length) of every value of ``column`` inside the file, or None if they are not
+    stored verbatim. PLAIN byte arrays are a 4-byte little-endian length then the bytes; each is
+    found from its length and first bytes, searching forward within its column chunk, and then
+    compared in full with the value pyarrow reads."""
+    md = pf.metadata
+    names = [md.schema.column(c).path for c in range(md.num_columns)]
+    if column not in names:
+        return None
+    col = names.index(column)
+    chunks = [md.row_group(g).column(col) for g in range(md.num_row_groups)]
+    if any(c.compression != "UNCOMPRESSED" or c.has_dictionary_page for c in chunks):
+        return None
+    out = np.empty((md.num_rows, 2), dtype=np.int64)
+    row = 0
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        for g, chunk in enumerate(chunks):
+            cursor = chunk.data_page_offset
+            end = cursor + chunk.total_compressed_size
+            values = pf.read_row_group(g, columns=[column.split(".")[0]]).column(0)
+            values = values.combine_chunks()
+            if pa.types.is_struct(values.type):
+                values = values.field("bytes")
+            for value in values.to_pylist():
+                if value is None:
+                    out[row] = (-1, 0)
+                    row += 1
+                    continue
+                found = _find(mm, value, cursor, end)
+                if found < 0:
+                    return None
+                out[row] = (found, len(value))
+                cursor = found + len(value)
+                row += 1
+    return out if row == md.num_rows else None
+
+
+def _find(mm: mmap.mmap, value: bytes, start: int, end: int) -> int:
+    """Offset of ``value``'s bytes stored as a PLAIN byte array in ``mm[start:end]``, or -1."""
+    needle = struct.pack("<I", len(value)) + value[:_NEEDLE]
+    pos = mm.find(needle, start, end)
+    while pos >= 0:
+        begin = pos + 4
+        if mm[begin : begin + len(value)] == value:
+            return begin
+        pos = mm.find(needle, pos + 1, end)
+    return -1
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
