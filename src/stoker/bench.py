@@ -63,16 +63,25 @@ def _epoch(loader: Loader, max_batches: int) -> tuple[int, float, float]:
     return n, time.perf_counter() - t0, tree_cpu() - cpu0
 
 
-def run_bench(source: Any, *, batch_size: int = 256, image_size: int = 224,
-              augment: Any = "train", workers: Any = "auto", epochs: int = 3,
-              max_batches: int = 0) -> str:
+def run_bench(
+    source: Any,
+    *,
+    batch_size: int = 256,
+    image_size: int = 224,
+    augment: Any = "train",
+    workers: Any = "auto",
+    epochs: int = 3,
+    max_batches: int = 0,
+) -> str:
     """Run the benchmark and return its report."""
-    with Loader(source, batch_size=batch_size, image_size=image_size, augment=augment,
-                workers=0) as probe:
+    with Loader(
+        source, batch_size=batch_size, image_size=image_size, augment=augment, workers=0
+    ) as probe:
         one = single_core_rate(probe)
     cores = config.usable_cpus()
-    with Loader(source, batch_size=batch_size, image_size=image_size, augment=augment,
-                workers=workers) as loader:
+    with Loader(
+        source, batch_size=batch_size, image_size=image_size, augment=augment, workers=workers
+    ) as loader:
         _epoch(loader, max_batches)  # warm-up: worker start, page cache
         runs, peak = [], 0
         for _ in range(max(1, epochs)):
@@ -85,16 +94,21 @@ def run_bench(source: Any, *, batch_size: int = 256, image_size: int = 224,
     ceiling = one * min(cores, max(1, loader.workers))
     stages = {"read": report.read_ms, "decode": report.decode_ms, "transform": report.transform_ms}
     slowest = max(stages, key=stages.__getitem__)
-    return "\n".join([
-        f"stoker bench {source}: batch {batch_size}, image {image_size}, augment {augment}, "
-        f"workers {loader.workers}",
-        f"  throughput: {rate:,.0f} img/s (median of {len(runs)} epochs: "
-        + ", ".join(f"{r:,.0f}" for r in rates) + ")",
-        f"  ceiling: {one:,.0f} img/s on one core x {min(cores, max(1, loader.workers))} = "
-        f"{ceiling:,.0f} img/s; ratio {rate / ceiling:.2f}",
-        f"  CPU per image: {cpu_ms:.2f} ms (whole process tree); peak PSS {peak / 2**20:,.0f} MiB",
-        f"  stage time per image: " + ", ".join(f"{k} {v:.2f} ms" for k, v in stages.items())
-        + f"; slowest: {slowest}",
-        f"  consumer waited {report.wait_share:.0%} of the time (no compute here, so ~100% "
-        "is expected); in training, stats() tells whether input is the bottleneck",
-    ])
+    return "\n".join(
+        [
+            f"stoker bench {source}: batch {batch_size}, image {image_size}, augment {augment}, "
+            f"workers {loader.workers}",
+            f"  throughput: {rate:,.0f} img/s (median of {len(runs)} epochs: "
+            + ", ".join(f"{r:,.0f}" for r in rates)
+            + ")",
+            f"  ceiling: {one:,.0f} img/s on one core x {min(cores, max(1, loader.workers))} = "
+            f"{ceiling:,.0f} img/s; ratio {rate / ceiling:.2f}",
+            f"  CPU per image: {cpu_ms:.2f} ms (whole process tree); "
+            f"peak PSS {peak / 2**20:,.0f} MiB",
+            "  stage time per image: "
+            + ", ".join(f"{k} {v:.2f} ms" for k, v in stages.items())
+            + f"; slowest: {slowest}",
+            f"  consumer waited {report.wait_share:.0%} of the time (no compute here, so ~100% "
+            "is expected); in training, stats() tells whether input is the bottleneck",
+        ]
+    )

@@ -35,8 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     conv.add_argument("--workers", type=int, default=1, help="processes writing shards")
     conv.add_argument("--shard-mb", type=float, default=256, help="target shard size in MB")
     conv.add_argument("--row-group-mb", type=float, default=4, help="target row group size in MB")
-    conv.add_argument("--shuffle-seed", type=int, default=None,
-                      help="store samples in a seeded random order (for block shuffling)")
+    conv.add_argument(
+        "--shuffle-seed",
+        type=int,
+        default=None,
+        help="store samples in a seeded random order (for block shuffling)",
+    )
     conv.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 

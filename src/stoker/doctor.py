@@ -47,8 +47,9 @@ def doctor(clean: bool = False) -> str:
         *[f"  {p}" for p in stale[:20]],
         f"usable CPU cores: {config.usable_cpus()}; default start method: "
         f"{mp.get_start_method(allow_none=True) or 'fork (platform default)'}; stoker uses spawn",
-        f"decoders: simplejpeg {_version('simplejpeg')}, opencv {_version('opencv-python-headless')}"
-        f", pillow {_version('pillow')}, crop-window C extension: {_ext_state()}",
+        f"decoders: simplejpeg {_version('simplejpeg')}, "
+        f"opencv {_version('opencv-python-headless')}, pillow {_version('pillow')}, "
+        f"crop-window C extension: {_ext_state()}",
         "frameworks: "
         + ", ".join(f"{p} {_version(p)}" for p in ("keras", "tensorflow-cpu", "torch", "jax")),
     ]

@@ -46,13 +46,14 @@ def inspect_source(source: Any, decode: bool = False) -> str:
     sizes, formats, bad = _probe_all(src, decode)
     if sizes:
         hw = np.asarray(sizes)
+        h, w = hw[:, 0], hw[:, 1]
         lines.append(
-            "height min/median/max: {}/{}/{}; width: {}/{}/{}".format(
-                hw[:, 0].min(), int(np.median(hw[:, 0])), hw[:, 0].max(),
-                hw[:, 1].min(), int(np.median(hw[:, 1])), hw[:, 1].max(),
-            )
+            f"height min/median/max: {h.min()}/{int(np.median(h))}/{h.max()}; "
+            f"width: {w.min()}/{int(np.median(w))}/{w.max()}"
         )
     lines.append("formats: " + ", ".join(f"{k} {v}" for k, v in formats.most_common()))
-    lines.append(f"bad files: {len(bad)}" + ("" if decode else " (headers checked; --decode for all)"))
+    lines.append(
+        f"bad files: {len(bad)}" + ("" if decode else " (headers checked; --decode for all)")
+    )
     lines += [f"  {b}" for b in bad[:50]]
     return "\n".join(lines)
