@@ -63,11 +63,27 @@ def test_offset_index_gives_the_bytes_pyarrow_reads(shard_folder):
         assert os.path.exists(f"{path}.idx.npy")
     assert sum(src.block_sizes) == 36 and len(src.block_sizes) > 3
     assert src.classes == ["class_000", "class_001", "class_002"]
-    clone = pickle.loads(pickle.dumps(src))  # what a worker gets: no maps, reopened lazily
+    clone = pickle.loads(pickle.dumps(src))  # what a worker gets: no handles, reopened lazily
     assert clone.read(35) == values[35]
     assert len(pickle.dumps(src)) < 20_000
+    mapped = ShardSource(shard_folder, access="mmap")
+    assert [mapped.read(i) for i in range(len(src))] == values
+    for s in (src, clone, mapped):
+        s.close()
+
+
+@pytest.mark.timeout(60)
+def test_truncated_shard_is_a_bad_sample_not_a_crash(image_folder, tmp_path):
+    images, labels = _jpegs(image_folder)
+    path = tmp_path / "t.parquet"
+    _write_plain(path, images[:8], labels[:8], compression="NONE", use_dictionary=False)
+    src = ShardSource(path)
+    src.read(0)  # opens the file
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    with pytest.raises(OSError, match="short read"):
+        src.read(7)
     src.close()
-    clone.close()
 
 
 @pytest.mark.timeout(60)

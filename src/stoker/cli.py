@@ -12,7 +12,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="make a small photo dataset, train Keras on it, print stats")
     demo.add_argument("--out", default="demo_data", help="folder for the generated dataset")
-    demo.add_argument("--epochs", type=int, default=1)
+    demo.add_argument("--epochs", type=int, default=2)
     demo.add_argument("--workers", default="auto")
     bench = sub.add_parser("bench", help="measure throughput, the decode ceiling, the bottleneck")
     bench.add_argument("source")

@@ -81,7 +81,17 @@ def convert(
     """
     _check_args(max_side, quality, workers, shard_bytes, row_group_bytes)
     source = open_source(src)
-    out = Path(dst)
+    try:
+        return _convert(source, Path(dst), max_side, quality, workers, shard_bytes,
+                        row_group_bytes, progress, shuffle_seed)
+    finally:
+        if source is not src:
+            source.close()
+
+
+def _convert(source: Source, out: Path, max_side: int | None, quality: int | None, workers: int,
+             shard_bytes: int, row_group_bytes: int, progress: bool,
+             shuffle_seed: int | None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / STATE).mkdir(exist_ok=True)
     settings = {

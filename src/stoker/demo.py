@@ -29,7 +29,7 @@ def _model(classes: int) -> Any:
     return model
 
 
-def run_demo(out: str | os.PathLike = "demo_data", epochs: int = 1, workers: Any = "auto") -> None:
+def run_demo(out: str | os.PathLike = "demo_data", epochs: int = 2, workers: Any = "auto") -> None:
     """Make the dataset (once), train for ``epochs`` with validation, print both loaders' stats."""
     from .datasets import make_image_folder
 

@@ -17,6 +17,7 @@ class StatsReport:
     images: int
     batches: int
     elapsed_s: float
+    first_batch_s: float
     wait_s: float
     wait_share: float
     images_per_s: float
@@ -42,9 +43,10 @@ class StatsReport:
 
     def __str__(self) -> str:
         lines = [
-            f"stoker: {self.images} images in {self.batches} batches, {self.elapsed_s:.2f} s, "
-            f"{self.images_per_s:,.0f} img/s",
-            f"  waited for data: {self.wait_s:.2f} s = {self.wait_share:.1%} of the time"
+            f"stoker: {self.images} images in {self.batches} batches, {self.elapsed_s:.2f} s; "
+            f"{self.images_per_s:,.0f} img/s after the first batch",
+            f"  first batch after {self.first_batch_s:.2f} s (worker start-up); after it, waited "
+            f"for data {self.wait_s:.2f} s = {self.wait_share:.1%} of the time"
             f" -> bottleneck: {self.bottleneck}",
             f"  per image (worker time): read {self.read_ms:.2f} ms, decode {self.decode_ms:.2f} "
             f"ms, transform {self.transform_ms:.2f} ms",
@@ -66,6 +68,9 @@ class Stats:
 
     def __init__(self) -> None:
         self.started: float | None = None
+        self.first_at: float | None = None
+        self.first_wait = 0.0
+        self.first_images = 0
         self.last = 0.0
         self.images = self.batches = 0
         self.wait_s = self.read_s = self.decode_s = self.transform_s = 0.0
@@ -82,7 +87,11 @@ class Stats:
     def end_wait(self, t0: float, images: int) -> None:
         """The consumer got a batch of ``images`` after waiting since ``t0``."""
         self.last = time.perf_counter()
-        self.wait_s += self.last - t0
+        if self.first_at is None:
+            self.first_at, self.first_wait = self.last, self.last - t0
+            self.first_images = images
+        else:
+            self.wait_s += self.last - t0
         self.images += images
         self.batches += 1
 
@@ -98,16 +107,23 @@ class Stats:
         return new
 
     def report(self, **config: object) -> StatsReport:
-        """A snapshot with per-image stage times in ms."""
+        """A snapshot with per-image stage times in ms.
+
+        The first batch's wait (worker start-up, cold caches) is reported on its own; the wait
+        share and img/s describe the steady state after it.
+        """
         elapsed = (self.last - self.started) if self.started is not None else 0.0
+        steady = (self.last - self.first_at) if self.first_at is not None else 0.0
         per = 1000.0 / max(1, self.loaded)
+        steady_images = self.images - (self.first_images if self.batches else 0)
         return StatsReport(
             images=self.images,
             batches=self.batches,
             elapsed_s=elapsed,
+            first_batch_s=self.first_wait,
             wait_s=self.wait_s,
-            wait_share=self.wait_s / elapsed if elapsed > 0 else 0.0,
-            images_per_s=self.images / elapsed if elapsed > 0 else 0.0,
+            wait_share=self.wait_s / steady if steady > 0 else 0.0,
+            images_per_s=steady_images / steady if steady > 0 else 0.0,
             read_ms=self.read_s * per,
             decode_ms=self.decode_s * per,
             transform_ms=self.transform_s * per,
