@@ -31,6 +31,7 @@ BILINEAR filter antialiases (more expensive).
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -47,8 +48,17 @@ class Pipeline:
     """A peer: ``epoch()`` gives one epoch of batches; ``close()`` stops its workers."""
 
     def __init__(self, name: str, epoch: Callable[[], Iterator[Any]],
-                 close: Callable[[], None] = lambda: None, obj: Any = None) -> None:
+                 close: Callable[[], None] = lambda: None, obj: Any = None,
+                 prime: Callable[[], None] = lambda: None) -> None:
         self.name, self._epoch, self._close, self.obj = name, epoch, close, obj
+        self.prime = prime
+        """Call (untimed) before a timed ``epoch()`` that follows idle time. stoker keeps
+        prefetching across epochs, so after sitting idle (while other peers ran) its next
+        ``prefetch`` batches are already made: a head start no continuous run gets. prime()
+        consumes them, so the timed epoch -- the next len(loader) batches of one continuous
+        stream, crossing the epoch boundary as training does -- starts from workers just
+        beginning new batches, like the peers' epochs. A no-op for the other peers (none of
+        them works ahead across epochs)."""
         self.closed = False
 
     def epoch(self) -> Iterator[Any]:
@@ -138,8 +148,20 @@ def _stoker(items: Items, data: str | None, batch_size: int, size: int, workers:
     )
     loader = stoker.Loader(**src, batch_size=batch_size, image_size=size, augment="train",
                            workers=workers, seed=seed, shuffle=True, fast_decode=fast)
-    return Pipeline("stoker-fast" if fast else "stoker", lambda: iter(loader), loader.close,
-                    loader)
+    stream: list[Iterator[Any]] = []
+
+    def prime() -> None:
+        """Drop the batches prefetched while this pipeline sat idle (see Pipeline.prime)."""
+        if not stream:
+            stream.append(loader.stream())
+            return
+        for _ in range(loader.stats().prefetch):
+            next(stream[0])
+
+    def epoch() -> Iterator[Any]:
+        return itertools.islice(stream[0] if stream else iter(loader), len(loader))
+
+    return Pipeline("stoker-fast" if fast else "stoker", epoch, loader.close, loader, prime)
 
 
 # ---------------------------------------------------------------------------- tf.data
@@ -243,39 +265,66 @@ def _torch(items: Items, batch_size: int, size: int, workers: int, seed: int,
 # ---------------------------------------------------------------------------- Keras PyDataset
 
 
-def _keras(items: Items, batch_size: int, size: int, workers: int, seed: int) -> Pipeline:
+def _keras_dataset_class() -> type:
+    """Build (once) the PyDataset class; a module attribute so it pickles by reference."""
+    cls = globals().get("_LoadImgDataset")
+    if cls is not None:
+        return cls
     import keras
-    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
 
     class LoadImgDataset(keras.utils.PyDataset):
         """The usual hand-written PyDataset: a batch of load_img + augmentation per index."""
 
-        def __init__(self) -> None:
+        def __init__(self, items: Items, batch_size: int, size: int, workers: int,
+                     seed: int) -> None:
             super().__init__(workers=workers, use_multiprocessing=True)
             self.paths = [p for p, _ in items]
             self.labels = np.array([y for _, y in items], np.int64)
+            self.batch_size, self.size, self.seed = batch_size, size, seed
             self.rng = np.random.default_rng(seed)
             self.order = self.rng.permutation(len(items))
             self.epoch = 0
 
         def __len__(self) -> int:
-            return len(self.paths) // batch_size
+            return len(self.paths) // self.batch_size
 
         def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-            ids = self.order[index * batch_size:(index + 1) * batch_size]
+            bs = self.batch_size
+            ids = self.order[index * bs:(index + 1) * bs]
             # forked pool workers share numpy's global state: seed per (epoch, batch) instead
-            rng = random.Random(seed * 1_000_003 + self.epoch * 10_007 + index)
-            x = np.empty((len(ids), size, size, 3), np.uint8)
+            rng = random.Random(self.seed * 1_000_003 + self.epoch * 10_007 + index)
+            x = np.empty((len(ids), self.size, self.size, 3), np.uint8)
             for j, i in enumerate(ids):
                 img = keras.utils.load_img(self.paths[i])  # PIL open + convert("RGB")
-                x[j] = pil_augment(img, size, rng)
+                x[j] = pil_augment(img, self.size, rng)
             return x, self.labels[ids]
 
         def on_epoch_end(self) -> None:
             self.epoch += 1
             self.order = self.rng.permutation(len(self.paths))
 
-    ds = LoadImgDataset()
+    LoadImgDataset.__module__ = __name__
+    LoadImgDataset.__qualname__ = LoadImgDataset.__name__ = "_LoadImgDataset"
+    globals()["_LoadImgDataset"] = LoadImgDataset
+    return LoadImgDataset
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: lets pickle find the lazily built class
+    if name == "_LoadImgDataset":
+        return _keras_dataset_class()
+    raise AttributeError(name)
+
+
+def keras_pydataset(items: Items, batch_size: int = 256, size: int = 224, workers: int = 2,
+                    seed: int = 0) -> Any:
+    """The Keras peer's PyDataset itself (for model.fit in keras_fit.py)."""
+    return _keras_dataset_class()(items, batch_size, size, workers, seed)
+
+
+def _keras(items: Items, batch_size: int, size: int, workers: int, seed: int) -> Pipeline:
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    ds = keras_pydataset(items, batch_size, size, workers, seed)
     adapter = PyDatasetAdapter(ds, shuffle=True)  # what model.fit(shuffle=True) builds
 
     def epoch() -> Iterator[Any]:

@@ -100,8 +100,16 @@ class Loader:
         self._prefetch_arg, self.timeout = prefetch, float(timeout)
         self.start_method = config.start_method(start_method)
         rank, world = config.rank_world(rank, world_size)
+        blocks = getattr(self.source, "block_sizes", None)
         self.plan = Plan(
-            len(self.source), self.batch_size, self.seed, self.shuffle, self.drop_last, rank, world
+            len(self.source),
+            self.batch_size,
+            self.seed,
+            self.shuffle,
+            self.drop_last,
+            rank,
+            world,
+            block_sizes=tuple(int(b) for b in blocks) if blocks else None,
         )
         self.layout = SlotLayout(self.batch_size, *self.image_size)
         self._per_rank = len(self.plan.order(0))

@@ -111,7 +111,9 @@ def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> No
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     import cv2
 
-    cv2.setNumThreads(1)
+    cv2.setNumThreads(1)  # one thread per worker process: the workers are the parallelism
+    # bad files are reported once, by name, in the parent; OpenCV's own stderr lines would not be
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     spec.source.open_in_worker()
     _Worker(wid, conn, spec).run(parent)
 

@@ -1,0 +1,119 @@
+"""Fuzz stoker's decoders with mutated real files: only DecodeError may come out, never a crash.
+
+    python scripts/fuzz.py --seconds 600 [--seed 0] [--data DIR]
+
+Each iteration takes a real image (JPEG from DIR, plus PNG/WebP/BMP/GIF made from it), mutates
+it (bit flips, byte runs, truncation, splices, header field edits), then runs probe() and
+decode() with a random crop box and output size, as the loader does. Any exception other than
+stoker's DecodeError is a finding and is saved under fuzz-findings/. Run it under a process
+supervisor (it is a plain loop): a segfault or hang shows as the process dying or not
+reporting, and the last input is in fuzz-findings/last.bin.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import io
+import os
+import random
+import time
+
+import numpy as np
+from PIL import Image
+
+from stoker import decode as dec
+from stoker.errors import DecodeError
+
+
+def seeds(data: str) -> list[bytes]:
+    files = sorted(glob.glob(os.path.join(data, "**", "*.jpg"), recursive=True))[:40]
+    out = [open(f, "rb").read() for f in files]
+    for f in files[:4]:
+        im = Image.open(f).convert("RGB")
+        im.thumbnail((160, 160))
+        for fmt, kw in (
+            ("PNG", {}),
+            ("WEBP", {}),
+            ("BMP", {}),
+            ("GIF", {}),
+            ("JPEG", {"progressive": True}),
+        ):
+            buf = io.BytesIO()
+            im.save(buf, fmt, **kw)
+            out.append(buf.getvalue())
+    return out
+
+
+def mutate(data: bytes, rng: random.Random) -> bytes:
+    b = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(5)
+        if op == 0 and b:  # bit flips
+            for _ in range(rng.randint(1, 16)):
+                i = rng.randrange(len(b))
+                b[i] ^= 1 << rng.randrange(8)
+        elif op == 1 and b:  # truncate
+            del b[rng.randrange(len(b)) :]
+        elif op == 2 and b:  # overwrite a run with one value (0, 0xff, random)
+            i = rng.randrange(len(b))
+            b[i : i + rng.randint(1, 64)] = bytes(
+                [rng.choice((0, 255, rng.randrange(256)))]
+            ) * rng.randint(1, 64)
+        elif op == 3 and len(b) > 8:  # header edits: favour the first 1 KiB
+            i = rng.randrange(min(len(b), 1024))
+            b[i] = rng.randrange(256)
+        elif op == 4 and b:  # splice a copy of another part
+            i, j = rng.randrange(len(b)), rng.randrange(len(b))
+            b[i:i] = b[j : j + rng.randint(1, 256)]
+    return bytes(b)
+
+
+def one(data: bytes, rng: random.Random) -> None:
+    try:
+        info = dec.probe(data, max_pixels=50_000_000)
+    except DecodeError:
+        return
+    h, w = info.height, info.width
+    ch, cw = rng.randint(1, h), rng.randint(1, w)
+    box = (rng.randint(0, h - ch), rng.randint(0, w - cw), ch, cw)
+    size = rng.choice([None, (16, 16), (224, 224)])
+    try:
+        out = dec.decode(
+            data, info, box=box, min_size=size, fast=rng.random() < 0.5, max_pixels=50_000_000
+        )
+    except DecodeError:
+        return
+    assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3, out.shape
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default="/data/imagenet_like")
+    args = p.parse_args()
+    import cv2
+
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    rng = random.Random(args.seed)
+    pool = seeds(args.data)
+    os.makedirs("fuzz-findings", exist_ok=True)
+    t0, n, findings = time.monotonic(), 0, 0
+    while time.monotonic() - t0 < args.seconds:
+        data = mutate(rng.choice(pool), rng)
+        with open("fuzz-findings/last.bin", "wb") as f:
+            f.write(data)
+        try:
+            one(data, rng)
+        except Exception as exc:  # noqa: BLE001 - every other exception is a finding
+            findings += 1
+            with open(f"fuzz-findings/{findings:04d}-{type(exc).__name__}.bin", "wb") as f:
+                f.write(data)
+            print(f"finding {findings}: {type(exc).__name__}: {exc}", flush=True)
+        n += 1
+    print(f"{n} iterations in {time.monotonic() - t0:.0f} s, {findings} findings")
+
+
+if __name__ == "__main__":
+    main()
