@@ -22,7 +22,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +184,54 @@ def time_epoch(batches: Iterable[Any], step: Any = None) -> Epoch:
         if step is not None:
             step(batch)
     return Epoch(images, time.perf_counter() - t0, tree_cpu() - cpu0, n)
+
+
+def time_stream(stream: Iterator[Any], batches: int, skip: int) -> tuple[Epoch, Epoch]:
+    """Time ``batches`` batches of an endless, prefetching stream; returns (steady, cold).
+
+    For stoker, whose workers keep filling the prefetch ring across epochs. First ``skip``
+    batches are taken untimed: those the ring made ahead while the stream sat idle (e.g.
+    while other pipelines were being measured), a head start no continuous run gets. Then
+    ``batches + 1`` more are taken, noting the time (and process-tree CPU) when each of the
+    first, the ``batches``-th and the last one arrives:
+
+    - steady: from the arrival of the first to the arrival of the last = ``batches``
+      batch intervals with the workers busy throughout, i.e. the rate of continuous training,
+      where the loader's cross-epoch prefetch hides every epoch boundary;
+    - cold: from asking for the first to the arrival of the ``batches``-th = one epoch's
+      worth timed the way per-epoch peers are timed (including the wait for the first batch
+      while the workers start on it).
+    """
+    for _ in range(skip):
+        next(stream)
+    cpu_req, t_req = tree_cpu(), time.perf_counter()
+    marks: dict[int, tuple[float, float]] = {}
+    sizes = []
+    for i in range(batches + 1):
+        sizes.append(batch_len(next(stream)))
+        if i in (0, batches - 1, batches):
+            marks[i] = (time.perf_counter(), tree_cpu())
+    (t0, c0), (t1, c1), (t2, c2) = marks[0], marks[batches - 1], marks[batches]
+    steady = Epoch(sum(sizes[1:]), t2 - t0, c2 - c0, batches)
+    cold = Epoch(sum(sizes[:-1]), t1 - t_req, c1 - cpu_req, batches)
+    return steady, cold
+
+
+def wait_idle(threshold: float = 0.05, interval: float = 0.1, max_s: float = 15.0) -> float:
+    """Wait until this process tree uses under ``threshold`` cores for two ``interval`` samples.
+
+    Used after a timed epoch so work a pipeline still does in the background (stoker filling
+    its prefetch ring for the next epoch) finishes before another pipeline is timed. Returns
+    the seconds waited.
+    """
+    t0, quiet = time.perf_counter(), 0
+    last = tree_cpu()
+    while time.perf_counter() - t0 < max_s and quiet < 2:
+        time.sleep(interval)
+        now = tree_cpu()
+        quiet = quiet + 1 if now - last < threshold * interval else 0
+        last = now
+    return time.perf_counter() - t0
 
 
 def median(values: Sequence[float]) -> float:

@@ -13,11 +13,17 @@ How it is measured
   every round. Machine noise therefore hits every peer alike. Only the controller asks for an
   epoch at a time; idle runners sleep.
 - img/s = images delivered / wall time of the epoch (first request to last batch); reported as
-  the median (and min, max) over the rounds. CPU ms/image = CPU time of the runner's whole
-  process tree (main + workers, incl. exited workers) per image, median over rounds. Peak PSS
-  = the largest proportional set size of the runner's process tree, sampled every
-  --pss-interval s by the controller during the measured epochs (PSS splits shared pages
-  fairly between processes; stoker's shared-memory ring is counted once).
+  the median (and min, max) over the rounds. stoker is the exception, because its workers
+  keep prefetching across epoch boundaries: it is timed on its endless stream, discarding the
+  batches it prefetched while idle, as the steady rate over len(loader) batch intervals (what
+  continuous training sees); a second row "[cold epoch]" times the same batches the way the
+  per-epoch peers are timed (from the request, first-batch wait included). The goal ratios
+  use the steady row; both are printed (common.time_stream explains the details).
+- CPU ms/image = CPU time of the runner's whole process tree (main + workers, incl. exited
+  workers) per image, median over rounds. Peak PSS = the largest proportional set size of
+  the runner's process tree, sampled every --pss-interval s by the controller during the
+  measured epochs (PSS splits shared pages fairly between processes; stoker's shared-memory
+  ring is counted once).
 - The 2-core ceiling is measured in the same run, interleaved like a peer:
   `stoker.bench.single_core_rate` of a stoker Loader(workers=0) over the same items and work,
   in a runner pinned to one CPU with OpenCV on one thread, times 2. stoker / ceiling thus says
@@ -105,6 +111,11 @@ def _raw_rate(items: list[tuple[str, int]], size: int, seconds: float, fast: boo
 def runner(conn: Any, name: str, cfg: dict[str, Any]) -> None:
     """Build one pipeline and serve 'epoch' requests until 'close'."""
     try:
+        import multiprocessing
+
+        # a spawned process defaults to "spawn"; give the peers the platform's default start
+        # method (fork on Linux before Python 3.14), as in a user's own script
+        multiprocessing.set_start_method(None, force=True)
         note, pipe, probe = "", None, None
         if name == CEILING:
             import stoker
@@ -146,7 +157,15 @@ def runner(conn: Any, name: str, cfg: dict[str, Any]) -> None:
                 conn.send(("rate", 2 * rate))
             else:
                 assert pipe is not None
-                conn.send(("epoch", asdict(common.time_epoch(pipe.epoch()))))
+                cold = None
+                if pipe.stream is not None:  # stoker: see common.time_stream
+                    ep, cold = common.time_stream(pipe.stream(), pipe.batches,
+                                                  skip=pipe.obj.stats().prefetch)
+                else:
+                    ep = common.time_epoch(pipe.epoch())
+                common.wait_idle()  # background work must not overlap the next peer's epoch
+                conn.send(("epoch", {"main": asdict(ep),
+                                     "cold": asdict(cold) if cold else None}))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
 
@@ -163,6 +182,8 @@ class Runner:
         self.proc.start()
         child.close()
         self.summary = common.Summary(name)
+        self.cold = common.Summary(f"{name} [cold epoch]", note="timed like the per-epoch peers"
+                                   " (first-batch wait included, no cross-epoch prefetch)")
         self.epochs: list[dict[str, Any]] = []
         self.warmup: Any = None
         self.failed = ""
@@ -208,16 +229,20 @@ def measure(r: Runner, pss_interval: float, warmup: bool) -> None:
         if not warmup:
             r.summary.rates.append(value)
     else:
-        ep = common.Epoch(**value)
+        ep = common.Epoch(**value["main"])
+        cold = common.Epoch(**value["cold"]) if value["cold"] else None
         text = (f"{ep.rate:,.0f} img/s, {ep.images} images in {ep.seconds:.2f} s, "
-                f"CPU {ep.cpu_ms_per_image:.2f} ms/img, PSS {pss.peak / 2**20:,.0f} MiB")
+                f"CPU {ep.cpu_ms_per_image:.2f} ms/img, PSS {pss.peak / 2**20:,.0f} MiB"
+                + (f" (steady stream; cold epoch {cold.rate:,.0f} img/s)" if cold else ""))
         if warmup:
             r.warmup = value
         else:
             r.epochs.append(value)
-            r.summary.rates.append(ep.rate)
-            r.summary.cpu_ms.append(ep.cpu_ms_per_image)
-            r.summary.peak_pss = max(r.summary.peak_pss, pss.peak)
+            for summary, e in ((r.summary, ep), (r.cold, cold)):
+                if e is not None:
+                    summary.rates.append(e.rate)
+                    summary.cpu_ms.append(e.cpu_ms_per_image)
+                    summary.peak_pss = max(summary.peak_pss, pss.peak)
     print(f"  {r.name:<18} {'warm-up' if warmup else 'epoch'}: {text}", flush=True)
 
 
@@ -298,9 +323,13 @@ def main(argv: list[str] | None = None) -> int:
             s.note = "stoker.bench.single_core_rate(Loader(workers=0)) x 2, 1 pinned core"
         elif r.name == RAW:
             s.note = "stoker.jpegcrop.decode_region + resize + flip, 1 pinned core, x 2"
+        elif r.cold.rates:
+            s.note = "steady stream (continuous training; see common.time_stream)"
         if r.failed:
             s.note = "FAILED: " + r.failed.strip().splitlines()[-1][:80]
         rows.append(s.row())
+        if r.cold.rates and not r.failed:
+            rows.append(r.cold.row())
     print()
     print(f"input pipelines, {len(items)} images/epoch, batch {args.batch_size}, "
           f"{args.workers} workers, median of {args.epochs} interleaved epochs after a warm-up")
@@ -330,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {k: v for k, v in cfg.items() if k != "items"} | {
             "images": len(items), "epochs": args.epochs, "peers": names},
         "results": {r.name: {"summary": asdict(r.summary), "median": r.summary.median,
+                             "cold": asdict(r.cold) if r.cold.rates else None,
                              "warmup": r.warmup, "epochs": r.epochs, "failed": r.failed,
                              "stats": r.stats} for r in runners},
         "ratios": ratio_rows,

@@ -10,7 +10,8 @@ the form the peer itself produces (numpy, tf.Tensor, torch.Tensor): no extra con
     stoker             stoker.Loader(workers=2)
     stoker-fast        stoker.Loader(workers=2, fast_decode=True)
     tf-fused           tf.data: read_file -> extract_jpeg_shape + sample_distorted_bounding_box
-                       -> decode_and_crop_jpeg -> resize -> random_flip -> uint8 -> batch -> prefetch
+                       -> decode_and_crop_jpeg -> resize -> random_flip -> uint8 -> batch
+                       -> prefetch(AUTOTUNE), num_parallel_calls=2, TF intra/inter threads 2
     tf-plain           tf.data: read_file -> decode_jpeg -> slice(same box) -> resize -> ...
     torch-pillow       torch DataLoader(num_workers=2, persistent_workers=True), Dataset with
                        Pillow open + hand-written RandomResizedCrop (torchvision's algorithm and
@@ -31,7 +32,6 @@ BILINEAR filter antialiases (more expensive).
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from collections.abc import Callable, Iterator, Sequence
@@ -45,20 +45,18 @@ RATIO = (3 / 4, 4 / 3)
 
 
 class Pipeline:
-    """A peer: ``epoch()`` gives one epoch of batches; ``close()`` stops its workers."""
+    """A peer: ``epoch()`` gives one epoch of batches; ``close()`` stops its workers.
+
+    ``stream`` (stoker only): a callable returning the loader's one endless batch stream and
+    ``batches``: batches per epoch. stoker keeps prefetching across epochs, so compare.py
+    measures it on that stream (see `common.time_stream`) instead of per-epoch iterators.
+    """
 
     def __init__(self, name: str, epoch: Callable[[], Iterator[Any]],
                  close: Callable[[], None] = lambda: None, obj: Any = None,
-                 prime: Callable[[], None] = lambda: None) -> None:
+                 stream: Callable[[], Iterator[Any]] | None = None, batches: int = 0) -> None:
         self.name, self._epoch, self._close, self.obj = name, epoch, close, obj
-        self.prime = prime
-        """Call (untimed) before a timed ``epoch()`` that follows idle time. stoker keeps
-        prefetching across epochs, so after sitting idle (while other peers ran) its next
-        ``prefetch`` batches are already made: a head start no continuous run gets. prime()
-        consumes them, so the timed epoch -- the next len(loader) batches of one continuous
-        stream, crossing the epoch boundary as training does -- starts from workers just
-        beginning new batches, like the peers' epochs. A no-op for the other peers (none of
-        them works ahead across epochs)."""
+        self.stream, self.batches = stream, batches
         self.closed = False
 
     def epoch(self) -> Iterator[Any]:
@@ -148,20 +146,15 @@ def _stoker(items: Items, data: str | None, batch_size: int, size: int, workers:
     )
     loader = stoker.Loader(**src, batch_size=batch_size, image_size=size, augment="train",
                            workers=workers, seed=seed, shuffle=True, fast_decode=fast)
-    stream: list[Iterator[Any]] = []
+    endless: list[Iterator[Any]] = []
 
-    def prime() -> None:
-        """Drop the batches prefetched while this pipeline sat idle (see Pipeline.prime)."""
-        if not stream:
-            stream.append(loader.stream())
-            return
-        for _ in range(loader.stats().prefetch):
-            next(stream[0])
+    def stream() -> Iterator[Any]:
+        if not endless:
+            endless.append(loader.stream())
+        return endless[0]
 
-    def epoch() -> Iterator[Any]:
-        return itertools.islice(stream[0] if stream else iter(loader), len(loader))
-
-    return Pipeline("stoker-fast" if fast else "stoker", epoch, loader.close, loader, prime)
+    return Pipeline("stoker-fast" if fast else "stoker", lambda: iter(loader), loader.close,
+                    loader, stream, len(loader))
 
 
 # ---------------------------------------------------------------------------- tf.data

@@ -240,3 +240,57 @@ def test_fit_evaluate_predict(backend: str, image_folder: pathlib.Path,
     assert out["val_batches_all"] == 4 * n_val  # + evaluate + predict
     assert len(out["scores"]) == 2 and all(np.isfinite(out["scores"]))
     assert out["pred_shape"] == [36, 3]
+
+
+RESUME_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import keras, numpy as np, stoker
+
+    KW = dict(batch_size=4, image_size=16, workers=2, seed=3)
+
+    def model():
+        m = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Rescaling(1 / 255),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])
+        m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    def main(folder, ckpt):
+        with stoker.Loader(folder, **KW) as first:  # trains 7 batches, saves every 3
+            cb = first.keras_checkpoint(ckpt, save_freq=3)
+            model().fit(first.keras(), epochs=1, steps_per_epoch=7, callbacks=[cb], verbose=0)
+            pulled = first.state_dict()
+        with stoker.Loader(folder, **KW) as again:  # the restarted job
+            cb = again.keras_checkpoint(ckpt)
+            restored = again.state_dict()
+            got = again.keras()[0]
+        with stoker.Loader(folder, **KW) as plain:  # an uninterrupted run, for reference
+            want = [b for _, b in zip(range(7), plain.stream())][-1]
+        print("RESULT " + json.dumps({
+            "restored": cb.restored, "saved": json.load(open(ckpt)), "state": restored,
+            "pulled": pulled, "same": bool(np.array_equal(got[0], want[0])
+                                           and np.array_equal(got[1], want[1]))}))
+
+    if __name__ == "__main__":
+        main(sys.argv[1], sys.argv[2])
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_checkpoint_callback_resumes_at_the_trained_batch(image_folder, tmp_path) -> None:
+    script = tmp_path / "resume_script.py"
+    script.write_text(RESUME_SCRIPT)
+    env = {**os.environ, "KERAS_BACKEND": "torch", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(image_folder), str(tmp_path / "ckpt" / "loader.json")],
+        env=env, capture_output=True, text=True, timeout=100, cwd=tmp_path,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["restored"] is True
+    assert (out["saved"]["epoch"], out["saved"]["position"]) == (0, 6)  # saved after 3 and 6
+    assert out["state"] == out["saved"]
+    assert out["same"]  # the first batch after the restart is batch 7 of an uninterrupted run

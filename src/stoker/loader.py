@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import config
+from . import order as order_mod
 from .assemble import Assembler, Plan, Report
 from .errors import ConfigError, StokerError, TooManyErrors
 from .sources import open_source
@@ -274,13 +275,48 @@ class Loader:
             prefetch_reason=self._prefetch_reason,
             kept_batches=engine.orphaned if engine is not None else 0,
             memory_folder=self._folder,
+            notes=self._notes(),
         )
+
+    def _notes(self) -> list[str]:
+        """Extra lines for the report: how well a block (row-group) shuffle mixes the data."""
+        if not (self.shuffle and self.plan.block_sizes):
+            return []
+        q = order_mod.shuffle_quality(
+            self.plan.order(self.epoch),
+            self.plan.block_sizes,
+            labels=self.source.labels,
+            batch_size=self.batch_size,
+        )
+        return [
+            f"block shuffle: displacement {q['displacement_ratio']:.2f} of a full shuffle's, "
+            f"{q['blocks_per_batch']:.1f} row groups and {q['classes_per_batch']:.1f} classes "
+            f"per batch (full shuffle: {q['classes_per_batch_uniform']:.1f})"
+        ]
+
+    @staticmethod
+    def advance_state(state: dict[str, Any], batches: int) -> dict[str, Any]:
+        """The state ``batches`` batches after ``state`` (epochs roll over at their length)."""
+        position = int(state["position"]) + int(batches)
+        per_epoch = int(state["batches"])
+        return {
+            **state,
+            "epoch": int(state["epoch"]) + position // per_epoch,
+            "position": position % per_epoch,
+        }
 
     def keras(self) -> Any:
         """A ``keras.utils.PyDataset`` over this loader, for ``model.fit`` on any backend."""
         from .adapters.keras import to_keras
 
         return to_keras(self)
+
+    def keras_checkpoint(self, path: Any, save_freq: Any = "epoch") -> Any:
+        """A Keras callback that saves this loader's position to ``path`` (JSON) as training
+        goes, and restores it now if ``path`` exists; pair it with ``BackupAndRestore``."""
+        from .adapters.keras import LoaderCheckpoint
+
+        return LoaderCheckpoint(self, path, save_freq=save_freq)
 
     def torch(self, device: Any = None, **kwargs: Any) -> Any:
         """An iterable of torch tensors, copied to ``device`` ahead of use."""

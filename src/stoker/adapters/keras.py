@@ -21,13 +21,16 @@ one or two batches per epoch, the model-building peek of the JAX/PyTorch backend
 
 from __future__ import annotations
 
+import json
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 
-__all__ = ["StokerPyDataset", "to_keras"]
+__all__ = ["LoaderCheckpoint", "StokerPyDataset", "to_keras"]
 
 Batch = tuple[np.ndarray, np.ndarray]
 
@@ -146,3 +149,47 @@ def to_keras(loader: Any) -> StokerPyDataset:
     as ``int64`` ``(B,)`` (use ``sparse_categorical_crossentropy``).
     """
     return StokerPyDataset(loader)
+
+
+class LoaderCheckpoint(keras.callbacks.Callback):
+    """Saves a Loader's position next to your model checkpoints; restores it on a restart.
+
+    Create it before ``fit`` (it restores the saved position, if any, at once), and save at the
+    same moments as the model: ``save_freq="epoch"`` (with ``BackupAndRestore()``) or every N
+    batches (with ``BackupAndRestore(save_freq=N)`` / ``ModelCheckpoint(save_freq=N)``). The
+    saved position counts batches *trained on*, not batches prefetched, so a resumed run sees
+    exactly the batches the interrupted one had not trained on yet.
+    """
+
+    def __init__(self, loader: Any, path: str | os.PathLike, save_freq: Any = "epoch") -> None:
+        super().__init__()
+        if save_freq != "epoch" and not (isinstance(save_freq, int) and save_freq > 0):
+            raise ValueError(f"save_freq={save_freq!r}: use 'epoch' or a positive batch count")
+        self.loader, self.path, self.save_freq = loader, Path(path), save_freq
+        self.restored = self.path.exists()
+        if self.restored:
+            loader.load_state_dict(json.loads(self.path.read_text()))
+        self._base = loader.state_dict()
+        self._trained = 0
+
+    def state(self) -> dict[str, Any]:
+        """The loader state after the batches trained so far."""
+        return self.loader.advance_state(self._base, self._trained)
+
+    def save(self) -> None:
+        """Write the state atomically (temporary file, then rename)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(json.dumps(self.state()))
+        os.replace(tmp, self.path)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        """Count a trained batch; save every ``save_freq`` batches."""
+        self._trained += 1
+        if isinstance(self.save_freq, int) and self._trained % self.save_freq == 0:
+            self.save()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        """Save at the end of each epoch (``save_freq="epoch"``)."""
+        if self.save_freq == "epoch":
+            self.save()
