@@ -186,35 +186,42 @@ def time_epoch(batches: Iterable[Any], step: Any = None) -> Epoch:
     return Epoch(images, time.perf_counter() - t0, tree_cpu() - cpu0, n)
 
 
-def time_stream(stream: Iterator[Any], batches: int, skip: int) -> tuple[Epoch, Epoch]:
-    """Time ``batches`` batches of an endless, prefetching stream; returns (steady, cold).
+def time_stream(stream: Iterator[Any], batches: int,
+                ready_s: float = 0.005) -> tuple[Epoch, Epoch]:
+    """Time an endless, prefetching batch stream (stoker's); returns ``(steady, cold)``.
 
-    For stoker, whose workers keep filling the prefetch ring across epochs. First ``skip``
-    batches are taken untimed: those the ring made ahead while the stream sat idle (e.g.
-    while other pipelines were being measured), a head start no continuous run gets. Then
-    ``batches + 1`` more are taken, noting the time (and process-tree CPU) when each of the
-    first, the ``batches``-th and the last one arrives:
+    stoker's workers keep filling the prefetch ring across epochs, also while the consumer is
+    away (while other pipelines are measured), so its next batches are often made already: a
+    head start no continuous run gets. So:
 
-    - steady: from the arrival of the first to the arrival of the last = ``batches``
-      batch intervals with the workers busy throughout, i.e. the rate of continuous training,
-      where the loader's cross-epoch prefetch hides every epoch boundary;
-    - cold: from asking for the first to the arrival of the ``batches``-th = one epoch's
-      worth timed the way per-epoch peers are timed (including the wait for the first batch
-      while the workers start on it).
+    1. drain: batches that arrive within ``ready_s`` (made ahead while idle) are taken untimed;
+    2. cold: the next ``batches`` batches, from the request of the first to the arrival of the
+       last -- one epoch timed the way per-epoch peers are timed (the wait for the first
+       batch, with every worker starting at once, included);
+    3. steady: the following ``batches`` batches, from the arrival of the last cold batch to
+       the arrival of the last of these -- ``batches`` batch intervals with the workers busy
+       in their natural phase: what continuous training sees, where cross-epoch prefetch
+       hides every epoch boundary.
+
+    CPU is the process-tree CPU over the same spans.
     """
-    for _ in range(skip):
-        next(stream)
-    cpu_req, t_req = tree_cpu(), time.perf_counter()
-    marks: dict[int, tuple[float, float]] = {}
-    sizes = []
-    for i in range(batches + 1):
-        sizes.append(batch_len(next(stream)))
-        if i in (0, batches - 1, batches):
-            marks[i] = (time.perf_counter(), tree_cpu())
-    (t0, c0), (t1, c1), (t2, c2) = marks[0], marks[batches - 1], marks[batches]
-    steady = Epoch(sum(sizes[1:]), t2 - t0, c2 - c0, batches)
-    cold = Epoch(sum(sizes[:-1]), t1 - t_req, c1 - cpu_req, batches)
-    return steady, cold
+    while True:
+        t = time.perf_counter()
+        first = next(stream)
+        if time.perf_counter() - t > ready_s:
+            break
+    # the first batch that had to be waited for: it starts the cold window
+    cpu_req, t_req = tree_cpu(), t
+    images = batch_len(first)
+    for _ in range(batches - 1):
+        images += batch_len(next(stream))
+    t1, c1 = time.perf_counter(), tree_cpu()
+    cold = Epoch(images, t1 - t_req, c1 - cpu_req, batches)
+    images = 0
+    for _ in range(batches):
+        images += batch_len(next(stream))
+    t2, c2 = time.perf_counter(), tree_cpu()
+    return Epoch(images, t2 - t1, c2 - c1, batches), cold
 
 
 def wait_idle(threshold: float = 0.05, interval: float = 0.1, max_s: float = 15.0) -> float:

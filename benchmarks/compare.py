@@ -14,11 +14,14 @@ How it is measured
   epoch at a time; idle runners sleep.
 - img/s = images delivered / wall time of the epoch (first request to last batch); reported as
   the median (and min, max) over the rounds. stoker is the exception, because its workers
-  keep prefetching across epoch boundaries: it is timed on its endless stream, discarding the
-  batches it prefetched while idle, as the steady rate over len(loader) batch intervals (what
-  continuous training sees); a second row "[cold epoch]" times the same batches the way the
-  per-epoch peers are timed (from the request, first-batch wait included). The goal ratios
-  use the steady row; both are printed (common.time_stream explains the details).
+  keep prefetching across epoch boundaries (also while idle, so its next epoch would get a
+  head start): it is timed on its endless stream, after discarding the batches it made while
+  idle. Row "stoker [cold epoch]": the next len(loader) batches timed like the per-epoch peers
+  (from the request, first-batch wait included). Row "stoker": the len(loader) batches after
+  those, timed from batch arrival to batch arrival -- the steady rate of continuous training,
+  where the cross-epoch prefetch hides every epoch boundary. The goal ratios use the steady
+  row; both are printed (common.time_stream has the details). The cold row is the
+  conservative number: a per-epoch peer pays its epoch-start fill in training too.
 - CPU ms/image = CPU time of the runner's whole process tree (main + workers, incl. exited
   workers) per image, median over rounds. Peak PSS = the largest proportional set size of
   the runner's process tree, sampled every --pss-interval s by the controller during the
@@ -159,8 +162,7 @@ def runner(conn: Any, name: str, cfg: dict[str, Any]) -> None:
                 assert pipe is not None
                 cold = None
                 if pipe.stream is not None:  # stoker: see common.time_stream
-                    ep, cold = common.time_stream(pipe.stream(), pipe.batches,
-                                                  skip=pipe.obj.stats().prefetch)
+                    ep, cold = common.time_stream(pipe.stream(), pipe.batches)
                 else:
                     ep = common.time_epoch(pipe.epoch())
                 common.wait_idle()  # background work must not overlap the next peer's epoch

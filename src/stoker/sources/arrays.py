@@ -34,7 +34,7 @@ def check_labels(labels: Any, count: int, where: str) -> np.ndarray:
         return np.full(count, -1, dtype=np.int64)
     out = np.asarray(labels)
     if isinstance(labels, (str, os.PathLike)):
-        out = np.load(labels, mmap_mode="r")
+        out = np.load(labels, mmap_mode="r", allow_pickle=False)
     if out.shape[0] != count:
         raise SourceError(f"{where}: {count} images but {out.shape[0]} labels")
     return np.asarray(out, dtype=np.int64).reshape(count)
@@ -93,9 +93,12 @@ class NpySource(Source):
     def __init__(self, path: str | os.PathLike, labels: Any = None) -> None:
         self.path = Path(path)
         try:
-            arr = np.load(self.path, mmap_mode="r")
-        except ValueError as exc:
-            raise SourceError(f"{self.path}: cannot memory-map this .npy file ({exc})") from None
+            arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, EOFError, OSError) as exc:
+            raise SourceError(
+                f"{self.path}: not a readable .npy array of images ({type(exc).__name__}: {exc}); "
+                "save one with numpy.save(path, images)"
+            ) from None
         check_images(arr, str(self.path))
         self.shape = arr.shape
         self.labels = check_labels(labels, arr.shape[0], str(self.path))
@@ -106,7 +109,7 @@ class NpySource(Source):
 
     def _images(self) -> np.ndarray:
         if self._array is None:
-            self._array = np.load(self.path, mmap_mode="r")
+            self._array = np.load(self.path, mmap_mode="r", allow_pickle=False)
         return self._array
 
     def read(self, index: int) -> np.ndarray:

@@ -69,7 +69,7 @@ class ShardSource(Source):
         self.index_files: list[str] = []
         hf_classes: list[str] | None = None
         for k, path in enumerate(self.files):
-            pf = pq.ParquetFile(path)
+            pf = _open_parquet(path)
             expected = manifest["shards"][k] if manifest else None
             if expected is not None and expected["bytes"] != os.path.getsize(path):
                 raise SourceError(
@@ -422,3 +422,11 @@ def _find(mm: mmap.mmap, value: bytes, start: int, end: int) -> int:
 def _sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _open_parquet(path: str) -> pq.ParquetFile:
+    """Open a Parquet file, or say which file is not one."""
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise SourceError(f"{path}: not a readable Parquet file ({exc})") from None

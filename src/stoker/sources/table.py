@@ -54,6 +54,9 @@ class TableSource(Source):
         if bad:
             raise SourceError(f"{self.table}: row {bad[0] + 2} has no path; expected path,label")
         paths = [r[0].strip() for r in rows]
+        nul = next((i for i, p in enumerate(paths) if "\0" in p), None)
+        if nul is not None:
+            raise SourceError(f"{self.table}: row {nul + 1} has a NUL byte in its path")
         raw = [r[1].strip() if len(r) > 1 else "-1" for r in rows]
         self.labels, self.classes = encode_labels(raw, str(self.table))
         if not paths:
