@@ -79,3 +79,26 @@ def test_bad_sources_say_what_is_wrong(tmp_path, make, match):
 def test_unsupported_type():
     with pytest.raises(SourceError, match="unsupported source"):
         open_source(42)
+
+
+def test_big_folder_scan_is_cached_and_refreshed_when_the_folder_changes(tmp_path, image_folder):
+    jpeg = next(image_folder.glob("class_000/*.jpg")).read_bytes()
+    root = tmp_path / "big"
+    for c in range(2):
+        (root / f"c{c}").mkdir(parents=True)
+        for i in range(1000):
+            (root / f"c{c}" / f"{i:05d}.jpg").write_bytes(jpeg)
+    cache = tmp_path / "cache"
+    first = FolderSource(root, cache_dir=cache)
+    assert len(first) == 2000 and list(cache.glob("*/meta.json"))
+
+    class NoScan(FolderSource):
+        def _scan(self):
+            raise AssertionError("scanned although the cache is valid")
+
+    again = NoScan(root, cache_dir=cache)
+    assert again.fingerprint() == first.fingerprint() and again.name(1999) == first.name(1999)
+    (root / "c1" / "new.jpg").write_bytes(jpeg)
+    with pytest.raises(AssertionError, match="scanned"):
+        NoScan(root, cache_dir=cache)
+    assert len(FolderSource(root, cache_dir=cache)) == 2001

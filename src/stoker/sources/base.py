@@ -52,6 +52,13 @@ class PathIndex:
         self.blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         self.root = str(root)
 
+    @classmethod
+    def from_arrays(cls, root: Path, blob: np.ndarray, offsets: np.ndarray) -> PathIndex:
+        """An index from stored arrays (a cached scan)."""
+        index = cls.__new__(cls)
+        index.blob, index.offsets, index.root = blob, offsets.astype(np.int64), str(root)
+        return index
+
     def __len__(self) -> int:
         return int(self.offsets.shape[0] - 1)
 

@@ -1,8 +1,14 @@
-"""The ImageFolder source: one subfolder per class, labels are the sorted class names."""
+"""The ImageFolder source: one subfolder per class, labels are the sorted class names.
+
+A scan of a big folder is cached on disk (``~/.cache/stoker/scan``, NPY + JSON, never pickle)
+and reused while every directory's modification time is unchanged: adding, removing or renaming
+a file changes its directory's mtime, so the listing is rebuilt exactly when it could differ.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -12,12 +18,16 @@ from ..decode import IMAGE_EXTENSIONS
 from ..errors import SourceError
 from .base import PathIndex, Source, read_file
 
+CACHE_VERSION = 1
+MIN_CACHED = 2000  # smaller folders scan faster than a cache check is worth writing
 
-def _scan_class(folder: Path) -> list[str]:
+
+def _scan_class(folder: Path, dirs: list[str]) -> list[str]:
     """Relative paths (``class/…/file``) of the image files under one class folder, sorted."""
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
         dirnames.sort()
+        dirs.append(dirpath)
         rel = os.path.relpath(dirpath, folder.parent)
         for fname in sorted(filenames):
             if os.path.splitext(fname)[1].lower() in IMAGE_EXTENSIONS:
@@ -25,11 +35,34 @@ def _scan_class(folder: Path) -> list[str]:
     return found
 
 
+def _mtimes(dirs: list[str]) -> list[int]:
+    """Modification times (ns) of ``dirs``; -1 for one that is gone."""
+    out = []
+    for d in dirs:
+        try:
+            out.append(os.stat(d).st_mtime_ns)
+        except OSError:
+            out.append(-1)
+    return out
+
+
 class FolderSource(Source):
     """Images in ``root/<class>/**/<file>``; classes are the sorted subfolder names."""
 
-    def __init__(self, root: str | os.PathLike) -> None:
+    def __init__(self, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
         self.root = Path(root)
+        cache = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "stoker" / "scan"
+        key = hashlib.blake2b(str(self.root.resolve()).encode(), digest_size=10).hexdigest()
+        self._cache = cache / key
+        if not self._load_cache():
+            self._scan()
+        if len(self.labels) == 0:
+            raise SourceError(
+                f"{self.root}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in its class folders"
+            )
+
+    def _scan(self) -> None:
+        """Walk the folder; cache the result when it is big enough to matter."""
         self.classes = sorted(
             e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith(".")
         )
@@ -38,18 +71,57 @@ class FolderSource(Source):
                 f"{self.root}: no class subfolders; an image folder needs one subfolder per class "
                 "(root/cat/1.jpg, root/dog/2.jpg), or pass a CSV file or paths=[...]"
             )
-        rel: list[str] = []
-        labels: list[int] = []
+        dirs, rel, labels = [str(self.root)], [], []
         for label, cls in enumerate(self.classes):
-            files = _scan_class(self.root / cls)
+            files = _scan_class(self.root / cls, dirs)
             rel.extend(files)
             labels.extend([label] * len(files))
-        if not rel:
-            raise SourceError(
-                f"{self.root}: no image files ({', '.join(IMAGE_EXTENSIONS)}) in its class folders"
-            )
         self.index = PathIndex(self.root, rel)
         self.labels = np.asarray(labels, dtype=np.int64)
+        if len(rel) >= MIN_CACHED:
+            self._save_cache(dirs)
+
+    def _save_cache(self, dirs: list[str]) -> None:
+        """Write the scan (best effort: a read-only home just means no cache)."""
+        meta = {
+            "version": CACHE_VERSION,
+            "root": str(self.root.resolve()),
+            "classes": self.classes,
+            "dirs": dirs,
+            "mtimes": _mtimes(dirs),
+        }
+        try:
+            self._cache.mkdir(parents=True, exist_ok=True)
+            for name, arr in (
+                ("blob", self.index.blob),
+                ("offsets", self.index.offsets),
+                ("labels", self.labels),
+            ):
+                np.save(self._cache / f"{name}.npy", arr, allow_pickle=False)
+            tmp = self._cache / "meta.json.tmp"
+            tmp.write_text(json.dumps(meta))
+            os.replace(tmp, self._cache / "meta.json")
+        except OSError:
+            pass
+
+    def _load_cache(self) -> bool:
+        """Use the cached scan if every directory is as it was; False otherwise."""
+        try:
+            meta = json.loads((self._cache / "meta.json").read_text())
+            if meta.get("version") != CACHE_VERSION or meta["root"] != str(self.root.resolve()):
+                return False
+            if _mtimes(meta["dirs"]) != meta["mtimes"]:
+                return False
+            load = {
+                n: np.load(self._cache / f"{n}.npy", allow_pickle=False)
+                for n in ("blob", "offsets", "labels")
+            }
+        except (OSError, ValueError, KeyError):
+            return False
+        self.classes = list(meta["classes"])
+        self.index = PathIndex.from_arrays(self.root, load["blob"], load["offsets"])
+        self.labels = load["labels"].astype(np.int64, copy=False)
+        return True
 
     def read(self, index: int) -> bytes:
         """The file's bytes."""
