@@ -106,10 +106,17 @@ def rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
 
 
 def detect_rank() -> tuple[int, int]:
-    """torch.distributed's rank/world if it is imported and initialised, else (0, 1)."""
+    """The rank and world size of a running distributed job, else (0, 1).
+
+    Looks at ``torch.distributed`` (if imported and initialised), then JAX's multi-process
+    runtime (if jax is imported and has more than one process). Nothing is imported here.
+    """
     import sys
 
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
+    jax = sys.modules.get("jax")
+    if jax is not None and jax.process_count() > 1:
+        return jax.process_index(), jax.process_count()
     return 0, 1
