@@ -108,11 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         step = make_step(t_step, args.busy)
         print(f"stoker load-only epoch {common.median(loads):.2f} s for {n} batches -> "
               f"train step T = {t_step * 1000:.1f} ms ({'busy-wait' if args.busy else 'sleep'})")
-        loader.stats()
+        s0 = loader.stats()
         epochs = [common.time_epoch(loader, step).seconds for _ in range(args.epochs)]
-        results["stoker"] = {"load": loads, "epochs": epochs, "stats": str(loader.stats())}
-        print(f"  stoker epochs with training: {[round(e, 2) for e in epochs]}")
-        print(loader.stats())
+        s1 = loader.stats()
+        share = (s1.wait_s - s0.wait_s) / max(1e-9, s1.elapsed_s - s0.elapsed_s)
+        results["stoker"] = {"load": loads, "epochs": epochs, "wait_share": share}
+        print(f"  stoker epochs with training: {[round(e, 2) for e in epochs]}; waited for "
+              f"data {share:.1%} of the time (stoker's stats, training epochs only)")
     compute = n * t_step
 
     if "torch-pillow" in only:

@@ -3,6 +3,7 @@ data and work, CPU time and memory per image, and which stage is the bottleneck.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any
@@ -28,9 +29,11 @@ def tree_pss() -> int:
 
 
 def tree_cpu() -> float:
-    """CPU seconds (user + system) used so far by this process and its live children."""
-    total = 0.0
+    """CPU seconds (user + system) used so far by this process, its live children and the
+    children it has already reaped."""
     me = psutil.Process()
+    own = me.cpu_times()
+    total = own.children_user + own.children_system
     for proc in [me, *me.children(recursive=True)]:
         try:
             t = proc.cpu_times()
@@ -41,7 +44,21 @@ def tree_cpu() -> float:
 
 
 def single_core_rate(loader: Loader, seconds: float = 3.0) -> float:
-    """Images/s of read + decode + transform in this process, on one core."""
+    """Images/s of read + decode + transform in this process, pinned to one core with OpenCV
+    on one thread (as in a worker)."""
+    import cv2
+
+    threads, cpus = cv2.getNumThreads(), os.sched_getaffinity(0)
+    cv2.setNumThreads(1)
+    os.sched_setaffinity(0, {min(cpus)})
+    try:
+        return _rate(loader, seconds)
+    finally:
+        cv2.setNumThreads(threads)
+        os.sched_setaffinity(0, cpus)
+
+
+def _rate(loader: Loader, seconds: float) -> float:
     asm = Assembler(loader.source, loader.pipeline, loader.plan)
     lay = loader.layout
     images = np.empty((lay.batch_size, lay.height, lay.width, 3), np.uint8)
