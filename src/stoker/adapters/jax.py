@@ -16,6 +16,8 @@ from typing import Any
 
 import jax
 
+from .base import LoaderView
+
 __all__ = ["JaxLoader", "to_jax"]
 
 
@@ -32,7 +34,7 @@ def _on_cpu(target: Any) -> bool:
     return platforms == {"cpu"}
 
 
-class JaxLoader:
+class JaxLoader(LoaderView):
     """Iterable of ``(images, labels)`` ``jax.Array`` pairs over a Loader; one epoch per ``iter()``.
 
     ``images`` is ``uint8`` ``(B, H, W, 3)``, ``labels`` ``int32`` or ``int64`` ``(B,)`` (JAX
@@ -42,18 +44,6 @@ class JaxLoader:
     def __init__(self, loader: Any, sharding: Any = None) -> None:
         self.loader = loader
         self.sharding = sharding
-
-    def __len__(self) -> int:
-        """Batches per epoch: ``len(loader)``."""
-        return len(self.loader)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's position (JSON-able); see ``Loader.state_dict``."""
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the loader from ``state_dict()``; see ``Loader.load_state_dict``."""
-        self.loader.load_state_dict(state)
 
     def __iter__(self) -> Iterator[tuple[jax.Array, jax.Array]]:
         """The rest of the loader's current epoch, put on ``sharding`` (or the default device)."""

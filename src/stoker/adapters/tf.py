@@ -66,4 +66,3 @@ def to_tf(loader: Any) -> tf.data.Dataset:
     )
     dataset = tf.data.Dataset.from_generator(_Epochs(loader), output_signature=signature)
     return dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
-

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from .base import LoaderView
 
 __all__ = ["TorchLoader", "to_torch"]
 
@@ -48,7 +49,7 @@ class _Pinned:
         self.copied: torch.cuda.Event | None = None
 
 
-class TorchLoader:
+class TorchLoader(LoaderView):
     """Iterable of ``(images, labels)`` torch tensors over a Loader: one epoch per ``iter()``.
 
     ``state_dict()``/``load_state_dict()`` delegate to the loader, so checkpointing tools that
@@ -56,8 +57,15 @@ class TorchLoader:
     .checkpoint`` wrappers, Lightning) capture and restore the exact position.
     """
 
-    def __init__(self, loader: Any, device: Any = None, channels_last: bool = True,
-                 dtype: torch.dtype | None = None, mean: Any = None, std: Any = None) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        device: Any = None,
+        channels_last: bool = True,
+        dtype: torch.dtype | None = None,
+        mean: Any = None,
+        std: Any = None,
+    ) -> None:
         self.loader = loader
         self.device = None if device is None else torch.device(device)
         if self.device is not None and self.device.type == "cuda" and self.device.index is None:
@@ -72,18 +80,6 @@ class TorchLoader:
         self.dtype = dtype
         self._norm = None if mean is None else _units(mean, std)
         self._consts: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def __len__(self) -> int:
-        """Batches per epoch: ``len(loader)``."""
-        return len(self.loader)
-
-    def state_dict(self) -> dict[str, Any]:
-        """The loader's position (JSON-able); see ``Loader.state_dict``."""
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume the loader from ``state_dict()``; see ``Loader.load_state_dict``."""
-        self.loader.load_state_dict(state)
 
     def __iter__(self) -> Iterator[Tensors]:
         """The rest of the loader's current epoch, as tensors on ``device``."""
@@ -112,8 +108,7 @@ class TorchLoader:
         if key not in self._consts:
             assert self._norm is not None
             shape = (3,) if self.channels_last else (3, 1, 1)
-            mean, std = (torch.tensor(v, dtype=dtype).reshape(shape).to(device)
-                         for v in self._norm)
+            mean, std = (torch.tensor(v, dtype=dtype).reshape(shape).to(device) for v in self._norm)
             self._consts[key] = (mean, std)
         return self._consts[key]
 
@@ -168,12 +163,13 @@ class TorchLoader:
         yield hand_over(*pending)
 
     def __repr__(self) -> str:
-        return (f"TorchLoader({self.loader!r}, device={self.device}, "
-                f"channels_last={self.channels_last}, dtype={self.dtype})")
+        return (
+            f"TorchLoader({self.loader!r}, device={self.device}, "
+            f"channels_last={self.channels_last}, dtype={self.dtype})"
+        )
 
 
-def to_torch(loader: Any, device: Any = None, channels_last: bool = True,
-             dtype: torch.dtype | None = None, mean: Any = None, std: Any = None) -> TorchLoader:
+def to_torch(loader: Any, device: Any = None, **options: Any) -> TorchLoader:
     """Wrap ``loader`` for PyTorch: ``for x, y in to_torch(train, device="cuda"): ...``.
 
     - ``device``: ``None`` gives zero-copy CPU tensors; ``"cuda"``/``"cuda:1"`` copies through
@@ -190,5 +186,4 @@ def to_torch(loader: Any, device: Any = None, channels_last: bool = True,
       normalised tensor either way. ``mean=0, std=1`` gives values in [0, 1].
     - Labels are ``int64`` ``(B,)``, on the same device.
     """
-    return TorchLoader(loader, device=device, channels_last=channels_last, dtype=dtype,
-                       mean=mean, std=std)
+    return TorchLoader(loader, device, **options)

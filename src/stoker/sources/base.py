@@ -78,6 +78,27 @@ class PathIndex:
         return h.hexdigest()
 
 
+class FileListSource(Source):
+    """A source of image files listed in a PathIndex (folders, CSV files, path lists)."""
+
+    index: PathIndex
+
+    def read(self, index: int) -> bytes:
+        """The file's bytes."""
+        return read_file(self.index.path(index))
+
+    def name(self, index: int) -> str:
+        """The file's path."""
+        return self.index.path(index)
+
+    def fingerprint(self) -> str:
+        """Digest of the listed paths, labels and class names."""
+        h = hashlib.blake2b(self.index.digest().encode(), digest_size=12)
+        h.update(self.labels.tobytes())
+        h.update("\0".join(self.classes or []).encode())
+        return h.hexdigest()
+
+
 def read_file(path: str) -> bytes:
     """Read a whole file; OSError propagates (the loader counts it as a bad sample)."""
     with open(path, "rb") as f:

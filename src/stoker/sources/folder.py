@@ -16,7 +16,7 @@ import numpy as np
 
 from ..decode import IMAGE_EXTENSIONS
 from ..errors import SourceError
-from .base import PathIndex, Source, read_file
+from .base import FileListSource, PathIndex
 
 CACHE_VERSION = 1
 MIN_CACHED = 2000  # smaller folders scan faster than a cache check is worth writing
@@ -46,7 +46,7 @@ def _mtimes(dirs: list[str]) -> list[int]:
     return out
 
 
-class FolderSource(Source):
+class FolderSource(FileListSource):
     """Images in ``root/<class>/**/<file>``; classes are the sorted subfolder names."""
 
     def __init__(self, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
@@ -122,18 +122,3 @@ class FolderSource(Source):
         self.index = PathIndex.from_arrays(self.root, load["blob"], load["offsets"])
         self.labels = load["labels"].astype(np.int64, copy=False)
         return True
-
-    def read(self, index: int) -> bytes:
-        """The file's bytes."""
-        return read_file(self.index.path(index))
-
-    def name(self, index: int) -> str:
-        """The file's path."""
-        return self.index.path(index)
-
-    def fingerprint(self) -> str:
-        """Digest of the relative paths, labels and class names."""
-        h = hashlib.blake2b(self.index.digest().encode(), digest_size=12)
-        h.update(self.labels.tobytes())
-        h.update("\0".join(self.classes or []).encode())
-        return h.hexdigest()

@@ -103,8 +103,10 @@ class ShardSource(Source):
                 "stoker reads Parquet with an image column of struct{bytes, path} or binary"
             )
         kind = schema.field(self.image_column).type
-        ok = pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or (
-            pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0
+        ok = (
+            pa.types.is_binary(kind)
+            or pa.types.is_large_binary(kind)
+            or (pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0)
         )
         if not ok:
             raise SourceError(
@@ -221,8 +223,10 @@ class ShardSource(Source):
             else:
                 data = handle[offset : offset + length]
             if len(data) != length:
-                raise OSError(f"{self.name(index)}: short read ({len(data)} of {length} bytes); "
-                              "the shard was truncated or replaced")
+                raise OSError(
+                    f"{self.name(index)}: short read ({len(data)} of {length} bytes); "
+                    "the shard was truncated or replaced"
+                )
             return data
         return self._read_group(shard, row, index)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from .base import PathIndex, Source, read_file
+from .base import FileListSource, PathIndex
 
 
 def encode_labels(raw: list[Any], where: str) -> tuple[np.ndarray, list[str] | None]:
@@ -44,7 +43,7 @@ def _read_rows(path: Path) -> list[list[str]]:
     return rows
 
 
-class TableSource(Source):
+class TableSource(FileListSource):
     """Images listed in a CSV/TSV file, one ``path,label`` row each, paths relative to the file."""
 
     def __init__(self, path: str | os.PathLike) -> None:
@@ -62,20 +61,6 @@ class TableSource(Source):
         if not paths:
             raise SourceError(f"{self.table}: no rows of path,label")
         self.index = PathIndex(self.table.parent, paths)
-
-    def read(self, index: int) -> bytes:
-        """The file's bytes."""
-        return read_file(self.index.path(index))
-
-    def name(self, index: int) -> str:
-        """The file's path."""
-        return self.index.path(index)
-
-    def fingerprint(self) -> str:
-        """Digest of the listed paths and labels."""
-        h = hashlib.blake2b(self.index.digest().encode(), digest_size=12)
-        h.update(self.labels.tobytes())
-        return h.hexdigest()
 
 
 class PathSource(TableSource):
