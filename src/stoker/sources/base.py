@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from ..workers.slots import Segment, pick_folder
 
 
 class Source:
@@ -21,6 +24,10 @@ class Source:
     def read(self, index: int) -> bytes | np.ndarray:
         """Return sample ``index``: encoded image bytes, or a decoded uint8 array."""
         raise NotImplementedError
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        """Hint: ``read`` is about to be called for ``indices`` (one batch). Remote sources
+        start fetching them concurrently; the default does nothing. Must not raise."""
 
     def name(self, index: int) -> str:
         """A human-readable name of sample ``index`` (its file path, or ``array[i]``)."""
@@ -51,13 +58,43 @@ class PathIndex:
         np.cumsum(lengths, out=self.offsets[1:])
         self.blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         self.root = str(root)
+        self._segment: Segment | None = None
 
     @classmethod
     def from_arrays(cls, root: Path, blob: np.ndarray, offsets: np.ndarray) -> PathIndex:
         """An index from stored arrays (a cached scan)."""
         index = cls.__new__(cls)
         index.blob, index.offsets, index.root = blob, offsets.astype(np.int64), str(root)
+        index._segment = None
         return index
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Sent to a worker: the arrays move into one shared segment (made once), so every
+        worker maps the same pages instead of holding its own copy."""
+        if self._segment is None or not os.path.exists(self._segment.path):
+            self._segment = Segment.create(
+                self.blob.nbytes + self.offsets.nbytes,
+                "index",
+                pick_folder(self.blob.nbytes + self.offsets.nbytes),
+            )
+            self._segment.array(np.int64, self.offsets.shape)[...] = self.offsets
+            self._segment.array(np.uint8, self.blob.shape, self.offsets.nbytes)[...] = self.blob
+        return {
+            "root": self.root,
+            "sizes": (self.offsets.shape, self.blob.shape),
+            "segment": self._segment.handle(),
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.root, (off_shape, blob_shape) = state["root"], state["sizes"]
+        self._segment = Segment.attach(*state["segment"])
+        self.offsets = self._segment.array(np.int64, off_shape)
+        self.blob = self._segment.array(np.uint8, blob_shape, int(np.prod(off_shape)) * 8)
+
+    def close(self) -> None:
+        """Unlink the shared copy (parent only)."""
+        if self._segment is not None and self._segment.owner:
+            self._segment.unlink()
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0] - 1)
@@ -90,6 +127,10 @@ class FileListSource(Source):
     def name(self, index: int) -> str:
         """The file's path."""
         return self.index.path(index)
+
+    def close(self) -> None:
+        """Unlink the shared copy of the index, if one was made."""
+        self.index.close()
 
     def fingerprint(self) -> str:
         """Digest of the listed paths, labels and class names."""

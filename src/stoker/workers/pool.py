@@ -195,6 +195,12 @@ class WorkerPool:
         index = self.current_sample(wid)
         if not context and index >= 0:
             context = f" while loading {self.name(index)}"
+        elif index < 0:
+            context += (
+                " before loading any sample: it failed to start (its error is printed above). "
+                "With the spawn start method the main script must be a file whose training code "
+                "is under `if __name__ == '__main__':`"
+            )
         raise WorkerDied(f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)}{context}")
 
     def close(self, timeout: float = 5.0) -> None:

@@ -14,6 +14,7 @@ import os
 import secrets
 import tempfile
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -91,6 +92,13 @@ def _reserve(fd: int, size: int, path: str) -> None:
         os.ftruncate(fd, size)
 
 
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class ShmFullError(StokerError, OSError):
     """Not enough room in the segment folder for a shared-memory segment."""
 
@@ -112,6 +120,8 @@ class Segment:
             self.map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
+        # the owner's segment goes when its Segment object does (or at exit), even unclosed
+        self._unlink = weakref.finalize(self, _unlink_quietly, path) if owner else None
 
     @classmethod
     def create(cls, size: int, tag: str, folder: str | None = None) -> Segment:
@@ -145,10 +155,10 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the file; the memory goes once every mapping of it is gone."""
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+        if self._unlink is not None:
+            self._unlink()
+        else:
+            _unlink_quietly(self.path)
 
     def close(self) -> None:
         """Drop this object's mapping; it is unmapped once no numpy view uses it.
