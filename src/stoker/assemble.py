@@ -106,6 +106,7 @@ class Assembler:
         indices = order[positions]
         u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
         report = Report(count=len(indices))
+        self.source.prefetch(indices)  # remote sources fetch the batch's bytes concurrently
         for slot, pos in enumerate(positions):
             index = self._load_good(epoch, order, int(pos), images[slot], u[slot], report, status)
             labels[slot] = self.source.labels[index]

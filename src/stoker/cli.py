@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="store samples in a seeded random order (for block shuffling)",
     )
+    conv.add_argument("--engine", choices=("local", "ray"), default="local",
+                      help="local processes, or Ray tasks (needs stoker[ray])")
+    conv.add_argument("--ray-address", default=None,
+                      help="Ray cluster to join with --engine ray (default: a local one)")
     conv.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -88,6 +92,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             row_group_bytes=int(args.row_group_mb * 2**20),
             progress=not args.quiet,
             shuffle_seed=args.shuffle_seed,
+            engine=args.engine,
+            ray_address=args.ray_address,
         )
         run = manifest["run"]
         print(

@@ -69,6 +69,8 @@ def convert(
     row_group_bytes: int = 4 << 20,
     progress: bool = True,
     shuffle_seed: int | None = None,
+    engine: str = "local",
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Convert the stoker source ``src`` into Parquet shards in ``dst``; return the manifest.
 
@@ -78,12 +80,21 @@ def convert(
     ``workers`` processes (spawned) each write whole shards. ``shuffle_seed`` stores the samples
     in a seeded random order instead of the source's (worth it when the source is sorted by
     class and the shards will be read with the quasi-random block shuffle).
+
+    ``engine="ray"`` writes each shard in a Ray task instead (:mod:`stoker.convert_ray`; needs
+    ``stoker[ray]``): same plan, same shards, same manifest. It joins the Ray cluster at
+    ``ray_address`` unless Ray is already initialised; with neither, it starts a local one of
+    ``workers`` CPUs for the run.
     """
     _check_args(max_side, quality, workers, shard_bytes, row_group_bytes)
+    if engine not in ("local", "ray"):
+        raise ConfigError(f"engine must be 'local' or 'ray', got {engine!r}")
+    if ray_address is not None and engine != "ray":
+        raise ConfigError("ray_address is only used with engine='ray'")
     source = open_source(src)
     try:
         return _convert(source, Path(dst), max_side, quality, workers, shard_bytes,
-                        row_group_bytes, progress, shuffle_seed)
+                        row_group_bytes, progress, shuffle_seed, engine, ray_address)
     finally:
         if source is not src:
             source.close()
@@ -91,7 +102,8 @@ def convert(
 
 def _convert(source: Source, out: Path, max_side: int | None, quality: int | None, workers: int,
              shard_bytes: int, row_group_bytes: int, progress: bool,
-             shuffle_seed: int | None) -> dict[str, Any]:
+             shuffle_seed: int | None, engine: str = "local",
+             ray_address: str | None = None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / STATE).mkdir(exist_ok=True)
     settings = {
@@ -115,7 +127,13 @@ def _convert(source: Source, out: Path, max_side: int | None, quality: int | Non
     total = sum(len(plan["shards"][k]) for k in todo)
     job = {"dst": str(out), "settings": settings}
     with _Progress(total, progress) as bar:
-        for record in _run(source, job, plan, todo, workers, bar):
+        if engine == "ray":
+            from .convert_ray import run_shards  # imports ray, only for this engine
+
+            records_done = run_shards(source, job, plan, todo, workers, bar, ray_address)
+        else:
+            records_done = _run(source, job, plan, todo, workers, bar)
+        for record in records_done:
             records[record["number"]] = record
     elapsed = time.perf_counter() - t0
     return _finish(source, out, plan, settings, records, len(todo), total, elapsed)

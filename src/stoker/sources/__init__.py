@@ -30,6 +30,7 @@ __all__ = [
     "TarSource",
     "ShardSource",
     "HDF5Source",
+    "RemoteShardSource",
 ]
 
 
@@ -39,6 +40,10 @@ def __getattr__(name: str) -> Any:
         from .shards import ShardSource
 
         return ShardSource
+    if name == "RemoteShardSource":
+        from .remote import RemoteShardSource
+
+        return RemoteShardSource
     if name == "HDF5Source":
         from .hdf5 import HDF5Source
 
@@ -49,7 +54,8 @@ def __getattr__(name: str) -> Any:
 def open_source(source: Any = None, *, paths: Any = None, labels: Any = None) -> Source:
     """Recognise what ``source`` is and return the matching Source.
 
-    ``source`` may be a folder (ImageFolder layout, or of Parquet shards or WebDataset tars), a
+    ``source`` may be a URL of Parquet shards (``https://``, ``s3://``, any fsspec URL: see
+    ``remote.py``), a folder (ImageFolder layout, or of Parquet shards or WebDataset tars), a
     CSV/TSV file, a ``.npy``, ``.parquet``, ``.tar`` or ``.h5``/``.hdf5`` file, a numpy array of
     images (then ``labels`` is an array), or None with ``paths=`` (and ``labels=``).
     """
@@ -63,6 +69,10 @@ def open_source(source: Any = None, *, paths: Any = None, labels: Any = None) ->
         raise SourceError("pass either a source or paths=, not both")
     if isinstance(source, np.ndarray):
         return ArraySource(source, labels)
+    if isinstance(source, str) and "://" in source:  # remote storage through fsspec
+        from .remote import RemoteShardSource
+
+        return RemoteShardSource(source)
     if isinstance(source, (str, os.PathLike)):
         return _open_path(Path(source), labels)
     raise SourceError(

@@ -25,6 +25,7 @@ import mmap
 import os
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -256,7 +257,7 @@ class ShardSource(Source):
         if (cached_shard, cached_group) != (shard, group) or values is None:
             reader = self._readers.get(shard)
             if reader is None:
-                reader = self._readers[shard] = pq.ParquetFile(self.files[shard])
+                reader = self._readers[shard] = self._parquet_reader(shard)
                 if len(self._readers) > _OPEN_FILES:
                     self._readers.popitem(last=False)
             column = reader.read_row_group(group, columns=[self.image_column]).column(0)
@@ -268,6 +269,10 @@ class ShardSource(Source):
         if value is None:
             raise DecodeError(f"{self.name(index)}: no image bytes (null)")
         return value
+
+    def _parquet_reader(self, shard: int) -> pq.ParquetFile:
+        """A ParquetFile on ``shard`` for row-group reads (remote sources open it their way)."""
+        return pq.ParquetFile(self.files[shard])
 
     def name(self, index: int) -> str:
         """``shard-00003.parquet[row 17]``."""
@@ -374,11 +379,29 @@ def _index_valid(candidate: str, st: os.stat_result, rows: int) -> bool:
     )
 
 
-def _locate_values(path: str, pf: pq.ParquetFile, column: str) -> np.ndarray | None:
+def _locate_values(
+    path: str,
+    pf: pq.ParquetFile,
+    column: str,
+    fetch: Callable[[int, int], bytes] | None = None,
+) -> np.ndarray | None:
     """(offset, length) of every value of ``column`` inside the file, or None if they are not
     stored verbatim. PLAIN byte arrays are a 4-byte little-endian length then the bytes; each is
     found from its length and first bytes, searching forward within its column chunk, and then
-    compared in full with the value pyarrow reads."""
+    compared in full with the value pyarrow reads. ``fetch(start, end)``, when given, returns
+    those bytes of the file (a remote shard: one ranged read per column chunk); otherwise the
+    local file at ``path`` is memory-mapped."""
+    if fetch is not None:
+        return _locate_in(pf, column, lambda start, end: (fetch(start, end), start))
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        return _locate_in(pf, column, lambda start, end: (mm, 0))
+
+
+def _locate_in(
+    pf: pq.ParquetFile, column: str, chunk_bytes: Callable[[int, int], tuple[Any, int]]
+) -> np.ndarray | None:
+    """The body of ``_locate_values``: ``chunk_bytes(start, end)`` gives a buffer holding the
+    file's bytes ``start:end`` and the file offset of the buffer's first byte."""
     md = pf.metadata
     names = [md.schema.column(c).path for c in range(md.num_columns)]
     if column not in names:
@@ -389,29 +412,29 @@ def _locate_values(path: str, pf: pq.ParquetFile, column: str) -> np.ndarray | N
         return None
     out = np.empty((md.num_rows, 2), dtype=np.int64)
     row = 0
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        for g, chunk in enumerate(chunks):
-            cursor = chunk.data_page_offset
-            end = cursor + chunk.total_compressed_size
-            values = pf.read_row_group(g, columns=[column.split(".")[0]]).column(0)
-            values = values.combine_chunks()
-            if pa.types.is_struct(values.type):
-                values = values.field("bytes")
-            for value in values.to_pylist():
-                if value is None:
-                    out[row] = (-1, 0)
-                    row += 1
-                    continue
-                found = _find(mm, value, cursor, end)
-                if found < 0:
-                    return None
-                out[row] = (found, len(value))
-                cursor = found + len(value)
+    for g, chunk in enumerate(chunks):
+        cursor = chunk.data_page_offset
+        end = cursor + chunk.total_compressed_size
+        mm, base = chunk_bytes(cursor, end)
+        values = pf.read_row_group(g, columns=[column.split(".")[0]]).column(0)
+        values = values.combine_chunks()
+        if pa.types.is_struct(values.type):
+            values = values.field("bytes")
+        for value in values.to_pylist():
+            if value is None:
+                out[row] = (-1, 0)
                 row += 1
+                continue
+            found = _find(mm, value, cursor - base, end - base)
+            if found < 0:
+                return None
+            out[row] = (found + base, len(value))
+            cursor = found + base + len(value)
+            row += 1
     return out if row == md.num_rows else None
 
 
-def _find(mm: mmap.mmap, value: bytes, start: int, end: int) -> int:
+def _find(mm: Any, value: bytes, start: int, end: int) -> int:
     """Offset of ``value``'s bytes stored as a PLAIN byte array in ``mm[start:end]``, or -1."""
     needle = struct.pack("<I", len(value)) + value[:_NEEDLE]
     pos = mm.find(needle, start, end)

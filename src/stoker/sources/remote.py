@@ -1,0 +1,421 @@
+"""Parquet shards on remote storage, through fsspec: ``https://``, ``s3://``, ``gs://``, any URL.
+
+``RemoteShardSource(url)`` reads the same shards as ``ShardSource`` (``stoker convert``'s output,
+or foreign Parquet), stored anywhere fsspec reaches (``pip install 'stoker[remote]'``; S3 and GCS
+also need ``s3fs`` / ``gcsfs``). The shard list comes from ``stoker-manifest.json`` at the URL
+root; HTTP(S) has no directory listing, so there the manifest is required. Other filesystems
+fall back to listing ``*.parquet``. A URL ending in ``.parquet`` is one shard.
+
+Each shard's byte-offset index is built once, by the same code as a local shard's
+(``shards._locate_values``, fed one ranged read per column chunk instead of a memory map), and
+cached under ``cache_dir`` (default ``~/.cache/stoker/index``)/<hash of the URL>, keyed by the
+shard's size and checksum (the manifest's sha256, else the store's ETag). ``read(i)`` is then
+one ranged read (``cat_file(url, start, end)``) of exactly the image's bytes.
+
+Read-ahead: the Assembler calls ``prefetch(indices)`` once per batch; the ranged reads of the
+whole batch start at once on a small thread pool and ``read(i)`` takes its bytes as they come,
+so decoding overlaps the network. At most one batch's bytes are held. A network failure or a
+timeout is an ``OSError`` naming the URL (the loader counts it as a bad sample); every wait has
+a timeout, so nothing hangs. Shards whose images are compressed are read a row group at a time
+through an fsspec file, as ``ShardSource`` does locally.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import DecodeError, SourceError
+from .shards import (
+    INDEX_VERSION,
+    MAGIC,
+    MANIFEST,
+    ShardSource,
+    _hf_classes,
+    _join_labels,
+    _locate_values,
+)
+
+DEFAULT_TIMEOUT = 60.0  # seconds for one request (connect + transfer)
+PREFETCH_THREADS = 16
+_HTTP = ("http", "https")
+
+
+def is_url(spec: Any) -> bool:
+    """True for a string naming remote storage (``scheme://...``)."""
+    return isinstance(spec, str) and "://" in spec
+
+
+class RemoteShardSource(ShardSource):
+    """Parquet shards behind an fsspec URL; see the module docstring."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        image_column: str = "image",
+        label_column: str = "label",
+        cache_dir: str | os.PathLike | None = None,
+        storage_options: dict[str, Any] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        threads: int = PREFETCH_THREADS,
+    ) -> None:
+        if not is_url(url):
+            raise SourceError(f"{url!r} is not a URL (scheme://...)")
+        self.url = url.rstrip("/")
+        self.protocol = self.url.split("://", 1)[0].lower()
+        self.storage_options = dict(storage_options or {})
+        self.timeout, self.threads = float(timeout), max(1, int(threads))
+        self.access = "remote"
+        self.image_column, self.label_column = image_column, label_column
+        self._cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache/stoker/index"
+        self._reset()
+        entries, manifest = self._list()
+        self.files = [e[0] for e in entries]
+        rows: list[int] = []
+        groups: list[int] = []
+        labels: list[Any] = []
+        self.modes, self.index_files, self._group_starts = [], [], []
+        self._sizes: list[int] = []
+        hf_classes: list[str] | None = None
+        for file_url, size, tag in entries:
+            try:
+                pf, actual, handle = self._open_parquet(file_url, size)
+                self._files_open.append(handle)
+                if size is not None and actual != size:
+                    raise SourceError(
+                        f"{file_url}: {actual} bytes, the manifest says {size}; the shard "
+                        "changed since conversion: upload the matching manifest or convert again"
+                    )
+                self._check_columns(pf, file_url)
+                md = pf.metadata
+                rows.append(md.num_rows)
+                sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+                groups.extend(sizes)
+                self._group_starts.append(
+                    np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+                )
+                labels.append(self._labels(pf))
+                hf_classes = hf_classes or _hf_classes(pf)
+                idx = self._remote_index(file_url, pf, actual, tag)
+            except (OSError, pa.ArrowException) as exc:
+                raise SourceError(f"{file_url}: cannot read ({_why(exc)})") from None
+            self._sizes.append(actual)
+            self.modes.append(0 if idx is not None else 1)
+            self.index_files.append(idx or "")
+        self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
+        self.block_sizes = tuple(int(g) for g in groups)
+        self.labels, text_classes = _join_labels(labels, self.url)
+        self.classes = (manifest or {}).get("classes") or hf_classes or text_classes
+        self._digest = self._make_digest(manifest)
+        self.close()  # the main process's handles are not needed until read()
+
+    # ------------------------------------------------------------------ setup
+
+    def _list(self) -> tuple[list[tuple[str, int, str]], dict | None]:
+        """(url, size, checksum or ETag) of every shard, and the manifest when there is one."""
+        fs = self._filesystem()
+        if self.url.lower().endswith(".parquet"):
+            info = self._info(self.url)
+            return [(self.url, int(info["size"]), _tag(info))], None
+        where = f"{self.url}/{MANIFEST}"
+        raw: bytes | None
+        try:
+            raw = self._fetch(where)
+        except FileNotFoundError:
+            raw = None
+        except OSError as exc:
+            raise SourceError(
+                f"{where}: cannot read ({exc}); check the URL, the network and credentials"
+            ) from None
+        if raw is not None:
+            try:
+                manifest = json.loads(raw)
+                shards = manifest["shards"]
+                entries = [
+                    (f"{self.url}/{s['file']}", int(s["bytes"]), str(s.get("sha256") or ""))
+                    for s in shards
+                ]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise SourceError(f"{where}: not a stoker manifest ({_why(exc)})") from None
+            if not entries:
+                raise SourceError(f"{where}: lists no shards")
+            return entries, manifest
+        if self.protocol in _HTTP:
+            raise SourceError(
+                f"{where}: not found. HTTP has no directory listing, so a remote folder of "
+                f"shards needs the {MANIFEST} that `stoker convert` writes: upload it next to "
+                "the shards (or pass the URL of one .parquet file)"
+            )
+        try:
+            found = fs.glob(f"{self.url}/*.parquet", detail=True)
+        except Exception as exc:  # noqa: BLE001 - any backend error: say which URL
+            raise SourceError(f"{self.url}: cannot list ({_why(exc)})") from None
+        entries = [
+            (fs.unstrip_protocol(p), int(info["size"]), _tag(info))
+            for p, info in sorted(found.items())
+            if not os.path.basename(p).startswith(".")
+        ]
+        if not entries:
+            raise SourceError(f"{self.url}: no {MANIFEST} and no .parquet files")
+        return entries, None
+
+    def _info(self, url: str) -> dict:
+        try:
+            return self._filesystem().info(url)
+        except FileNotFoundError:
+            raise SourceError(f"{url}: not found") from None
+        except Exception as exc:  # noqa: BLE001
+            raise SourceError(f"{url}: cannot read ({_why(exc)})") from None
+
+    def _open_parquet(self, url: str, size: int | None) -> tuple[pq.ParquetFile, int, Any]:
+        """A ParquetFile reading ``url`` through fsspec, the file's size, the fsspec file."""
+        fs = self._filesystem()
+        kwargs: dict[str, Any] = {}
+        if size is not None and self.protocol in _HTTP:
+            kwargs["size"] = size  # no HEAD request needed
+        try:
+            f = fs.open(url, "rb", **kwargs)
+        except FileNotFoundError:
+            raise SourceError(
+                f"{url}: listed in the manifest but not found; upload it or convert again"
+            ) from None
+        except Exception as exc:  # noqa: BLE001
+            raise OSError(_why(exc)) from exc
+        try:
+            return pq.ParquetFile(f), int(f.size), f
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            raise SourceError(f"{url}: not a readable Parquet file ({_why(exc)})") from None
+
+    def _remote_index(self, url: str, pf: pq.ParquetFile, size: int, tag: str) -> str | None:
+        """Path of a valid cached offset index for ``url`` (built if missing or stale), or
+        None when the image bytes are not stored verbatim."""
+        key = int.from_bytes(
+            hashlib.blake2b(f"{size}|{tag}".encode(), digest_size=7).digest(), "little"
+        )
+        rows = pf.metadata.num_rows
+        folder, name = url.rsplit("/", 1)
+        digest = hashlib.blake2b(folder.encode("utf-8", "surrogateescape"), digest_size=8)
+        path = self._cache_dir / digest.hexdigest() / f"{name}.idx.npy"
+        if _index_valid(path, (size, key), rows):
+            return str(path)
+        offsets = _locate_values(
+            url, pf, self._value_path(pf), fetch=lambda start, end: self._fetch(url, start, end)
+        )
+        if offsets is None:
+            return None
+        table = np.empty((rows + 2, 2), dtype=np.int64)
+        table[0] = (MAGIC, INDEX_VERSION)
+        table[1] = (size, key)
+        table[2:] = offsets
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                np.save(f, table, allow_pickle=False)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise SourceError(
+                f"{url}: cannot write its byte-offset index under {self._cache_dir} ({exc}); "
+                "pass cache_dir= a writable folder"
+            ) from None
+        return str(path)
+
+    def _make_digest(self, manifest: dict | None) -> str:
+        """The same digest a local ShardSource gives for the same shards (so a resume can
+        move between local and remote copies)."""
+        h = hashlib.blake2b(digest_size=12)
+        for k, url in enumerate(self.files):
+            sha = manifest["shards"][k].get("sha256", "") if manifest else ""
+            h.update(f"{url.rsplit('/', 1)[-1]}|{self._sizes[k]}|{sha}\0".encode())
+        h.update(self.starts.tobytes())
+        h.update(self.labels.tobytes())
+        return h.hexdigest()
+
+    # ------------------------------------------------------------------ per-process handles
+
+    def _reset(self) -> None:
+        super()._reset()
+        self._fs: Any = None
+        self._fs_pid = -1
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._pool_pid = -1
+        self._tables: dict[int, np.ndarray] = {}
+        self._ahead: dict[int, cf.Future] = {}
+        self._files_open: list[Any] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        for key in ("_fs", "_fs_pid", "_pool", "_pool_pid", "_tables", "_ahead", "_files_open"):
+            state.pop(key, None)
+        return state
+
+    def close(self) -> None:
+        """Drop read-ahead bytes, stop the fetch threads, close open remote files."""
+        for future in self._ahead.values():
+            future.cancel()
+        if self._pool is not None and self._pool_pid == os.getpid():
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        for f in self._files_open:
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001, S110 - closing a dead connection
+                pass
+        self._reset()
+
+    def _filesystem(self) -> Any:
+        """This process's fsspec filesystem (made per process: never shared across a fork)."""
+        if self._fs is not None and self._fs_pid == os.getpid():
+            return self._fs
+        try:
+            import fsspec
+        except ImportError:
+            raise SourceError(
+                f"{self.url}: reading remote shards needs fsspec: pip install 'stoker[remote]'"
+            ) from None
+        options = dict(self.storage_options)
+        if self.protocol in _HTTP:
+            import aiohttp
+
+            client = dict(options.pop("client_kwargs", None) or {})
+            client.setdefault(
+                "timeout",
+                aiohttp.ClientTimeout(total=self.timeout, sock_connect=min(self.timeout, 10.0)),
+            )
+            options["client_kwargs"] = client
+        try:
+            self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **options)
+        except (ImportError, ValueError) as exc:
+            raise SourceError(
+                f"{self.url}: no fsspec filesystem for {self.protocol}:// ({_why(exc)}); "
+                "install its package (s3fs for s3://, gcsfs for gs://)"
+            ) from None
+        self._fs_pid = os.getpid()
+        return self._fs
+
+    def _executor(self) -> cf.ThreadPoolExecutor:
+        if self._pool is None or self._pool_pid != os.getpid():
+            self._pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-remote")
+            self._pool_pid = os.getpid()
+        return self._pool
+
+    def _table(self, shard: int) -> np.ndarray:
+        table = self._tables.get(shard)
+        if table is None:
+            table = np.load(self.index_files[shard], mmap_mode="r", allow_pickle=False)
+            self._tables[shard] = table
+        return table
+
+    def _parquet_reader(self, shard: int) -> pq.ParquetFile:
+        pf, _, handle = self._open_parquet(self.files[shard], self._sizes[shard])
+        self._files_open.append(handle)
+        return pf
+
+    # ------------------------------------------------------------------ reading
+
+    def _get(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        """One (ranged) read; any failure is an OSError naming the URL."""
+        try:
+            data = self._filesystem().cat_file(url, start=start, end=end)
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"{url}: not found ({exc})") from None
+        except Exception as exc:  # noqa: BLE001 - network errors of any backend
+            span = f" bytes {start}-{end}" if start is not None else ""
+            raise OSError(f"{url}{span}: {_why(exc)}") from None
+        if start is not None and end is not None and len(data) != end - start:
+            raise OSError(
+                f"{url} bytes {start}-{end}: got {len(data)} bytes, expected {end - start}; "
+                "the server ignored the Range request or the shard changed"
+            )
+        return data
+
+    def _fetch(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
+        """``_get`` with a deadline enforced here too, so no backend can hang the caller."""
+        return self._wait(self._executor().submit(self._get, url, start, end), url)
+
+    def _wait(self, future: cf.Future, url: str) -> bytes:
+        try:
+            return future.result(timeout=self.timeout + 5.0)
+        except cf.TimeoutError:
+            future.cancel()
+            raise OSError(f"{url}: no answer within {self.timeout + 5.0:.0f} s") from None
+        except cf.CancelledError:
+            raise OSError(f"{url}: read cancelled") from None
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        """Start the ranged reads of one batch concurrently; ``read`` takes them as they come.
+        Replaces the previous batch's read-ahead, so at most one batch is held."""
+        for future in self._ahead.values():
+            future.cancel()
+        self._ahead = {}
+        try:
+            pool = self._executor()
+            for index in indices:
+                index = int(index)
+                if index in self._ahead:
+                    continue
+                shard, row = self.locate(index)
+                if self.modes[shard] != 0:
+                    continue
+                offset, length = (int(v) for v in self._table(shard)[row + 2])
+                if offset >= 0:
+                    url = self.files[shard]
+                    self._ahead[index] = pool.submit(self._get, url, offset, offset + length)
+        except Exception:  # noqa: BLE001 - only a hint: read() fetches and reports by itself
+            pass
+
+    def read(self, index: int) -> bytes:
+        """The encoded image bytes of sample ``index``: one ranged read (or the read-ahead's)."""
+        shard, row = self.locate(index)
+        url = self.files[shard]
+        if self.modes[shard] != 0:
+            try:
+                return self._read_group(shard, row, index)
+            except (DecodeError, OSError):
+                raise
+            except Exception as exc:  # noqa: BLE001
+                raise OSError(f"{self.name(index)}: {_why(exc)}") from None
+        offset, length = (int(v) for v in self._table(shard)[row + 2])
+        if offset < 0:
+            raise DecodeError(f"{self.name(index)}: no image bytes (null)")
+        future = self._ahead.pop(index, None)
+        if future is not None:
+            return self._wait(future, url)
+        return self._fetch(url, offset, offset + length)
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _tag(info: dict) -> str:
+    """A version tag of a stored object: its ETag, checksum or modification time."""
+    for key in ("ETag", "etag", "md5Hash", "crc32c", "sha256", "mtime", "LastModified"):
+        if info.get(key):
+            return str(info[key])
+    return ""
+
+
+def _index_valid(path: Path, key: tuple[int, int], rows: int) -> bool:
+    try:
+        table = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError):
+        return False
+    return (
+        table.dtype == np.int64
+        and table.shape == (rows + 2, 2)
+        and tuple(table[0]) == (MAGIC, INDEX_VERSION)
+        and tuple(table[1]) == key
+    )
+
+
+def _why(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
