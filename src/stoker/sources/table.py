@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -28,18 +29,62 @@ def encode_labels(raw: list[Any], where: str) -> tuple[np.ndarray, list[str] | N
     return np.asarray([lookup[str(v)] for v in raw], dtype=np.int64), names
 
 
-def _read_rows(path: Path) -> list[list[str]]:
-    """Rows of a CSV or TSV file (tab if the file is .tsv or its first line has a tab)."""
+class _Rows:
+    """Streams a CSV/TSV into a compact index: path bytes, offsets and labels, row by row,
+    without holding a Python object per row (a 200,000-row list would stay in the heap)."""
+
+    def __init__(self, table: Path) -> None:
+        self.table = table
+        self.blob = bytearray()
+        self.offsets = array("q", [0])
+        self.ints: array | None = array("q")
+        self.texts: list[str] = []
+
+    def add(self, row: list[str], number: int) -> None:
+        path = row[0].strip() if row else ""
+        if not path:
+            raise SourceError(f"{self.table}: row {number} has no path; expected path,label")
+        if "\0" in path:
+            raise SourceError(f"{self.table}: row {number} has a NUL byte in its path")
+        self.blob += path.encode("utf-8", "surrogateescape")
+        self.offsets.append(len(self.blob))
+        label = row[1].strip() if len(row) > 1 and row[1].strip() else "-1"
+        if self.ints is not None:
+            try:
+                self.ints.append(int(label))
+                return
+            except ValueError:
+                self.texts = [str(v) for v in self.ints]
+                self.ints = None
+        self.texts.append(label)
+
+    def labels(self) -> tuple[np.ndarray, list[str] | None]:
+        if self.ints is not None:
+            return np.frombuffer(self.ints, dtype=np.int64).copy(), None
+        return encode_labels(self.texts, str(self.table))
+
+
+def _is_header(row: list[str]) -> bool:
+    cells = [c.strip().lower() for c in row]
+    return "path" in cells or "label" in cells or "filename" in cells
+
+
+def _read_rows(path: Path) -> _Rows:
+    """Read a CSV or TSV file (tab if the file is .tsv or its first line has a tab)."""
+    rows = _Rows(path)
     with open(path, newline="", encoding="utf-8") as f:
-        text = f.read()
-    first = text.split("\n", 1)[0]
-    delimiter = "\t" if path.suffix.lower() == ".tsv" or "\t" in first else ","
-    rows = [r for r in csv.reader(text.splitlines(), delimiter=delimiter) if r and any(r)]
-    if not rows:
-        raise SourceError(f"{path}: empty file; expected rows of path,label")
-    header = [c.strip().lower() for c in rows[0]]
-    if "path" in header or "label" in header or "filename" in header:
-        rows = rows[1:]
+        first = f.readline()
+        f.seek(0)
+        delimiter = "\t" if path.suffix.lower() == ".tsv" or "\t" in first else ","
+        first_row = True
+        for number, row in enumerate(csv.reader(f, delimiter=delimiter), start=1):
+            if not row or not any(row):
+                continue
+            if not (first_row and _is_header(row)):
+                rows.add(row, number)
+            first_row = False
+    if len(rows.offsets) == 1:
+        raise SourceError(f"{path}: no rows of path,label (an empty file?)")
     return rows
 
 
@@ -48,19 +93,14 @@ class TableSource(FileListSource):
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.table = Path(path)
-        rows = _read_rows(self.table)
-        bad = [i for i, r in enumerate(rows) if len(r) < 1 or not r[0].strip()]
-        if bad:
-            raise SourceError(f"{self.table}: row {bad[0] + 2} has no path; expected path,label")
-        paths = [r[0].strip() for r in rows]
-        nul = next((i for i, p in enumerate(paths) if "\0" in p), None)
-        if nul is not None:
-            raise SourceError(f"{self.table}: row {nul + 1} has a NUL byte in its path")
-        raw = [r[1].strip() if len(r) > 1 else "-1" for r in rows]
-        self.labels, self.classes = encode_labels(raw, str(self.table))
-        if not paths:
-            raise SourceError(f"{self.table}: no rows of path,label")
-        self.index = PathIndex(self.table.parent, paths)
+        try:
+            rows = _read_rows(self.table)
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise SourceError(f"{self.table}: not a readable UTF-8 CSV/TSV file ({exc})") from None
+        self.labels, self.classes = rows.labels()
+        blob = np.frombuffer(bytes(rows.blob), dtype=np.uint8)
+        offsets = np.frombuffer(rows.offsets, dtype=np.int64).copy()
+        self.index = PathIndex.from_arrays(self.table.parent, blob, offsets)
 
 
 class PathSource(TableSource):
