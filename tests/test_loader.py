@@ -204,3 +204,15 @@ def test_ranks_get_disjoint_samples_and_equal_batch_counts(image_folder):
             seen.append(loader.plan.order(0))
     assert len(set(counts)) == 1
     assert not set(seen[0]) & set(seen[1]) and not set(seen[1]) & set(seen[2])
+
+
+@pytest.mark.timeout(60)
+def test_auto_workers_follow_the_measured_cost(image_folder):
+    tiny = np.zeros((40, 8, 8, 3), np.uint8)
+    with stoker.Loader(tiny, batch_size=4, image_size=8, augment=None) as cheap:
+        next(iter(cheap))
+        report = cheap.stats()
+    assert report.workers == 1 and "ms/img measured" in report.workers_reason
+    with stoker.Loader(image_folder, batch_size=12, image_size=64) as real:
+        next(iter(real))
+        assert "measured" in real.stats().workers_reason

@@ -99,7 +99,10 @@ class Assembler:
         labels: np.ndarray,
         status: np.ndarray | None = None,
     ) -> Report:
-        """Write batch ``batch`` of ``epoch`` into ``images``/``labels``; return its report."""
+        """Write batch ``batch`` of ``epoch`` into ``images``/``labels``; return its report.
+
+        For a source with masks, ``labels`` is the ``uint8`` ``(B, H, W)`` masks array and each
+        mask gets its image's crop and flip."""
         order = self.order(epoch)
         start = batch * self.plan.batch_size
         positions = np.arange(start, min(start + self.plan.batch_size, len(order)))
@@ -107,9 +110,12 @@ class Assembler:
         u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
         report = Report(count=len(indices))
         self.source.prefetch(indices)  # remote sources fetch the batch's bytes concurrently
+        masks = labels if self.source.has_masks else None
         for slot, pos in enumerate(positions):
-            index = self._load_good(epoch, order, int(pos), images[slot], u[slot], report, status)
-            labels[slot] = self.source.labels[index]
+            out = (images[slot], None if masks is None else masks[slot])
+            index = self._load_good(epoch, order, int(pos), out, u[slot], report, status)
+            if masks is None:
+                labels[slot] = self.source.labels[index]
         return report
 
     def _load_good(self, epoch, order, pos, out, u, report, status) -> int:
@@ -131,20 +137,37 @@ class Assembler:
         )
 
     def _load_one(
-        self, epoch: int, index: int, out: np.ndarray, u: np.ndarray, report: Report
+        self,
+        epoch: int,
+        index: int,
+        out: tuple[np.ndarray, np.ndarray | None],
+        u: np.ndarray,
+        report: Report,
     ) -> bool:
-        """Load one sample into ``out``; False (and a note in ``report``) if its data is bad."""
+        """Load one sample (and its mask) into ``out``; False (and a note in ``report``) if its
+        data is bad."""
+        image_out, mask_out = out
         t0 = time.perf_counter()
         try:
             data = self.source.read(index)
+            if mask_out is not None:
+                mask = self.source.read_mask(index)
             t1 = time.perf_counter()
-            region = self.pipeline.load(data, u)
+            if mask_out is not None:
+                region, mask_region = self.pipeline.load_pair(data, mask, u)
+            else:
+                region = self.pipeline.load(data, u)
         except DATA_ERRORS as exc:
-            report.bad.append((index, self.source.name(index), _reason(exc)))
+            name = self.source.name(index)
+            if mask_out is not None:
+                name = f"{name} (mask {self.source.mask_name(index)})"
+            report.bad.append((index, name, _reason(exc)))
             return False
         t2 = time.perf_counter()
         rng = self._rng(epoch, index)
-        self.pipeline.finish(region, u, rng, out)
+        self.pipeline.finish(region, u, rng, image_out)
+        if mask_out is not None:
+            self.pipeline.finish_mask(mask_region, u, mask_out)
         report.read_s += t1 - t0
         report.decode_s += t2 - t1
         report.transform_s += time.perf_counter() - t2

@@ -62,7 +62,7 @@ def _rate(loader: Loader, seconds: float) -> float:
     asm = Assembler(loader.source, loader.pipeline, loader.plan)
     lay = loader.layout
     images = np.empty((lay.batch_size, lay.height, lay.width, 3), np.uint8)
-    labels = np.empty(lay.batch_size, np.int64)
+    labels = lay.targets()  # int64 labels, or uint8 masks for a segmentation source
     asm.fill(0, 0, images, labels)  # warm-up
     done, t0, batch = 0, time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:

@@ -54,6 +54,25 @@ def workers(value: Any) -> tuple[int, str]:
     return value, "set by you" if value else "in the calling process (workers=0)"
 
 
+CHEAP_BATCH_S = 0.02  # below this much work per batch, a second process costs more than it gives
+
+
+def auto_workers(per_image_s: float | None, batch_size: int, probed: int) -> tuple[int, str]:
+    """``workers="auto"`` from the measured cost of a sample: one worker per usable core,
+    or a single worker when a whole batch is too little work to be worth splitting."""
+    cpus = usable_cpus()
+    if per_image_s is None:
+        return cpus, f"auto: one per usable CPU core ({cpus})"
+    batch_s = per_image_s * batch_size
+    measured = f"{per_image_s * 1e3:.2f} ms/img measured on {probed} samples"
+    if batch_s < CHEAP_BATCH_S or cpus == 1:
+        return 1, f"auto: 1, a batch is {batch_s * 1e3:.0f} ms of work ({measured})"
+    return cpus, (
+        f"auto: {cpus}, one per usable core; a batch is {batch_s * 1e3:.0f} ms of one core's "
+        f"work ({measured})"
+    )
+
+
 def max_errors(value: Any, n: int) -> int:
     """The bad-sample budget as a count: an int as is, a fraction of ``n`` rounded up."""
     if isinstance(value, bool):

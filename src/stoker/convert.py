@@ -92,6 +92,13 @@ def convert(
     if ray_address is not None and engine != "ray":
         raise ConfigError("ray_address is only used with engine='ray'")
     source = open_source(src)
+    if source.has_masks:
+        if source is not src:
+            source.close()
+        raise ConfigError(
+            f"{src}: a source of image,mask pairs cannot be converted to shards yet (the masks "
+            "would be lost); load it directly with stoker.Loader"
+        )
     try:
         return _convert(source, Path(dst), max_side, quality, workers, shard_bytes,
                         row_group_bytes, progress, shuffle_seed, engine, ray_address)

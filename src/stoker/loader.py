@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from .assemble import Assembler, Plan, Report
 from .errors import ConfigError, StokerError, TooManyErrors
 from .sources import open_source
 from .stats import Stats, StatsReport
-from .transforms import make_pipeline
+from .transforms import CustomPipeline, make_pipeline
 from .workers.engine import HELD, Engine
 from .workers.pool import WorkerPool
 from .workers.slots import SlotLayout, clean_stale, pick_folder
@@ -28,6 +29,30 @@ class StokerWarning(UserWarning):
     """Warnings about the data (a skipped bad file) or the machine (a small /dev/shm)."""
 
 
+PROBE_SAMPLES = 8
+
+
+def _probe_cost(source: Any, pipeline: Any, plan: Plan, size: tuple[int, int]) -> float | None:
+    """Seconds of read + decode + transform per sample, timed on a few samples here.
+
+    Only stock pipelines are probed: a user's transform never runs in the calling process.
+    """
+    if pipeline.needs_rng:
+        return None
+    indices = plan.order(0)[:PROBE_SAMPLES]
+    u = order_mod.sample_uniforms(plan.seed, 0, indices, pipeline.uniforms)
+    out = np.empty((*size, 3), np.uint8)
+    times = []
+    for k, index in enumerate(indices):
+        t0 = time.perf_counter()
+        try:
+            pipeline.finish(pipeline.load(source.read(int(index)), u[k]), u[k], None, out)
+        except Exception:  # noqa: BLE001 - a bad sample shows up, named, in the workers
+            continue
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2] if times else None
+
+
 class _Inline:
     """workers=0: fill each batch in the calling process when asked."""
 
@@ -38,7 +63,7 @@ class _Inline:
     def get(self, key: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, Report]:
         lay = self.layout
         images = np.empty((lay.batch_size, lay.height, lay.width, 3), np.uint8)
-        labels = np.empty(lay.batch_size, np.int64)
+        labels = lay.targets()  # int64 labels, or uint8 masks for a segmentation source
         return images, labels, self.assembler.fill(key[0], key[1], images, labels)
 
     def close(self) -> None:
@@ -65,6 +90,8 @@ class Loader:
     """Shuffled, augmented, fixed-shape image batches, decoded in parallel and prefetched.
 
     Iterating gives ``(images, labels)``: ``uint8`` ``(B, H, W, 3)`` and ``int64`` ``(B,)``.
+    A segmentation source (``masks=``, or a CSV with an ``image,mask`` header) gives
+    ``(images, masks)`` instead, masks ``uint8`` ``(B, H, W)`` with the image's crop and flip.
     See the README for every argument; all are validated here with a message saying the fix.
     """
 
@@ -74,6 +101,7 @@ class Loader:
         *,
         paths: Any = None,
         labels: Any = None,
+        masks: Any = None,
         batch_size: int = 64,
         image_size: Any = 224,
         augment: Any = "train",
@@ -90,13 +118,20 @@ class Loader:
         world_size: int | None = None,
         start_method: str = "spawn",
     ) -> None:
-        self.source = open_source(source, paths=paths, labels=labels)
+        self.source = open_source(source, paths=paths, labels=labels, masks=masks)
         self.batch_size = config.positive_int("batch_size", batch_size)
         self.image_size = config.image_size(image_size)
         self.pipeline = make_pipeline(augment, self.image_size, bool(fast_decode), max_pixels)
+        self.has_masks = bool(self.source.has_masks)
+        if self.has_masks and isinstance(self.pipeline, CustomPipeline):
+            raise ConfigError(
+                f"augment={augment!r}: a callable or a list of ops cannot be applied to masks "
+                "(not supported); use augment='train', 'eval' or None with masks"
+            )
         self.augment, self.shuffle, self.seed = augment, bool(shuffle), int(seed)
         self.drop_last = self.shuffle if drop_last is None else bool(drop_last)
         self.workers, self._workers_reason = config.workers(workers)
+        self._auto_workers = workers == "auto"
         self.max_errors = config.max_errors(max_errors, len(self.source))
         self._prefetch_arg, self.timeout = prefetch, float(timeout)
         self.start_method = config.start_method(start_method)
@@ -112,7 +147,7 @@ class Loader:
             world,
             block_sizes=tuple(int(b) for b in blocks) if blocks else None,
         )
-        self.layout = SlotLayout(self.batch_size, *self.image_size)
+        self.layout = SlotLayout(self.batch_size, *self.image_size, masks=self.has_masks)
         self._per_rank = len(self.plan.order(0))
         self._batches = self.plan.batches(self._per_rank)
         if self._batches == 0:
@@ -207,6 +242,11 @@ class Loader:
             )
             return
         clean_stale()
+        if self._auto_workers:
+            cost = _probe_cost(self.source, self.pipeline, self.plan, self.image_size)
+            self.workers, self._workers_reason = config.auto_workers(
+                cost, self.batch_size, PROBE_SAMPLES
+            )
         per_worker, slots, self._prefetch_reason = config.prefetch(
             self._prefetch_arg, self.workers, HELD, self.layout.nbytes
         )

@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 
 from . import decode as dec
-from .errors import ConfigError
+from .errors import ConfigError, DecodeError
 
 Box = tuple[int, int, int, int]  # top, left, height, width
 
@@ -42,6 +42,15 @@ def resize_into(region: np.ndarray, out: np.ndarray) -> None:
         out[...] = region
         return
     cv2.resize(region, (w, h), dst=out, interpolation=interp)
+
+
+def resize_mask_into(mask: np.ndarray, out: np.ndarray) -> None:
+    """Resize a (h, w) ``uint8`` mask into ``out`` in place, nearest-neighbour (no new values)."""
+    h, w = out.shape[:2]
+    if mask.shape[:2] == (h, w):
+        out[...] = mask
+        return
+    cv2.resize(np.ascontiguousarray(mask), (w, h), dst=out, interpolation=cv2.INTER_NEAREST_EXACT)
 
 
 def random_resized_crop_box(
@@ -111,6 +120,35 @@ class Pipeline:
         """Write the loaded region into ``out``."""
         resize_into(region, out)
 
+    # segmentation: the image's box and flip, applied to its mask with nearest-neighbour resizing
+
+    def load_pair(
+        self, data: bytes | np.ndarray, mask: bytes | np.ndarray, u: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Decode an image's region and the same region of its mask (same size as the image)."""
+        labels = dec.decode_mask(mask, max_pixels=self.max_pixels)
+        if isinstance(data, np.ndarray):
+            h, w = data.shape[:2]
+        else:
+            info = dec.probe(data, max_pixels=self.max_pixels)
+            h, w = info.height, info.width
+        if labels.shape != (h, w):
+            raise DecodeError(
+                f"the mask is {labels.shape[1]}x{labels.shape[0]} (WxH) but its image is "
+                f"{w}x{h}; a mask must have its image's size"
+            )
+        box = self.box(h, w, u)
+        region = self.load(data, u)
+        if box is not None:
+            labels = labels[box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
+        return region, labels
+
+    def finish_mask(self, mask: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+        """Write the mask region into ``out`` (h, w): nearest-neighbour, pixel centres aligned
+        with the image's resize (``INTER_NEAREST_EXACT``; plain ``INTER_NEAREST`` is shifted
+        by up to half a source pixel)."""
+        resize_mask_into(mask, out)
+
 
 class TrainPipeline(Pipeline):
     """RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) and a random horizontal flip."""
@@ -127,6 +165,11 @@ class TrainPipeline(Pipeline):
     def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
         resize_into(region, out)
         if u[40] < 0.5:
+            cv2.flip(out, 1, dst=out)
+
+    def finish_mask(self, mask: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
+        resize_mask_into(mask, out)
+        if u[40] < 0.5:  # the image's flip
             cv2.flip(out, 1, dst=out)
 
 

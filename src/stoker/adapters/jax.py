@@ -38,7 +38,8 @@ class JaxLoader(LoaderView):
     """Iterable of ``(images, labels)`` ``jax.Array`` pairs over a Loader; one epoch per ``iter()``.
 
     ``images`` is ``uint8`` ``(B, H, W, 3)``, ``labels`` ``int32`` or ``int64`` ``(B,)`` (JAX
-    turns ``int64`` into ``int32`` unless ``jax_enable_x64`` is on).
+    turns ``int64`` into ``int32`` unless ``jax_enable_x64`` is on). A loader with masks gives
+    ``(images, masks)``, masks ``uint8`` ``(B, H, W)``.
     """
 
     def __init__(self, loader: Any, sharding: Any = None) -> None:

@@ -146,7 +146,8 @@ def to_keras(loader: Any) -> StokerPyDataset:
     """Wrap ``loader`` for Keras 3: ``model.fit(to_keras(train), validation_data=to_keras(val))``.
 
     Images come as ``uint8`` ``(B, H, W, 3)`` (put a ``Rescaling`` layer in the model), labels
-    as ``int64`` ``(B,)`` (use ``sparse_categorical_crossentropy``).
+    as ``int64`` ``(B,)`` (use ``sparse_categorical_crossentropy``). A loader with masks gives
+    ``(x, y=masks)``, masks ``uint8`` ``(B, H, W)``: per-pixel sparse targets.
     """
     return StokerPyDataset(loader)
 

@@ -55,14 +55,16 @@ def to_tf(loader: Any) -> tf.data.Dataset:
     """Wrap ``loader`` as a ``tf.data.Dataset``: ``for images, labels in to_tf(train): ...``.
 
     The output signature is exact: images ``tf.uint8`` ``(B, H, W, 3)`` (batch axis ``None`` when
-    the last batch of an epoch can be short), labels ``tf.int64`` ``(B,)``. Also usable as
+    the last batch of an epoch can be short), labels ``tf.int64`` ``(B,)`` (for a loader with
+    masks: masks ``tf.uint8`` ``(B, H, W)``). Also usable as
     ``model.fit(to_tf(train), epochs=...)`` on Keras' TensorFlow backend.
     """
     height, width = loader.image_size
     batch = loader.batch_size if _always_full(loader) else None
-    signature = (
-        tf.TensorSpec((batch, height, width, 3), tf.uint8, name="images"),
-        tf.TensorSpec((batch,), tf.int64, name="labels"),
-    )
+    if getattr(loader, "has_masks", False):  # segmentation: uint8 masks (B, H, W)
+        target = tf.TensorSpec((batch, height, width), tf.uint8, name="masks")
+    else:
+        target = tf.TensorSpec((batch,), tf.int64, name="labels")
+    signature = (tf.TensorSpec((batch, height, width, 3), tf.uint8, name="images"), target)
     dataset = tf.data.Dataset.from_generator(_Epochs(loader), output_signature=signature)
     return dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))

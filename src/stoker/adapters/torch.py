@@ -41,10 +41,13 @@ def _units(mean: Any, std: Any) -> tuple[np.ndarray, np.ndarray]:
 class _Pinned:
     """One pinned host buffer of the CUDA ring, and the event of the copy that last read it."""
 
-    def __init__(self, batch_size: int, height: int, width: int) -> None:
+    def __init__(self, batch_size: int, height: int, width: int, masks: bool = False) -> None:
         shape = (batch_size, height, width, 3)
         self.images = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
-        self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=True)
+        if masks:  # segmentation: the labels buffer holds uint8 masks (B, H, W)
+            self.labels = torch.empty(shape[:3], dtype=torch.uint8, pin_memory=True)
+        else:
+            self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=True)
         self.np_images, self.np_labels = self.images.numpy(), self.labels.numpy()
         self.copied: torch.cuda.Event | None = None
 
@@ -123,7 +126,8 @@ class TorchLoader(LoaderView):
     def _cuda(self, batches: Iterable[Any], dev: torch.device) -> Iterator[Tensors]:
         side = torch.cuda.Stream(dev)
         height, width = self.loader.image_size
-        ring = [_Pinned(self.loader.batch_size, height, width) for _ in range(2)]
+        masks = bool(getattr(self.loader, "has_masks", False))
+        ring = [_Pinned(self.loader.batch_size, height, width, masks) for _ in range(2)]
 
         def issue(batch: Any, buf: _Pinned) -> tuple[torch.Tensor, torch.Tensor, Any]:
             images, labels = batch
@@ -184,6 +188,8 @@ def to_torch(loader: Any, device: Any = None, **options: Any) -> TorchLoader:
       <= 1 are read in 0-1 units (torchvision's ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224,
       0.225)``), otherwise in 0-255 units (``mean=(123.7, 116.3, 103.5)``); the result is the same
       normalised tensor either way. ``mean=0, std=1`` gives values in [0, 1].
-    - Labels are ``int64`` ``(B,)``, on the same device.
+    - Labels are ``int64`` ``(B,)``, on the same device. For a loader with masks the second
+      tensor is the masks, ``uint8`` ``(B, H, W)`` (class ids, never normalised or permuted);
+      take ``.long()`` for ``CrossEntropyLoss``.
     """
     return TorchLoader(loader, device, **options)

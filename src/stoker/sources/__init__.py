@@ -51,24 +51,40 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def open_source(source: Any = None, *, paths: Any = None, labels: Any = None) -> Source:
+def open_source(
+    source: Any = None, *, paths: Any = None, labels: Any = None, masks: Any = None
+) -> Source:
     """Recognise what ``source`` is and return the matching Source.
 
     ``source`` may be a URL of Parquet shards (``https://``, ``s3://``, any fsspec URL: see
     ``remote.py``), a folder (ImageFolder layout, or of Parquet shards or WebDataset tars), a
     CSV/TSV file, a ``.npy``, ``.parquet``, ``.tar`` or ``.h5``/``.hdf5`` file, a numpy array of
     images (then ``labels`` is an array), or None with ``paths=`` (and ``labels=``).
+
+    Segmentation: ``masks=`` pairs each image with a mask, for an array source (a ``(N, H, W)``
+    array) or ``paths=`` (a list of mask files); a CSV/TSV with an ``image,mask`` header pairs
+    them by itself.
     """
+    if masks is not None:
+        if labels is not None:
+            raise SourceError(
+                "pass labels= or masks=, not both: a batch carries masks in place of labels"
+            )
+        if not (source is None or isinstance(source, np.ndarray)):
+            raise SourceError(
+                "masks= goes with an array of images or paths=[...]; for files, list the pairs "
+                "in a CSV with an image,mask header"
+            )
     if isinstance(source, Source):
         return source
     if source is None:
         if paths is None:
             raise SourceError("no data given: pass a folder, a CSV file, an array, or paths=[...]")
-        return PathSource(paths, labels)
+        return PathSource(paths, labels, masks)
     if paths is not None:
         raise SourceError("pass either a source or paths=, not both")
     if isinstance(source, np.ndarray):
-        return ArraySource(source, labels)
+        return ArraySource(source, labels, masks)
     if isinstance(source, str) and "://" in source:  # remote storage through fsspec
         from .remote import RemoteShardSource
 

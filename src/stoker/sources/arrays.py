@@ -40,10 +40,27 @@ def check_labels(labels: Any, count: int, where: str) -> np.ndarray:
     return np.asarray(out, dtype=np.int64).reshape(count)
 
 
+def check_masks(masks: Any, image_shape: tuple[int, ...], where: str) -> np.ndarray:
+    """Masks as a ``uint8`` ``(N, H, W)`` array matching images of shape ``image_shape``."""
+    arr = np.asarray(masks)
+    if arr.ndim == 4:
+        arr = arr[..., 0]  # (N, H, W, C): channel 0
+    if arr.ndim != 3 or arr.shape != tuple(image_shape[:3]):
+        raise SourceError(
+            f"{where}: masks of shape {np.asarray(masks).shape} do not match images of shape "
+            f"{tuple(image_shape)}; give one (H, W) mask per image, as (N, H, W) uint8"
+        )
+    if arr.dtype != np.uint8:
+        if arr.dtype.kind not in "iub" or (arr.size and (arr.min() < 0 or arr.max() > 255)):
+            raise SourceError(f"{where}: masks must be uint8 class values 0-255, got {arr.dtype}")
+        arr = arr.astype(np.uint8)
+    return arr
+
+
 class ArraySource(Source):
     """An in-memory array of images; copied once into shared memory that workers map."""
 
-    def __init__(self, images: np.ndarray, labels: Any = None) -> None:
+    def __init__(self, images: np.ndarray, labels: Any = None, masks: Any = None) -> None:
         check_images(images, "array source")
         self.labels = check_labels(labels, images.shape[0], "array source")
         self.shape, self._array = images.shape, images
@@ -51,14 +68,29 @@ class ArraySource(Source):
         self._digest = hashlib.blake2b(
             np.ascontiguousarray(images[:: max(1, len(images) // 64)]).tobytes(), digest_size=12
         ).hexdigest()
+        self.mask_shape: tuple[int, ...] | None = None
+        self._masks: np.ndarray | None = None
+        if masks is not None:
+            self._masks = check_masks(masks, images.shape, "array source")
+            self.mask_shape = self._masks.shape
+            self.has_masks = True
+            self._digest += hashlib.blake2b(
+                np.ascontiguousarray(self._masks[:: max(1, len(images) // 64)]).tobytes(),
+                digest_size=12,
+            ).hexdigest()
 
     def __getstate__(self) -> dict[str, Any]:
+        """Sent to a worker: images (and masks) move into one shared segment, made once."""
         if self._segment is None:
-            folder = pick_folder(self._array.nbytes)
-            self._segment = Segment.create(self._array.nbytes, "arr", folder)
+            extra = self._masks.nbytes if self._masks is not None else 0
+            folder = pick_folder(self._array.nbytes + extra)
+            self._segment = Segment.create(self._array.nbytes + extra, "arr", folder)
             self._segment.array(np.uint8, self.shape)[...] = self._array
+            if self._masks is not None:
+                view = self._segment.array(np.uint8, self._masks.shape, self._array.nbytes)
+                view[...] = self._masks
         state = dict(self.__dict__)
-        state["_array"] = None
+        state["_array"] = state["_masks"] = None
         state["_segment"] = self._segment.handle()
         return state
 
@@ -66,19 +98,33 @@ class ArraySource(Source):
         self.__dict__.update(state)
         self._segment = Segment.attach(*state["_segment"])
         self._array = self._segment.array(np.uint8, self.shape)
+        if self.mask_shape is not None:
+            self._masks = self._segment.array(np.uint8, self.mask_shape, self._array.nbytes)
 
     def read(self, index: int) -> np.ndarray:
         """The image as a view (no copy)."""
         return self._array[index]
 
+    def read_mask(self, index: int) -> np.ndarray:
+        """The mask as a view (no copy)."""
+        if self._masks is None:
+            raise NotImplementedError("this array source has no masks")
+        return self._masks[index]
+
     def name(self, index: int) -> str:
         """``array[index]``."""
         return f"array[{index}]"
 
+    def mask_name(self, index: int) -> str:
+        """``masks[index]``."""
+        return f"masks[{index}]"
+
     def fingerprint(self) -> str:
-        """Digest of shape, labels and a sample of the pixels."""
+        """Digest of shape, labels and a sample of the pixels (and masks)."""
         h = hashlib.blake2b(self._digest.encode(), digest_size=12)
         h.update(str(self.shape).encode() + self.labels.tobytes())
+        if self.mask_shape is not None:
+            h.update(b"masks" + str(self.mask_shape).encode())
         return h.hexdigest()
 
     def close(self) -> None:

@@ -17,6 +17,9 @@ class Source:
 
     labels: np.ndarray
     classes: list[str] | None = None
+    #: A segmentation source: ``read_mask(i)`` gives sample ``i``'s mask, and batches carry
+    #: masks in place of labels.
+    has_masks: bool = False
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -24,6 +27,15 @@ class Source:
     def read(self, index: int) -> bytes | np.ndarray:
         """Return sample ``index``: encoded image bytes, or a decoded uint8 array."""
         raise NotImplementedError
+
+    def read_mask(self, index: int) -> bytes | np.ndarray:
+        """Return sample ``index``'s mask (encoded bytes or a uint8 array); sources with
+        ``has_masks`` only."""
+        raise NotImplementedError(f"{type(self).__name__} has no masks")
+
+    def mask_name(self, index: int) -> str:
+        """A human-readable name of sample ``index``'s mask."""
+        return f"mask {index}"
 
     def prefetch(self, indices: np.ndarray) -> None:
         """Hint: ``read`` is about to be called for ``indices`` (one batch). Remote sources
@@ -119,24 +131,44 @@ class FileListSource(Source):
     """A source of image files listed in a PathIndex (folders, CSV files, path lists)."""
 
     index: PathIndex
+    #: The mask files, one per image (segmentation sources only).
+    mask_index: PathIndex | None = None
+
+    @property
+    def has_masks(self) -> bool:  # type: ignore[override]
+        return self.mask_index is not None
 
     def read(self, index: int) -> bytes:
         """The file's bytes."""
         return read_file(self.index.path(index))
 
+    def read_mask(self, index: int) -> bytes:
+        """The mask file's bytes."""
+        if self.mask_index is None:
+            raise NotImplementedError(f"{type(self).__name__} has no masks")
+        return read_file(self.mask_index.path(index))
+
     def name(self, index: int) -> str:
         """The file's path."""
         return self.index.path(index)
 
+    def mask_name(self, index: int) -> str:
+        """The mask file's path."""
+        return self.mask_index.path(index) if self.mask_index is not None else f"mask {index}"
+
     def close(self) -> None:
         """Unlink the shared copy of the index, if one was made."""
         self.index.close()
+        if self.mask_index is not None:
+            self.mask_index.close()
 
     def fingerprint(self) -> str:
-        """Digest of the listed paths, labels and class names."""
+        """Digest of the listed paths (and mask paths), labels and class names."""
         h = hashlib.blake2b(self.index.digest().encode(), digest_size=12)
         h.update(self.labels.tobytes())
         h.update("\0".join(self.classes or []).encode())
+        if self.mask_index is not None:
+            h.update(b"masks" + self.mask_index.digest().encode())
         return h.hexdigest()
 
 

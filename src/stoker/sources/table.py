@@ -1,4 +1,8 @@
-"""Sources given as a list of files: a CSV/TSV of ``path,label`` or Python lists ``paths=``."""
+"""Sources given as a list of files: a CSV/TSV of ``path,label`` or Python lists ``paths=``.
+
+A table whose header has a ``mask`` column (``image,mask`` or ``path,mask``) is a segmentation
+source: each row pairs an image with its mask file, both relative to the table.
+"""
 
 from __future__ import annotations
 
@@ -39,13 +43,44 @@ class _Rows:
         self.offsets = array("q", [0])
         self.ints: array | None = array("q")
         self.texts: list[str] = []
+        self.path_col = 0
+        self.mask_col: int | None = None  # set by a header with a ``mask`` column
+        self.mask_blob = bytearray()
+        self.mask_offsets = array("q", [0])
+
+    def header(self, row: list[str]) -> None:
+        """Take the columns from a header row: ``image,mask``/``path,mask`` pairs, or path,label."""
+        cells = [c.strip().lower() for c in row]
+        if "mask" not in cells:
+            return
+        if "image" not in cells and "path" not in cells:
+            raise SourceError(
+                f"{self.table}: the header has a mask column but no image (or path) column; "
+                "write the header as image,mask"
+            )
+        self.path_col = cells.index("image") if "image" in cells else cells.index("path")
+        self.mask_col = cells.index("mask")
+
+    def _cell(self, row: list[str], col: int, number: int, what: str) -> str:
+        path = row[col].strip() if len(row) > col else ""
+        if not path:
+            expected = "image,mask" if self.mask_col is not None else "path,label"
+            raise SourceError(f"{self.table}: row {number} has no {what}; expected {expected}")
+        if "\0" in path:
+            raise SourceError(f"{self.table}: row {number} has a NUL byte in its {what}")
+        return path
 
     def add(self, row: list[str], number: int) -> None:
-        path = row[0].strip() if row else ""
-        if not path:
-            raise SourceError(f"{self.table}: row {number} has no path; expected path,label")
-        if "\0" in path:
-            raise SourceError(f"{self.table}: row {number} has a NUL byte in its path")
+        path = self._cell(row, self.path_col, number, "path")
+        if self.mask_col is not None:
+            mask = self._cell(row, self.mask_col, number, "mask path")
+            self.blob += path.encode("utf-8", "surrogateescape")
+            self.offsets.append(len(self.blob))
+            self.mask_blob += mask.encode("utf-8", "surrogateescape")
+            self.mask_offsets.append(len(self.mask_blob))
+            if self.ints is not None:  # pairs have no labels: -1 each
+                self.ints.append(-1)
+            return
         self.blob += path.encode("utf-8", "surrogateescape")
         self.offsets.append(len(self.blob))
         label = row[1].strip() if len(row) > 1 and row[1].strip() else "-1"
@@ -66,7 +101,7 @@ class _Rows:
 
 def _is_header(row: list[str]) -> bool:
     cells = [c.strip().lower() for c in row]
-    return "path" in cells or "label" in cells or "filename" in cells
+    return any(c in cells for c in ("path", "label", "filename", "image", "mask"))
 
 
 def _read_rows(path: Path) -> _Rows:
@@ -80,7 +115,9 @@ def _read_rows(path: Path) -> _Rows:
         for number, row in enumerate(csv.reader(f, delimiter=delimiter), start=1):
             if not row or not any(row):
                 continue
-            if not (first_row and _is_header(row)):
+            if first_row and _is_header(row):
+                rows.header(row)
+            else:
                 rows.add(row, number)
             first_row = False
     if len(rows.offsets) == 1:
@@ -101,15 +138,29 @@ class TableSource(FileListSource):
         blob = np.frombuffer(bytes(rows.blob), dtype=np.uint8)
         offsets = np.frombuffer(rows.offsets, dtype=np.int64).copy()
         self.index = PathIndex.from_arrays(self.table.parent, blob, offsets)
+        if rows.mask_col is not None:
+            self.mask_index = PathIndex.from_arrays(
+                self.table.parent,
+                np.frombuffer(bytes(rows.mask_blob), dtype=np.uint8),
+                np.frombuffer(rows.mask_offsets, dtype=np.int64).copy(),
+            )
 
 
 class PathSource(TableSource):
     """Images given as lists: ``paths=[...]`` and optional ``labels=[...]`` (-1 if absent)."""
 
-    def __init__(self, paths: Any, labels: Any = None) -> None:
+    def __init__(self, paths: Any, labels: Any = None, masks: Any = None) -> None:
         plist = [os.fspath(p) for p in paths]
         if not plist:
             raise SourceError("paths= is empty")
+        if masks is not None:
+            mlist = [os.fspath(p) for p in masks]
+            if len(mlist) != len(plist):
+                raise SourceError(
+                    f"paths= has {len(plist)} entries but masks= has {len(mlist)}; give one mask "
+                    "file per image"
+                )
+            self.mask_index = PathIndex(Path(""), [os.path.abspath(p) for p in mlist])
         if labels is None:
             self.labels, self.classes = np.full(len(plist), -1, dtype=np.int64), None
         else:

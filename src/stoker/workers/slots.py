@@ -171,27 +171,47 @@ class Segment:
 
 @dataclass(frozen=True)
 class SlotLayout:
-    """Byte layout of one batch slot: labels (int64) first, then the images (uint8)."""
+    """Byte layout of one batch slot: labels (int64) first, then the images (uint8), then, for
+    a segmentation source (``masks=True``), the masks (uint8 ``(B, H, W)``)."""
 
     batch_size: int
     height: int
     width: int
+    masks: bool = False
 
     @property
     def labels_bytes(self) -> int:
         return -(-self.batch_size * 8 // ALIGN) * ALIGN
 
     @property
+    def images_bytes(self) -> int:
+        return -(-self.batch_size * self.height * self.width * 3 // ALIGN) * ALIGN
+
+    @property
     def nbytes(self) -> int:
-        return self.labels_bytes + self.batch_size * self.height * self.width * 3
+        masks = self.batch_size * self.height * self.width if self.masks else 0
+        return self.labels_bytes + self.images_bytes + masks
 
     def views(self, seg: Segment) -> tuple[np.ndarray, np.ndarray]:
-        """``(images, labels)`` arrays over a slot's segment."""
-        labels = seg.array(np.int64, (self.batch_size,))
+        """``(images, labels)`` arrays over a slot's segment; ``(images, masks)`` when the
+        layout has masks (a batch then carries masks in place of labels)."""
         images = seg.array(
             np.uint8, (self.batch_size, self.height, self.width, 3), self.labels_bytes
         )
-        return images, labels
+        if self.masks:
+            masks = seg.array(
+                np.uint8,
+                (self.batch_size, self.height, self.width),
+                self.labels_bytes + self.images_bytes,
+            )
+            return images, masks
+        return images, seg.array(np.int64, (self.batch_size,))
+
+    def targets(self) -> np.ndarray:
+        """A fresh (process-memory) array for a batch's labels, or masks when it has them."""
+        if self.masks:
+            return np.empty((self.batch_size, self.height, self.width), np.uint8)
+        return np.empty(self.batch_size, np.int64)
 
 
 def pick_folder(total_bytes: int) -> str:
