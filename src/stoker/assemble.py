@@ -35,14 +35,16 @@ class Plan:
     #: larger than RAM is read a few blocks at a time.
     block_sizes: tuple[int, ...] | None = None
 
+    def __post_init__(self) -> None:
+        if self.shuffle and self.block_sizes and sum(self.block_sizes) != self.n:
+            raise SourceError(
+                f"block sizes add up to {sum(self.block_sizes)} samples, the source has "
+                f"{self.n}; the source's block_sizes must cover every sample once"
+            )
+
     def order(self, epoch: int) -> np.ndarray:
         """This rank's sample order for ``epoch``."""
         if self.shuffle and self.block_sizes:
-            if sum(self.block_sizes) != self.n:
-                raise SourceError(
-                    f"block sizes add up to {sum(self.block_sizes)} samples, the source has "
-                    f"{self.n}; the source's block_sizes must cover every sample once"
-                )
             return order_mod.rank_split(
                 order_mod.block_order(self.block_sizes, seed=self.seed, epoch=epoch),
                 rank=self.rank,
@@ -59,8 +61,9 @@ class Plan:
             drop_last=self.drop_last,
         )
 
-    def batches(self, per_rank: int) -> int:
-        """Batches per epoch for ``per_rank`` samples."""
+    def batches(self) -> int:
+        """Batches per epoch for this rank (counted, not by building an epoch's order)."""
+        per_rank = order_mod.per_rank_count(self.n, self.world_size, self.drop_last)
         full, rest = divmod(per_rank, self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
 
@@ -129,14 +132,14 @@ class Assembler:
             if status is not None:
                 status[0] = index
             self.current = index
-            if self._load_one(epoch, index, out, u, report):
+            if self.load_one(epoch, index, out, u, report):
                 return index
         raise TooManyErrors(
             f"{MAX_REPLACEMENT_TRIES} samples in a row failed to load, starting at "
             f"{self.source.name(int(order[pos]))}; see the loader's stats() for each reason"
         )
 
-    def _load_one(
+    def load_one(
         self,
         epoch: int,
         index: int,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -32,24 +31,28 @@ class StokerWarning(UserWarning):
 PROBE_SAMPLES = 8
 
 
-def _probe_cost(source: Any, pipeline: Any, plan: Plan, size: tuple[int, int]) -> float | None:
-    """Seconds of read + decode + transform per sample, timed on a few samples here.
+def _probe_cost(assembler: Assembler, layout: SlotLayout) -> float | None:
+    """Seconds of read + decode + transform per sample (median), timed here on a few samples
+    of the first epoch through the assembler's own per-sample path.
 
     Only stock pipelines are probed: a user's transform never runs in the calling process.
     """
-    if pipeline.needs_rng:
+    if assembler.pipeline.needs_rng:
         return None
-    indices = plan.order(0)[:PROBE_SAMPLES]
-    u = order_mod.sample_uniforms(plan.seed, 0, indices, pipeline.uniforms)
-    out = np.empty((*size, 3), np.uint8)
+    plan = assembler.plan
+    indices = assembler.order(0)[:PROBE_SAMPLES]
+    u = order_mod.sample_uniforms(plan.seed, 0, indices, assembler.pipeline.uniforms)
+    images, targets = np.empty((1, layout.height, layout.width, 3), np.uint8), layout.targets()
+    out = (images[0], targets[0] if layout.masks else None)
     times = []
     for k, index in enumerate(indices):
-        t0 = time.perf_counter()
+        report = Report()
         try:
-            pipeline.finish(pipeline.load(source.read(int(index)), u[k]), u[k], None, out)
-        except Exception:  # noqa: BLE001 - a bad sample shows up, named, in the workers
+            if not assembler.load_one(0, int(index), out, u[k], report):
+                continue
+        except Exception:  # noqa: BLE001 - such a sample shows up, named, in the workers
             continue
-        times.append(time.perf_counter() - t0)
+        times.append(report.read_s + report.decode_s + report.transform_s)
     return sorted(times)[len(times) // 2] if times else None
 
 
@@ -148,8 +151,7 @@ class Loader:
             block_sizes=tuple(int(b) for b in blocks) if blocks else None,
         )
         self.layout = SlotLayout(self.batch_size, *self.image_size, masks=self.has_masks)
-        self._per_rank = len(self.plan.order(0))
-        self._batches = self.plan.batches(self._per_rank)
+        self._batches = self.plan.batches()
         if self._batches == 0:
             raise ConfigError(
                 f"{len(self.source)} samples make no full batch of {self.batch_size} with "
@@ -243,7 +245,7 @@ class Loader:
             return
         clean_stale()
         if self._auto_workers:
-            cost = _probe_cost(self.source, self.pipeline, self.plan, self.image_size)
+            cost = _probe_cost(assembler, self.layout)
             self.workers, self._workers_reason = config.auto_workers(
                 cost, self.batch_size, PROBE_SAMPLES
             )

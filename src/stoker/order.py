@@ -64,11 +64,17 @@ def rank_split(
     if world_size == 1:
         return order
     n = len(order)
-    per_rank = n // world_size if drop_last else -(-n // world_size)
-    total = per_rank * world_size
+    total = per_rank_count(n, world_size, drop_last) * world_size
     if total > n:
         order = np.resize(order, total)
     return np.ascontiguousarray(order[rank:total:world_size])
+
+
+def per_rank_count(n: int, world_size: int = 1, drop_last: bool = False) -> int:
+    """How many of ``n`` samples each rank visits per epoch (see ``rank_split``)."""
+    if world_size == 1:
+        return n
+    return n // world_size if drop_last else -(-n // world_size)
 
 
 def block_order(

@@ -53,6 +53,17 @@ def resize_mask_into(mask: np.ndarray, out: np.ndarray) -> None:
     cv2.resize(np.ascontiguousarray(mask), (w, h), dst=out, interpolation=cv2.INTER_NEAREST_EXACT)
 
 
+def _cut(image: np.ndarray, box: Box) -> np.ndarray:
+    """The ``(top, left, height, width)`` box of ``image``, as a view."""
+    return image[box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
+
+
+def _flip_if(u: np.ndarray, out: np.ndarray) -> None:
+    """The train pipeline's random horizontal flip (uniform 40 of the sample), in place."""
+    if u[40] < 0.5:
+        cv2.flip(out, 1, dst=out)
+
+
 def random_resized_crop_box(
     h: int, w: int, u: np.ndarray, scale: tuple[float, float], ratio: tuple[float, float]
 ) -> Box:
@@ -101,13 +112,20 @@ class Pipeline:
 
     def load(self, data: bytes | np.ndarray, u: np.ndarray) -> np.ndarray:
         """Decode the sample's region (the stage whose errors count as bad data)."""
+        return self._load(data, u)[0]
+
+    def _load(
+        self, data: bytes | np.ndarray, u: np.ndarray
+    ) -> tuple[np.ndarray, tuple[int, int], Box | None]:
+        """The region, the full image's (height, width) and the box the region was cut from."""
         if isinstance(data, np.ndarray):
             img = as_rgb(data)
-            box = self.box(img.shape[0], img.shape[1], u)
-            return img if box is None else img[box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
+            size = (img.shape[0], img.shape[1])
+            box = self.box(*size, u)
+            return (img if box is None else _cut(img, box)), size, box
         info = dec.probe(data, max_pixels=self.max_pixels)
         box = self.box(info.height, info.width, u)
-        return dec.decode(
+        region = dec.decode(
             data,
             info,
             box=box,
@@ -115,6 +133,7 @@ class Pipeline:
             fast=self.fast,
             max_pixels=self.max_pixels,
         )
+        return region, (info.height, info.width), box
 
     def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
         """Write the loaded region into ``out``."""
@@ -127,21 +146,13 @@ class Pipeline:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Decode an image's region and the same region of its mask (same size as the image)."""
         labels = dec.decode_mask(mask, max_pixels=self.max_pixels)
-        if isinstance(data, np.ndarray):
-            h, w = data.shape[:2]
-        else:
-            info = dec.probe(data, max_pixels=self.max_pixels)
-            h, w = info.height, info.width
+        region, (h, w), box = self._load(data, u)
         if labels.shape != (h, w):
             raise DecodeError(
                 f"the mask is {labels.shape[1]}x{labels.shape[0]} (WxH) but its image is "
                 f"{w}x{h}; a mask must have its image's size"
             )
-        box = self.box(h, w, u)
-        region = self.load(data, u)
-        if box is not None:
-            labels = labels[box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
-        return region, labels
+        return region, (labels if box is None else _cut(labels, box))
 
     def finish_mask(self, mask: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
         """Write the mask region into ``out`` (h, w): nearest-neighbour, pixel centres aligned
@@ -164,13 +175,11 @@ class TrainPipeline(Pipeline):
 
     def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
         resize_into(region, out)
-        if u[40] < 0.5:
-            cv2.flip(out, 1, dst=out)
+        _flip_if(u, out)
 
     def finish_mask(self, mask: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
         resize_mask_into(mask, out)
-        if u[40] < 0.5:  # the image's flip
-            cv2.flip(out, 1, dst=out)
+        _flip_if(u, out)  # the image's flip
 
 
 class EvalPipeline(Pipeline):

@@ -13,11 +13,13 @@ from ..errors import RemoteTraceback, StokerError
 def pack_exception(exc: BaseException, wid: int, sample: str | None) -> dict[str, Any]:
     """Everything the parent needs to re-raise ``exc``: the object if it pickles, its traceback."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    blob: bytes | None = None
     try:
-        blob: bytes | None = pickle.dumps(exc)
-        pickle.loads(pickle.dumps(exc))
+        data = pickle.dumps(exc)
+        pickle.loads(data)  # some exceptions pickle but cannot be rebuilt
+        blob = data
     except Exception:
-        blob = None
+        pass
     return {
         "blob": blob,
         "type": type(exc).__name__,
