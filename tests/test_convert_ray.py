@@ -99,7 +99,7 @@ def _check_sources_travel_by_value(ray, image_folder):
     arrays = ArraySource(images, [0, 1, 0, 1])
     with by_value(ray):
         folder2, arrays2 = ray.get(ray.put((folder, arrays)))
-    assert folder2.index._segment is None and arrays2._segment is None
+    assert folder2.index._shared is None and arrays2._shared is None
     assert [folder2.name(i) for i in range(36)] == [folder.name(i) for i in range(36)]
     assert list(folder2.labels) == list(folder.labels)
     assert np.array_equal(arrays2.read(3), images[3]) and list(arrays2.labels) == [0, 1, 0, 1]

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import order as order_mod
-from .errors import DecodeError, SourceError, TooManyErrors
+from .errors import DecodeError, SourceError, TooManyErrors, one_line
 from .sources.base import Source
 from .transforms import Pipeline
 
@@ -164,7 +164,7 @@ class Assembler:
             name = self.source.name(index)
             if mask_out is not None:
                 name = f"{name} (mask {self.source.mask_name(index)})"
-            report.bad.append((index, name, _reason(exc)))
+            report.bad.append((index, name, one_line(exc)))
             return False
         t2 = time.perf_counter()
         rng = self._rng(epoch, index)
@@ -180,9 +180,3 @@ class Assembler:
         if not self.pipeline.needs_rng:
             return None
         return order_mod.sample_rng(self.plan.seed, epoch, index)
-
-
-def _reason(exc: BaseException) -> str:
-    """A one-line reason for a bad sample."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .assemble import DATA_ERRORS
-from .errors import ConfigError, DecodeError
+from .errors import ConfigError, DecodeError, one_line
 from .sources import open_source
 from .sources.base import PathIndex, Source
 
@@ -304,7 +304,7 @@ def _write_shard(source: Source, job: dict[str, Any], number: int, samples: list
             try:
                 data = _prepare(source.read(i), settings["max_side"], settings["quality"])
             except DATA_ERRORS as exc:
-                errors.append([i, source.name(i), _reason(exc)])
+                errors.append([i, source.name(i), one_line(exc)])
                 continue
             rows.append((data, _path_of(source, i), int(source.labels[i])))
             buffered += len(data)
@@ -411,11 +411,6 @@ def _label_counts(labels: np.ndarray, samples: list[int], errors: list[list[Any]
     kept = np.asarray([labels[i] for i in samples if i not in bad], dtype=np.int64)
     values, counts = np.unique(kept, return_counts=True)
     return {str(v): int(c) for v, c in zip(values, counts, strict=True)}
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 # ---------------------------------------------------------------------------- resume, finish

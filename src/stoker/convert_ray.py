@@ -79,7 +79,7 @@ def _index_from(state: tuple[str, np.ndarray, np.ndarray]) -> Any:
 
 
 def _array_state(source: Any) -> tuple[type, dict[str, Any], np.ndarray]:
-    fields = {k: v for k, v in vars(source).items() if k not in ("_array", "_segment")}
+    fields = {k: v for k, v in vars(source).items() if k not in ("_array", "_shared")}
     return type(source), fields, np.asarray(source._array)
 
 
@@ -87,7 +87,7 @@ def _array_from(state: tuple[Any, dict[str, Any], np.ndarray]) -> Any:
     cls, fields, array = state
     source = cls.__new__(cls)
     source.__dict__.update(fields)
-    source._array, source._segment = array, None
+    source._array, source._shared = array, None
     return source
 
 

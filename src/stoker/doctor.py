@@ -17,20 +17,6 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def _stale() -> list[str]:
-    found = []
-    for folder in slots.segment_dirs():
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        for name in names:
-            pid = slots._owner_pid(name)
-            if pid is not None and not slots._pid_alive(pid):
-                found.append(os.path.join(folder, name))
-    return found
-
-
 def doctor(clean: bool = False) -> str:
     """A readable report; with ``clean``, remove segments left by dead processes."""
     free = slots.shm_free_bytes()
@@ -39,7 +25,7 @@ def doctor(clean: bool = False) -> str:
         total = st.f_blocks * st.f_frsize
     except OSError:
         total = 0
-    stale = _stale()
+    stale = slots.stale_segments()
     lines = [
         f"/dev/shm: {total / 2**20:,.0f} MiB, {free / 2**20:,.0f} MiB free"
         + ("  (small: stoker will fall back to file-backed memory)" if total < 256 << 20 else ""),

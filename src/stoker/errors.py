@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 
+def one_line(exc: BaseException) -> str:
+    """``"TypeName: first line of the message"`` (just the type name for an empty message)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class StokerError(Exception):
     """Base class of every error that stoker raises on purpose."""
 

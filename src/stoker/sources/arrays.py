@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from ..workers.slots import Segment, pick_folder
-from .base import Source
+from ..workers.slots import SharedArrays
+from .base import Source, file_fingerprint
 
 
 def check_images(images: np.ndarray, where: str) -> None:
@@ -64,7 +64,7 @@ class ArraySource(Source):
         check_images(images, "array source")
         self.labels = check_labels(labels, images.shape[0], "array source")
         self.shape, self._array = images.shape, images
-        self._segment: Segment | None = None
+        self._shared: SharedArrays | None = None
         self._digest = hashlib.blake2b(
             np.ascontiguousarray(images[:: max(1, len(images) // 64)]).tobytes(), digest_size=12
         ).hexdigest()
@@ -81,25 +81,19 @@ class ArraySource(Source):
 
     def __getstate__(self) -> dict[str, Any]:
         """Sent to a worker: images (and masks) move into one shared segment, made once."""
-        if self._segment is None:
-            extra = self._masks.nbytes if self._masks is not None else 0
-            folder = pick_folder(self._array.nbytes + extra)
-            self._segment = Segment.create(self._array.nbytes + extra, "arr", folder)
-            self._segment.array(np.uint8, self.shape)[...] = self._array
+        if self._shared is None or not self._shared.alive:
+            arrays = {"images": self._array}
             if self._masks is not None:
-                view = self._segment.array(np.uint8, self._masks.shape, self._array.nbytes)
-                view[...] = self._masks
-        state = dict(self.__dict__)
-        state["_array"] = state["_masks"] = None
-        state["_segment"] = self._segment.handle()
-        return state
+                arrays["masks"] = self._masks
+            self._shared = SharedArrays(arrays, "arr")
+        return {**self.__dict__, "_array": None, "_masks": None}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._segment = Segment.attach(*state["_segment"])
-        self._array = self._segment.array(np.uint8, self.shape)
+        assert self._shared is not None
+        self._array = self._shared["images"]
         if self.mask_shape is not None:
-            self._masks = self._segment.array(np.uint8, self.mask_shape, self._array.nbytes)
+            self._masks = self._shared["masks"]
 
     def read(self, index: int) -> np.ndarray:
         """The image as a view (no copy)."""
@@ -129,8 +123,8 @@ class ArraySource(Source):
 
     def close(self) -> None:
         """Unlink the shared copy, if one was made."""
-        if self._segment is not None and self._segment.owner:
-            self._segment.unlink()
+        if self._shared is not None:
+            self._shared.unlink()
 
 
 class NpySource(Source):
@@ -168,8 +162,4 @@ class NpySource(Source):
 
     def fingerprint(self) -> str:
         """Digest of the path, shape, size and mtime."""
-        st = os.stat(self.path)
-        key = f"{self.path.resolve()}|{self.shape}|{st.st_size}|{st.st_mtime_ns}"
-        h = hashlib.blake2b(key.encode(), digest_size=12)
-        h.update(self.labels.tobytes())
-        return h.hexdigest()
+        return file_fingerprint(self.path, (self.shape,), self.labels)

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..workers.slots import Segment, pick_folder
+from ..workers.slots import SharedArrays
 
 
 class Source:
@@ -70,43 +70,31 @@ class PathIndex:
         np.cumsum(lengths, out=self.offsets[1:])
         self.blob = np.frombuffer(b"".join(encoded), dtype=np.uint8)
         self.root = str(root)
-        self._segment: Segment | None = None
+        self._shared: SharedArrays | None = None
 
     @classmethod
     def from_arrays(cls, root: Path, blob: np.ndarray, offsets: np.ndarray) -> PathIndex:
         """An index from stored arrays (a cached scan)."""
         index = cls.__new__(cls)
         index.blob, index.offsets, index.root = blob, offsets.astype(np.int64), str(root)
-        index._segment = None
+        index._shared = None
         return index
 
     def __getstate__(self) -> dict[str, Any]:
         """Sent to a worker: the arrays move into one shared segment (made once), so every
         worker maps the same pages instead of holding its own copy."""
-        if self._segment is None or not os.path.exists(self._segment.path):
-            self._segment = Segment.create(
-                self.blob.nbytes + self.offsets.nbytes,
-                "index",
-                pick_folder(self.blob.nbytes + self.offsets.nbytes),
-            )
-            self._segment.array(np.int64, self.offsets.shape)[...] = self.offsets
-            self._segment.array(np.uint8, self.blob.shape, self.offsets.nbytes)[...] = self.blob
-        return {
-            "root": self.root,
-            "sizes": (self.offsets.shape, self.blob.shape),
-            "segment": self._segment.handle(),
-        }
+        if self._shared is None or not self._shared.alive:
+            self._shared = SharedArrays({"offsets": self.offsets, "blob": self.blob}, "index")
+        return {"root": self.root, "shared": self._shared}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.root, (off_shape, blob_shape) = state["root"], state["sizes"]
-        self._segment = Segment.attach(*state["segment"])
-        self.offsets = self._segment.array(np.int64, off_shape)
-        self.blob = self._segment.array(np.uint8, blob_shape, int(np.prod(off_shape)) * 8)
+        self.root, self._shared = state["root"], state["shared"]
+        self.offsets, self.blob = self._shared["offsets"], self._shared["blob"]
 
     def close(self) -> None:
         """Unlink the shared copy (parent only)."""
-        if self._segment is not None and self._segment.owner:
-            self._segment.unlink()
+        if self._shared is not None:
+            self._shared.unlink()
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0] - 1)
@@ -170,6 +158,15 @@ class FileListSource(Source):
         if self.mask_index is not None:
             h.update(b"masks" + self.mask_index.digest().encode())
         return h.hexdigest()
+
+
+def file_fingerprint(path: Path, parts: tuple[object, ...], labels: np.ndarray) -> str:
+    """Digest of one file's resolved path, ``parts``, size and mtime, and the labels."""
+    st = os.stat(path)
+    key = "|".join(str(p) for p in (path.resolve(), *parts, st.st_size, st.st_mtime_ns))
+    h = hashlib.blake2b(key.encode(), digest_size=12)
+    h.update(labels.tobytes())
+    return h.hexdigest()
 
 
 def read_file(path: str) -> bytes:

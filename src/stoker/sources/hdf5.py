@@ -7,7 +7,6 @@ cross a process boundary), so the source pickles as a path and a labels array.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 
 from ..errors import SourceError
 from .arrays import check_images
-from .base import Source
+from .base import Source, file_fingerprint
 
 
 class HDF5Source(Source):
@@ -88,11 +87,7 @@ class HDF5Source(Source):
 
     def fingerprint(self) -> str:
         """Digest of the path, shape, size, mtime and labels."""
-        st = os.stat(self.path)
-        key = f"{self.path.resolve()}|{self.images_key}|{self.shape}|{st.st_size}|{st.st_mtime_ns}"
-        h = hashlib.blake2b(key.encode(), digest_size=12)
-        h.update(self.labels.tobytes())
-        return h.hexdigest()
+        return file_fingerprint(self.path, (self.images_key, self.shape), self.labels)
 
     def close(self) -> None:
         """Close this process's handle."""

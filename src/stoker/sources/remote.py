@@ -33,13 +33,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import DecodeError, SourceError
+from ..errors import DecodeError, SourceError, one_line
 from .shards import (
     INDEX_VERSION,
     MAGIC,
     MANIFEST,
     ShardSource,
     _hf_classes,
+    _index_valid,
     _join_labels,
     _locate_values,
 )
@@ -107,7 +108,7 @@ class RemoteShardSource(ShardSource):
                 hf_classes = hf_classes or _hf_classes(pf)
                 idx = self._remote_index(file_url, pf, actual, tag)
             except (OSError, pa.ArrowException) as exc:
-                raise SourceError(f"{file_url}: cannot read ({_why(exc)})") from None
+                raise SourceError(f"{file_url}: cannot read ({one_line(exc)})") from None
             self._sizes.append(actual)
             self.modes.append(0 if idx is not None else 1)
             self.index_files.append(idx or "")
@@ -145,7 +146,7 @@ class RemoteShardSource(ShardSource):
                     for s in shards
                 ]
             except (ValueError, KeyError, TypeError) as exc:
-                raise SourceError(f"{where}: not a stoker manifest ({_why(exc)})") from None
+                raise SourceError(f"{where}: not a stoker manifest ({one_line(exc)})") from None
             if not entries:
                 raise SourceError(f"{where}: lists no shards")
             return entries, manifest
@@ -158,7 +159,7 @@ class RemoteShardSource(ShardSource):
         try:
             found = fs.glob(f"{self.url}/*.parquet", detail=True)
         except Exception as exc:  # noqa: BLE001 - any backend error: say which URL
-            raise SourceError(f"{self.url}: cannot list ({_why(exc)})") from None
+            raise SourceError(f"{self.url}: cannot list ({one_line(exc)})") from None
         entries = [
             (fs.unstrip_protocol(p), int(info["size"]), _tag(info))
             for p, info in sorted(found.items())
@@ -174,7 +175,7 @@ class RemoteShardSource(ShardSource):
         except FileNotFoundError:
             raise SourceError(f"{url}: not found") from None
         except Exception as exc:  # noqa: BLE001
-            raise SourceError(f"{url}: cannot read ({_why(exc)})") from None
+            raise SourceError(f"{url}: cannot read ({one_line(exc)})") from None
 
     def _open_parquet(self, url: str, size: int | None) -> tuple[pq.ParquetFile, int, Any]:
         """A ParquetFile reading ``url`` through fsspec, the file's size, the fsspec file."""
@@ -189,11 +190,11 @@ class RemoteShardSource(ShardSource):
                 f"{url}: listed in the manifest but not found; upload it or convert again"
             ) from None
         except Exception as exc:  # noqa: BLE001
-            raise OSError(_why(exc)) from exc
+            raise OSError(one_line(exc)) from exc
         try:
             return pq.ParquetFile(f), int(f.size), f
         except (pa.ArrowException, OSError, ValueError) as exc:
-            raise SourceError(f"{url}: not a readable Parquet file ({_why(exc)})") from None
+            raise SourceError(f"{url}: not a readable Parquet file ({one_line(exc)})") from None
 
     def _remote_index(self, url: str, pf: pq.ParquetFile, size: int, tag: str) -> str | None:
         """Path of a valid cached offset index for ``url`` (built if missing or stale), or
@@ -295,7 +296,7 @@ class RemoteShardSource(ShardSource):
             self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **options)
         except (ImportError, ValueError) as exc:
             raise SourceError(
-                f"{self.url}: no fsspec filesystem for {self.protocol}:// ({_why(exc)}); "
+                f"{self.url}: no fsspec filesystem for {self.protocol}:// ({one_line(exc)}); "
                 "install its package (s3fs for s3://, gcsfs for gs://)"
             ) from None
         self._fs_pid = os.getpid()
@@ -329,7 +330,7 @@ class RemoteShardSource(ShardSource):
             raise FileNotFoundError(f"{url}: not found ({exc})") from None
         except Exception as exc:  # noqa: BLE001 - network errors of any backend
             span = f" bytes {start}-{end}" if start is not None else ""
-            raise OSError(f"{url}{span}: {_why(exc)}") from None
+            raise OSError(f"{url}{span}: {one_line(exc)}") from None
         if start is not None and end is not None and len(data) != end - start:
             raise OSError(
                 f"{url} bytes {start}-{end}: got {len(data)} bytes, expected {end - start}; "
@@ -382,7 +383,7 @@ class RemoteShardSource(ShardSource):
             except (DecodeError, OSError):
                 raise
             except Exception as exc:  # noqa: BLE001
-                raise OSError(f"{self.name(index)}: {_why(exc)}") from None
+                raise OSError(f"{self.name(index)}: {one_line(exc)}") from None
         offset, length = (int(v) for v in self._table(shard)[row + 2])
         if offset < 0:
             raise DecodeError(f"{self.name(index)}: no image bytes (null)")
@@ -401,21 +402,3 @@ def _tag(info: dict) -> str:
         if info.get(key):
             return str(info[key])
     return ""
-
-
-def _index_valid(path: Path, key: tuple[int, int], rows: int) -> bool:
-    try:
-        table = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError):
-        return False
-    return (
-        table.dtype == np.int64
-        and table.shape == (rows + 2, 2)
-        and tuple(table[0]) == (MAGIC, INDEX_VERSION)
-        and tuple(table[1]) == key
-    )
-
-
-def _why(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -132,7 +132,7 @@ class ShardSource(Source):
         the image bytes are not stored verbatim (compressed or dictionary-encoded)."""
         st = os.stat(path)
         for candidate in self._index_locations(path):
-            if _index_valid(candidate, st, pf.metadata.num_rows):
+            if _index_valid(candidate, (st.st_size, st.st_mtime_ns), pf.metadata.num_rows):
                 return candidate
         offsets = _locate_values(path, pf, self._value_path(pf))
         if offsets is None:
@@ -365,7 +365,8 @@ def _join_labels(parts: list[Any], where: str) -> tuple[np.ndarray, list[str] | 
     return encode_labels(["-1" if v is None else v for v in flat], where)
 
 
-def _index_valid(candidate: str, st: os.stat_result, rows: int) -> bool:
+def _index_valid(candidate: str | os.PathLike, key: tuple[int, int], rows: int) -> bool:
+    """True when ``candidate`` is an offset index of ``rows`` rows stamped with ``key``."""
     try:
         table = np.load(candidate, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError):
@@ -375,7 +376,7 @@ def _index_valid(candidate: str, st: os.stat_result, rows: int) -> bool:
         and table.ndim == 2
         and table.shape == (rows + 2, 2)
         and tuple(table[0]) == (MAGIC, INDEX_VERSION)
-        and tuple(table[1]) == (st.st_size, st.st_mtime_ns)
+        and tuple(table[1]) == key
     )
 
 

@@ -38,22 +38,25 @@ class WorkerSpec:
     workers: int
 
 
+def _orphaned(parent: int) -> bool:
+    """True (after removing the parent's segments) when the parent process has died."""
+    if os.getppid() == parent:
+        return False
+    clean_stale(owner=parent)
+    return True
+
+
 def _watch_parent(parent: int) -> None:
     """If the parent dies (even by SIGKILL), remove its segments and exit."""
-    while True:
+    while not _orphaned(parent):
         time.sleep(0.5)
-        if os.getppid() != parent:
-            clean_stale(owner=parent)
-            os._exit(0)
+    os._exit(0)
 
 
 def _after_eof(parent: int) -> None:
     """The pipe closed without a stop message: if the parent died, remove its segments."""
     deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:
-        if os.getppid() != parent:
-            clean_stale(owner=parent)
-            return
+    while time.monotonic() < deadline and not _orphaned(parent):
         time.sleep(0.02)
 
 

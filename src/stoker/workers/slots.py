@@ -54,9 +54,9 @@ def shm_free_bytes() -> int:
     return st.f_bavail * st.f_frsize
 
 
-def clean_stale(owner: int | None = None) -> list[str]:
-    """Remove segments whose owner process is gone (or all of ``owner``'s); return their paths."""
-    removed = []
+def stale_segments(owner: int | None = None) -> list[str]:
+    """Paths of stoker segments whose owner process is gone (or, given ``owner``, all of its)."""
+    found = []
     for folder in segment_dirs():
         try:
             names = os.listdir(folder)
@@ -66,11 +66,19 @@ def clean_stale(owner: int | None = None) -> list[str]:
             pid = _owner_pid(name)
             if pid is None or (pid != owner if owner is not None else _pid_alive(pid)):
                 continue
-            try:
-                os.unlink(os.path.join(folder, name))
-                removed.append(os.path.join(folder, name))
-            except OSError:
-                pass
+            found.append(os.path.join(folder, name))
+    return found
+
+
+def clean_stale(owner: int | None = None) -> list[str]:
+    """Remove segments whose owner process is gone (or all of ``owner``'s); return their paths."""
+    removed = []
+    for path in stale_segments(owner):
+        try:
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            pass
     return removed
 
 
@@ -167,6 +175,44 @@ class Segment:
         mmap object, so closing it would leave them pointing at unmapped memory.
         """
         self.map = None  # type: ignore[assignment]
+
+
+class SharedArrays:
+    """Named arrays copied once into one parent-owned segment; pickles as a small handle.
+
+    A source sends its big read-only arrays (an index, in-memory images) to workers this way,
+    so every worker maps the same pages instead of unpickling a copy of its own.
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray], tag: str) -> None:
+        self.specs: list[tuple[str, str, tuple[int, ...], int]] = []
+        offset = 0
+        for name, arr in arrays.items():
+            self.specs.append((name, arr.dtype.str, arr.shape, offset))
+            offset += -(-arr.nbytes // ALIGN) * ALIGN
+        self.segment = Segment.create(offset, tag, pick_folder(offset))
+        for (name, _, _, _), arr in zip(self.specs, arrays.values(), strict=True):
+            self[name][...] = arr
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        spec = next(s for s in self.specs if s[0] == name)
+        return self.segment.array(np.dtype(spec[1]), spec[2], spec[3])
+
+    @property
+    def alive(self) -> bool:
+        """False once the owner has unlinked the segment."""
+        return os.path.exists(self.segment.path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"specs": self.specs, "handle": self.segment.handle()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.specs, self.segment = state["specs"], Segment.attach(*state["handle"])
+
+    def unlink(self) -> None:
+        """Remove the segment (owner only; views already made stay valid)."""
+        if self.segment.owner:
+            self.segment.unlink()
 
 
 @dataclass(frozen=True)
