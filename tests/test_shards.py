@@ -248,3 +248,14 @@ def test_two_workers_over_shards_match_inline(shard_folder):
             for (xa, ya), (xb, yb) in zip(a, b, strict=True):
                 assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
         assert b.stats().skipped == 0
+
+
+@pytest.mark.timeout(60)
+def test_stats_report_the_block_shuffle_quality_once_per_epoch(shard_folder):
+    with stoker.Loader(shard_folder, batch_size=8, image_size=16, workers=0, seed=2) as loader:
+        first = loader.stats().notes
+        assert len(first) == 1 and first[0].startswith("block shuffle: displacement")
+        assert loader.stats().notes is first  # cached for the epoch, not rebuilt per call
+        list(loader)
+        next(iter(loader))  # now in epoch 1
+        assert loader.stats().notes is not first

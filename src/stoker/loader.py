@@ -159,6 +159,7 @@ class Loader:
             )
         self.epoch, self.position = 0, 0
         self._stats = Stats()
+        self._shuffle_note: tuple[int, list[str]] = (-1, [])
         self._run = _Running()
         self._prefetch_reason, self._folder = "not started", "-"
         self._finalizer = weakref.finalize(self, _Running.close, self._run)
@@ -321,9 +322,16 @@ class Loader:
         )
 
     def _notes(self) -> list[str]:
-        """Extra lines for the report: how well a block (row-group) shuffle mixes the data."""
+        """Extra lines for the report: how well a block (row-group) shuffle mixes the data.
+
+        Computed once per epoch: it builds the epoch's whole order, too much for every call."""
         if not (self.shuffle and self.plan.block_sizes):
             return []
+        if self._shuffle_note[0] != self.epoch:
+            self._shuffle_note = (self.epoch, self._shuffle_lines())
+        return self._shuffle_note[1]
+
+    def _shuffle_lines(self) -> list[str]:
         q = order_mod.shuffle_quality(
             self.plan.order(self.epoch),
             self.plan.block_sizes,
