@@ -73,11 +73,20 @@ def _jpeg(kind: str, height: int = 333, width: int = 517) -> bytes:
 KINDS = ["420", "422", "444", "gray", "progressive", "restart"]
 
 
+def _raw(data: bytes, box: tuple[int, ...], denom: int, fast: bool) -> np.ndarray:
+    """The C function's window, viewed in the padded rows it wrote (checks the row layout)."""
+    height, width = jpegcrop.header(data)[:2]
+    _, _, out_h, out_w = scaled_region(*box, height, width, denom)
+    buf = np.empty(out_h * (out_w + jpegcrop.ROW_SLACK) * 3, np.uint8)
+    got_h, got_w, skip, pitch = jpegcrop._jpeg.decode_region(data, *box, denom, fast, buf)
+    assert (got_h, got_w) == (out_h, out_w)
+    assert skip + out_w <= pitch <= out_w + jpegcrop.ROW_SLACK
+    return buf[: out_h * pitch * 3].reshape(out_h, pitch, 3)[:, skip : skip + out_w]
+
+
 def _full_scaled(data: bytes, denom: int, fast: bool) -> np.ndarray:
     height, width = jpegcrop.header(data)[:2]
-    out = np.empty((-(-height // denom), -(-width // denom), 3), np.uint8)
-    jpegcrop._jpeg.decode_region(data, 0, 0, height, width, denom, fast, out)
-    return out
+    return _raw(data, (0, 0, height, width), denom, fast)
 
 
 def _simplejpeg_full(data: bytes, denom: int, fast: bool) -> np.ndarray:
@@ -247,8 +256,7 @@ def test_region_equals_window_of_full_decode(kind: str, denom: int, fast: bool) 
     reference = _simplejpeg_full(data, denom, fast)
     for box in _boxes(height, width, 60, seed=denom):
         y0, x0, out_h, out_w = scaled_region(*box, height, width, denom)
-        out = np.empty((out_h, out_w, 3), np.uint8)
-        assert jpegcrop._jpeg.decode_region(data, *box, denom, fast, out) == (out_h, out_w)
+        out = _raw(data, box, denom, fast)
         window = full[y0 : y0 + out_h, x0 : x0 + out_w]
         assert np.array_equal(out, window), f"box {box} at 1/{denom}"
         assert np.array_equal(out, reference[y0 : y0 + out_h, x0 : x0 + out_w])
@@ -264,8 +272,7 @@ def test_odd_and_tiny_sizes(size: tuple[int, int]) -> None:
             full = _simplejpeg_full(data, denom, False)
             for box in _boxes(height, width, 10, seed=height):
                 y0, x0, out_h, out_w = scaled_region(*box, height, width, denom)
-                out = np.empty((out_h, out_w, 3), np.uint8)
-                jpegcrop._jpeg.decode_region(data, *box, denom, False, out)
+                out = _raw(data, box, denom, False)
                 np.testing.assert_array_equal(out, full[y0 : y0 + out_h, x0 : x0 + out_w])
 
 
@@ -344,8 +351,9 @@ def test_output_buffer_checks() -> None:
     with pytest.raises(TypeError):
         lib.decode_region(data, 0, 0, 10, 10, 1, False, bytes(300))  # read-only
     big = np.full((20, 20, 3), 7, np.uint8)  # larger than needed: only the prefix is written
-    assert lib.decode_region(data, 0, 0, 10, 10, 1, False, big) == (10, 10)
-    assert (big.reshape(-1)[300:] == 7).all()
+    out_h, out_w, skip, pitch = lib.decode_region(data, 0, 0, 10, 10, 1, False, big)
+    assert (out_h, out_w, skip) == (10, 10, 0) and pitch == 11  # one spare column on the right
+    assert (big.reshape(-1)[10 * pitch * 3 :] == 7).all()
 
 
 @needs_ext

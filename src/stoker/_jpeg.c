@@ -5,14 +5,17 @@
  *
  *   header(data) -> (height, width, components, colorspace)
  *   decode_region(data, top, left, height, width, scale_denom, fast, out)
- *       -> (out_h, out_w)
+ *       -> (out_h, out_w, skip, pitch)
  *
  * decode_region() decodes the rows and columns that the region needs and no
  * more: jpeg_crop_scanline() limits the columns, jpeg_skip_scanlines() jumps
  * over the rows above and the rows below are never decoded (the decompressor
  * is destroyed as soon as the last wanted row is out).  Pixels are written as
- * packed RGB rows straight into the caller's writable C-contiguous buffer
- * ``out``.  All libjpeg work runs with the GIL released.
+ * RGB rows of ``pitch`` pixels straight into the caller's writable buffer
+ * ``out``; the window is columns skip .. skip + out_w of each row (libjpeg
+ * decodes from an iMCU boundary, at most 33 pixels left of the window, so
+ * ``pitch`` <= out_w + 34).  The caller views the window in place: no row is
+ * copied.  All libjpeg work runs with the GIL released.
  *
  * Region mapping (region in full-resolution, stored -- not EXIF-rotated --
  * pixel coordinates; s = scale_denom in {1, 2, 4, 8}; H, W = image size):
@@ -94,6 +97,7 @@ typedef struct {
     Py_ssize_t out_len;
     /* results */
     JDIMENSION img_h, img_w, out_h, out_w;
+    JDIMENSION skip, pitch; /* the window starts `skip` pixels into rows of `pitch` */
     int components, colorspace;
 } job_t;
 
@@ -194,8 +198,7 @@ run_decode(job_t *job)
     unsigned long long s, top, left, bottom, right;
     JDIMENSION y0, y1, x0, x1, crop_x, crop_w, row;
     JSAMPROW rowptr;
-    JSAMPARRAY rowbuf = NULL;
-    size_t skip_bytes, out_stride;
+    size_t row_bytes;
 
     init_error_mgr(job);
     if (setjmp(job->err.jump)) {
@@ -242,14 +245,6 @@ run_decode(job_t *job)
         x1 = cinfo->output_width;
     job->out_h = y1 - y0;
     job->out_w = x1 - x0;
-    out_stride = (size_t)job->out_w * 3;
-    if ((unsigned long long)job->out_h * out_stride > (unsigned long long)job->out_len) {
-        snprintf(job->err.msg, sizeof(job->err.msg),
-                 "output buffer holds %zd bytes, the region needs %u x %u x 3",
-                 job->out_len, (unsigned)job->out_h, (unsigned)job->out_w);
-        jpeg_destroy_decompress(cinfo);
-        return ST_OUTBUF;
-    }
 
     jpeg_start_decompress(cinfo); /* reads all scans of a progressive file */
     if (cinfo->output_components != 3)
@@ -260,22 +255,27 @@ run_decode(job_t *job)
     crop_x = x0 > 0 ? x0 - 1 : 0;
     crop_w = (x1 < cinfo->output_width ? x1 + 1 : x1) - crop_x;
     jpeg_crop_scanline(cinfo, &crop_x, &crop_w); /* no-op for the full width */
-    skip_bytes = (size_t)(x0 - crop_x) * 3;
 
-    if (crop_x != x0 || crop_w != job->out_w) /* decode a row, copy the part wanted */
-        rowbuf = (*cinfo->mem->alloc_sarray)((j_common_ptr)cinfo, JPOOL_IMAGE,
-                                             crop_w * 3, 1);
+    /* Rows go straight into `out`, crop_w pixels each; the caller views the wanted
+     * columns (x0 - crop_x on) without copying them out of a row buffer. */
+    job->skip = x0 - crop_x;
+    job->pitch = crop_w;
+    row_bytes = (size_t)crop_w * 3;
+    if ((unsigned long long)job->out_h * row_bytes > (unsigned long long)job->out_len) {
+        snprintf(job->err.msg, sizeof(job->err.msg),
+                 "output buffer holds %zd bytes, the region needs %u rows of %u x 3",
+                 job->out_len, (unsigned)job->out_h, (unsigned)crop_w);
+        jpeg_destroy_decompress(cinfo);
+        return ST_OUTBUF;
+    }
 
     if (y0 > 0 && jpeg_skip_scanlines(cinfo, y0) != y0)
         ERREXIT(cinfo, JERR_BAD_STATE);
 
     for (row = 0; row < job->out_h; row++) {
-        rowptr = rowbuf != NULL ? rowbuf[0] : job->out + (size_t)row * out_stride;
+        rowptr = job->out + (size_t)row * row_bytes;
         if (jpeg_read_scanlines(cinfo, &rowptr, 1) != 1)
             ERREXIT(cinfo, JERR_INPUT_EOF);
-        if (rowbuf != NULL)
-            memcpy(job->out + (size_t)row * out_stride, rowbuf[0] + skip_bytes,
-                   out_stride);
     }
 
     /* The rows below are never decoded. */
@@ -341,12 +341,13 @@ jpeg_header(PyObject *module, PyObject *arg)
 
 PyDoc_STRVAR(decode_region_doc,
 "decode_region(data, top, left, height, width, scale_denom, fast, out)\n"
-"    -> (out_h, out_w)\n"
+"    -> (out_h, out_w, skip, pitch)\n"
 "\n"
 "Decode the region (top, left, height, width) -- full-resolution stored\n"
 "coordinates -- of the JPEG ``data`` at scale 1/scale_denom (1, 2, 4 or 8)\n"
-"as packed RGB rows into ``out``, a writable C-contiguous buffer of at\n"
-"least out_h * out_w * 3 bytes, where, with s = scale_denom and the scaled\n"
+"as out_h RGB rows of ``pitch`` pixels into ``out``, a writable C-contiguous\n"
+"buffer of at least out_h * (out_w + 34) * 3 bytes; the region is columns\n"
+"skip .. skip + out_w of each row. With s = scale_denom and the scaled\n"
 "image ceil(H/s) x ceil(W/s):\n"
 "\n"
 "    y0 = top // s,   y1 = min(ceil((top + height) / s), ceil(H / s))\n"
@@ -407,7 +408,8 @@ jpeg_decode_region(PyObject *module, PyObject *args)
     PyBuffer_Release(&out);
     if (status != ST_OK)
         return raise_status(status, &job);
-    return Py_BuildValue("(II)", (unsigned)job.out_h, (unsigned)job.out_w);
+    return Py_BuildValue("(IIII)", (unsigned)job.out_h, (unsigned)job.out_w,
+                         (unsigned)job.skip, (unsigned)job.pitch);
 
 fail:
     PyBuffer_Release(&data);
