@@ -88,11 +88,12 @@ def warm_page_cache(paths: Iterable[str]) -> tuple[int, float]:
 def tree_cpu() -> float:
     """CPU seconds (user + system) of this process, its live descendants and reaped children.
 
-    `stoker.bench.tree_cpu` plus ``os.times()``'s children times (workers that already exited
-    and were waited for). Use differences of two calls around the measured work.
+    `stoker.bench.tree_cpu`, which already adds the children this process waited for (workers
+    that exited, e.g. Keras' per-epoch pool). Use differences of two calls around the work.
+    (Adding ``os.times()``'s children times on top, as an earlier version did, counted exited
+    workers twice: the Keras peer's CPU per image came out doubled.)
     """
-    t = os.times()
-    return _bench.tree_cpu() + t.children_user + t.children_system
+    return _bench.tree_cpu()
 
 
 tree_pss = _bench.tree_pss

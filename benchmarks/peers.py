@@ -7,8 +7,9 @@ loaders), samples shuffled every epoch, ``workers`` parallel workers. Each yield
 the form the peer itself produces (numpy, tf.Tensor, torch.Tensor): no extra conversions.
 
     name               what
-    stoker             stoker.Loader(workers=2)
-    stoker-fast        stoker.Loader(workers=2, fast_decode=True)
+    stoker             stoker.Loader(workers=2) (for augment="train" that decodes with
+                       libjpeg's fast IDCT and plain upsampling: fast_decode="auto")
+    stoker-exact       stoker.Loader(workers=2, fast_decode=False): libjpeg's accurate decode
     tf-fused           tf.data: read_file -> extract_jpeg_shape + sample_distorted_bounding_box
                        -> decode_and_crop_jpeg -> resize -> random_flip -> uint8 -> batch
                        -> prefetch(AUTOTUNE), num_parallel_calls=2, TF intra/inter threads 2
@@ -137,7 +138,7 @@ def cv_sample(path: str, size: int, rng: Any) -> np.ndarray:
 
 
 def _stoker(items: Items, data: str | None, batch_size: int, size: int, workers: int,
-            seed: int, fast: bool) -> Pipeline:
+            seed: int, exact: bool) -> Pipeline:
     import stoker
 
     src: dict[str, Any] = (
@@ -145,7 +146,8 @@ def _stoker(items: Items, data: str | None, batch_size: int, size: int, workers:
         else {"paths": [p for p, _ in items], "labels": [y for _, y in items]}
     )
     loader = stoker.Loader(**src, batch_size=batch_size, image_size=size, augment="train",
-                           workers=workers, seed=seed, shuffle=True, fast_decode=fast)
+                           workers=workers, seed=seed, shuffle=True,
+                           fast_decode=False if exact else "auto")
     endless: list[Iterator[Any]] = []
 
     def stream() -> Iterator[Any]:
@@ -153,7 +155,7 @@ def _stoker(items: Items, data: str | None, batch_size: int, size: int, workers:
             endless.append(loader.stream())
         return endless[0]
 
-    return Pipeline("stoker-fast" if fast else "stoker", lambda: iter(loader), loader.close,
+    return Pipeline("stoker-exact" if exact else "stoker", lambda: iter(loader), loader.close,
                     loader, stream, len(loader))
 
 
@@ -336,7 +338,7 @@ def _keras(items: Items, batch_size: int, size: int, workers: int, seed: int) ->
 
 # ---------------------------------------------------------------------------- registry
 
-PEERS = ("stoker", "stoker-fast", "tf-fused", "tf-plain", "torch-pillow", "torch-simplejpeg",
+PEERS = ("stoker", "stoker-exact", "tf-fused", "tf-plain", "torch-pillow", "torch-simplejpeg",
          "keras-pydataset")
 
 
@@ -347,8 +349,8 @@ def make(name: str, items: Items, *, data: str | None = None, batch_size: int = 
     ``data``: the ImageFolder directory the items came from, when they are all of it; stoker
     then opens the folder itself (its normal use) instead of a path list.
     """
-    if name in ("stoker", "stoker-fast"):
-        return _stoker(items, data, batch_size, size, workers, seed, name == "stoker-fast")
+    if name in ("stoker", "stoker-exact"):
+        return _stoker(items, data, batch_size, size, workers, seed, name == "stoker-exact")
     if name in ("tf-fused", "tf-plain"):
         return _tf(items, batch_size, size, workers, seed, name == "tf-fused")
     if name in ("torch-pillow", "torch-simplejpeg"):

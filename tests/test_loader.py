@@ -180,6 +180,7 @@ def test_closed_loader_refuses_to_iterate_and_close_is_idempotent(image_folder):
         (dict(start_method="fork"), "fork"),
         (dict(rank=1), "rank= and world_size="),
         (dict(batch_size=100), "no full batch"),
+        (dict(fast_decode="yes"), "fast_decode"),
     ],
 )
 def test_bad_arguments_say_how_to_fix_them(image_folder, kwargs, match):
@@ -216,3 +217,20 @@ def test_auto_workers_follow_the_measured_cost(image_folder):
     with stoker.Loader(image_folder, batch_size=12, image_size=64) as real:
         next(iter(real))
         assert "measured" in real.stats().workers_reason
+
+
+@pytest.mark.timeout(60)
+def test_fast_decode_auto_is_fast_for_train_and_exact_for_eval(image_folder):
+    """'auto' picks libjpeg's fast IDCT only for training; eval matches an explicit exact decode
+    and a fast train decode differs from an exact one by at most a few levels."""
+    kinds = {}
+    for augment, fast in [("train", "auto"), ("train", False), ("eval", "auto"), ("eval", False)]:
+        loader = stoker.Loader(image_folder, batch_size=8, augment=augment, workers=0,
+                               fast_decode=fast)
+        kinds[augment, fast] = (loader.pipeline.fast, next(iter(loader))[0].copy())
+        loader.close()
+    assert kinds["train", "auto"][0] and not kinds["eval", "auto"][0]
+    np.testing.assert_array_equal(kinds["eval", "auto"][1], kinds["eval", False][1])
+    fast, exact = kinds["train", "auto"][1], kinds["train", False][1]
+    assert not np.array_equal(fast, exact)
+    assert np.abs(fast.astype(int) - exact.astype(int)).mean() < 2.0

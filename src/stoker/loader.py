@@ -115,7 +115,7 @@ class Loader:
         prefetch: Any = "auto",
         max_errors: Any = 0.001,
         max_pixels: int = config.DEFAULT_MAX_PIXELS,
-        fast_decode: bool = False,
+        fast_decode: bool | str = "auto",
         timeout: float = 300.0,
         rank: int | None = None,
         world_size: int | None = None,
@@ -124,7 +124,8 @@ class Loader:
         self.source = open_source(source, paths=paths, labels=labels, masks=masks)
         self.batch_size = config.positive_int("batch_size", batch_size)
         self.image_size = config.image_size(image_size)
-        self.pipeline = make_pipeline(augment, self.image_size, bool(fast_decode), max_pixels)
+        fast = config.fast_decode(fast_decode, augment)
+        self.pipeline = make_pipeline(augment, self.image_size, fast, max_pixels)
         self.has_masks = bool(self.source.has_masks)
         if self.has_masks and isinstance(self.pipeline, CustomPipeline):
             raise ConfigError(
