@@ -4,11 +4,9 @@ Everything here is plain Python + numpy + psutil (no ML framework is imported), 
 controller process can use it without paying for TensorFlow/PyTorch.
 
 CPU and memory are measured over the *process tree* (the process and all its descendants),
-with `stoker.bench.tree_cpu` / `stoker.bench.tree_pss`. One correction: `stoker.bench.tree_cpu`
-only sees live children, so CPU time of workers that have already exited (e.g. the
-`multiprocessing.Pool` that Keras creates and closes every epoch) would be missed; `tree_cpu`
-below adds the CPU time of reaped children (`os.times()`), so pipelines whose workers come and
-go are charged fully.
+with `stoker.bench.tree_cpu` / `stoker.bench.tree_pss`. `tree_cpu` counts live descendants and
+the children already reaped (e.g. the `multiprocessing.Pool` that Keras creates and closes every
+epoch), each once, so pipelines whose workers come and go are charged fully.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ loader -> stoker's keras PyDataset -> Keras' data adapter (on TF: a tf.data gene
 Goal: stoker fit / stoker numpy >= 0.9.
 
 Usage
-    python benchmarks/keras_fit.py                       # 3 measured epochs each
-    python benchmarks/keras_fit.py --max-images 1024 --epochs 2 --no-keras-peer   # smoke
+    python benchmarks/keras_fit.py                       # 3 measured epochs x 2 repeats each
+    python benchmarks/keras_fit.py --max-images 1024 --epochs 2 --repeats 1 --no-keras-peer
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-keras-peer", action="store_true", help="skip the PyDataset contrast")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="run every block this many times, in reversed order every other time")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
 
@@ -121,29 +123,43 @@ def main(argv: list[str] | None = None) -> int:
     results["model only (in-memory batch)"] = fit_rates(model, mem, args.epochs, n * bs,
                                                        shuffle=False)
 
-    with make_stoker() as pipe:
-        loader = pipe.obj
-        common.time_epoch(loader)  # warm-up
-        results["stoker numpy"] = [common.time_epoch(loader).rate for _ in range(args.epochs)]
-    with make_stoker() as pipe:
-        loader = pipe.obj
-        results["stoker fit (loader.keras())"] = fit_rates(model, loader.keras(), args.epochs,
-                                                           len(loader) * bs)
-        stats = loader.stats()
-        print(stats)
+    def stoker_numpy() -> None:
+        with make_stoker() as pipe:
+            loader = pipe.obj
+            common.time_epoch(loader)  # warm-up
+            results.setdefault("stoker numpy", []).extend(
+                common.time_epoch(loader).rate for _ in range(args.epochs))
 
-    if not args.no_keras_peer:
+    def stoker_fit() -> None:
+        with make_stoker() as pipe:
+            loader = pipe.obj
+            results.setdefault("stoker fit (loader.keras())", []).extend(
+                fit_rates(model, loader.keras(), args.epochs, len(loader) * bs))
+            stats.append(str(loader.stats()))
+            print(stats[-1])
+
+    def keras_numpy() -> None:
         with peers.make("keras-pydataset", items, batch_size=bs, workers=args.workers) as pipe:
             common.time_epoch(pipe.epoch())  # warm-up
-            results["keras PyDataset numpy"] = [common.time_epoch(pipe.epoch()).rate
-                                                for _ in range(args.epochs)]
+            results.setdefault("keras PyDataset numpy", []).extend(
+                common.time_epoch(pipe.epoch()).rate for _ in range(args.epochs))
+
+    def keras_fit() -> None:
         ds = peers.keras_pydataset(items, bs, 224, args.workers)
-        results["keras PyDataset fit"] = fit_rates(model, ds, args.epochs, len(ds) * bs)
+        results.setdefault("keras PyDataset fit", []).extend(
+            fit_rates(model, ds, args.epochs, len(ds) * bs))
+
+    stats: list[str] = []
+    blocks = [stoker_numpy, stoker_fit] + ([] if args.no_keras_peer else [keras_numpy, keras_fit])
+    for r in range(args.repeats):  # the block order reverses every repeat: drift hits all alike
+        for block in blocks if r % 2 == 0 else blocks[::-1]:
+            block()
 
     rows = [[name, f"{common.median(r):,.0f}", f"{min(r):,.0f}", f"{max(r):,.0f}"]
             for name, r in results.items()]
     print(f"\n{len(items)} images, batch {bs}, {args.workers} workers; median of "
-          f"{args.epochs} epochs after a warm-up")
+          f"{args.epochs} epochs after a warm-up x {args.repeats} repeats (block order "
+          "reversed every other repeat)")
     print(common.table(rows, ["input path", "img/s", "min", "max"]))
 
     def med(name: str) -> float:
@@ -161,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(common.table(ratios, ["ratio (medians)", "value", "goal", "verdict"]))
     common.write_json(args.json, {"facts": facts, "images": len(items), "results": results,
-                                  "ratios": ratios, "stoker_stats": str(stats)})
+                                  "ratios": ratios, "stoker_stats": stats})
     return 0
 
 
