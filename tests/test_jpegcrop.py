@@ -46,9 +46,11 @@ def _pixels(height: int, width: int, seed: int = 0) -> np.ndarray:
 
 @functools.cache
 def _jpeg(kind: str, height: int = 333, width: int = 517) -> bytes:
-    """A JPEG of ``kind``: 420, 422, 444, gray, progressive, restart, cmyk."""
+    """A JPEG of ``kind``: 420, 422, 444, 411, 440, gray, progressive, restart, cmyk."""
     image = _pixels(height, width)
     buf = io.BytesIO()
+    if kind in ("411", "440"):  # 4:1:1 has the widest iMCU (32 px): the most row padding
+        return simplejpeg.encode_jpeg(image, quality=90, colorsubsampling=kind)
     if kind == "restart":  # restart marker every MCU row, via OpenCV's libjpeg
         ok, enc = cv2.imencode(
             ".jpg",
@@ -70,7 +72,7 @@ def _jpeg(kind: str, height: int = 333, width: int = 517) -> bytes:
     return buf.getvalue()
 
 
-KINDS = ["420", "422", "444", "gray", "progressive", "restart"]
+KINDS = ["420", "422", "444", "411", "440", "gray", "progressive", "restart"]
 
 
 def _raw(data: bytes, box: tuple[int, ...], denom: int, fast: bool) -> np.ndarray:
