@@ -65,6 +65,9 @@
  * own tools use a similar limit against scan-flooding inputs). */
 #define MAX_SCANS 500
 
+/* Rows asked of jpeg_read_scanlines at once (libjpeg recommends 1, 2 or 4). */
+#define MAX_ROWS_PER_CALL 4
+
 enum status {
     ST_OK = 0,
     ST_LIBJPEG, /* libjpeg error or warning; message in job->msg */
@@ -197,7 +200,8 @@ run_decode(job_t *job)
     j_decompress_ptr cinfo = &job->cinfo;
     unsigned long long s, top, left, bottom, right;
     JDIMENSION y0, y1, x0, x1, crop_x, crop_w, row;
-    JSAMPROW rowptr;
+    JSAMPROW rows[MAX_ROWS_PER_CALL];
+    JDIMENSION want, n, i, got;
     size_t row_bytes;
 
     init_error_mgr(job);
@@ -272,9 +276,20 @@ run_decode(job_t *job)
     if (y0 > 0 && jpeg_skip_scanlines(cinfo, y0) != y0)
         ERREXIT(cinfo, JERR_BAD_STATE);
 
-    for (row = 0; row < job->out_h; row++) {
-        rowptr = job->out + (size_t)row * row_bytes;
-        if (jpeg_read_scanlines(cinfo, &rowptr, 1) != 1)
+    /* As many rows per call as libjpeg recommends: with plain upsampling (fast) its merged
+     * upsampler makes 2 rows at a time and would otherwise copy every other row out of a
+     * spare buffer. */
+    want = cinfo->rec_outbuf_height;
+    if (want < 1)
+        want = 1;
+    if (want > MAX_ROWS_PER_CALL)
+        want = MAX_ROWS_PER_CALL;
+    for (row = 0; row < job->out_h; row += got) {
+        n = job->out_h - row < want ? job->out_h - row : want;
+        for (i = 0; i < n; i++)
+            rows[i] = job->out + (size_t)(row + i) * row_bytes;
+        got = jpeg_read_scanlines(cinfo, rows, n);
+        if (got == 0)
             ERREXIT(cinfo, JERR_INPUT_EOF);
     }
 
