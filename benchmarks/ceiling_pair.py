@@ -19,32 +19,16 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 
 import stoker
+from stoker.bench import busy_cores_rate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402
 
 DATA = "/data/imagenet_like"
-ONE = (
-    "import os, sys, stoker; from stoker.bench import single_core_rate; "
-    "os.sched_setaffinity(0, {int(sys.argv[1])}); "
-    f"L = stoker.Loader({DATA!r}, batch_size=256, image_size=224, workers=0); "
-    "print(single_core_rate(L, seconds=float(sys.argv[2]))); L.close()"
-)
-
-
-def pinned(cores: list[int], seconds: float) -> list[float]:
-    """Single-core rates of one pinned process per core, all started together."""
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", ONE, str(c), str(seconds)], stdout=subprocess.PIPE, text=True
-        )
-        for c in cores
-    ]
-    return [float(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+OPTIONS = {"batch_size": 256, "image_size": 224, "augment": "train"}
 
 
 def main() -> None:
@@ -53,14 +37,14 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=6.0)
     args = p.parse_args()
     rows = []
-    with stoker.Loader(DATA, batch_size=256, image_size=224, workers=2) as loader:
+    with stoker.Loader(DATA, workers=2, **OPTIONS) as loader:
         stream = loader.stream()
         common.time_stream(stream, len(loader))  # warm-up
         for r in range(args.rounds):
             steady, _ = common.time_stream(stream, len(loader))
             common.wait_idle()
-            solo = pinned([0], args.seconds)[0]
-            pair = sum(pinned([0, 1], args.seconds))
+            solo = busy_cores_rate(DATA, OPTIONS, 1, args.seconds)[0]
+            pair = sum(busy_cores_rate(DATA, OPTIONS, 2, args.seconds))
             rows.append((steady.rate, 2 * solo, pair))
             print(
                 f"round {r + 1}: stoker {steady.rate:,.0f}, solo x2 {2 * solo:,.0f}, "
