@@ -22,7 +22,7 @@ import statistics
 import sys
 
 import stoker
-from stoker.bench import busy_cores_rate
+from stoker.cli.bench import busy_cores_rate
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common  # noqa: E402

@@ -4,7 +4,7 @@ Everything here is plain Python + numpy + psutil (no ML framework is imported), 
 controller process can use it without paying for TensorFlow/PyTorch.
 
 CPU and memory are measured over the *process tree* (the process and all its descendants),
-with `stoker.bench.tree_cpu` / `stoker.bench.tree_pss`. `tree_cpu` counts live descendants and
+with `stoker.cli.bench.tree_cpu` / `tree_pss`. `tree_cpu` counts live descendants and
 the children already reaped (e.g. the `multiprocessing.Pool` that Keras creates and closes every
 epoch), each once, so pipelines whose workers come and go are charged fully.
 """
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from stoker import bench as _bench
+from stoker.cli import bench as _bench
 
 DEFAULT_DATA = "/data/imagenet_like"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".bmp")
@@ -86,7 +86,7 @@ def warm_page_cache(paths: Iterable[str]) -> tuple[int, float]:
 def tree_cpu() -> float:
     """CPU seconds (user + system) of this process, its live descendants and reaped children.
 
-    `stoker.bench.tree_cpu`, which already adds the children this process waited for (workers
+    `stoker.cli.bench.tree_cpu`, which already adds the children this process waited for (workers
     that exited, e.g. Keras' per-epoch pool). Use differences of two calls around the work.
     (Adding ``os.times()``'s children times on top, as an earlier version did, counted exited
     workers twice: the Keras peer's CPU per image came out doubled.)
@@ -95,7 +95,7 @@ def tree_cpu() -> float:
 
 
 tree_pss = _bench.tree_pss
-"""PSS (bytes) of this process and its descendants: `stoker.bench.tree_pss`."""
+"""PSS (bytes) of this process and its descendants: `stoker.cli.bench.tree_pss`."""
 
 
 def pid_tree_pss(pid: int) -> int:

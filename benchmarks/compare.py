@@ -33,7 +33,7 @@ How it is measured
   "decoder-ceiling": libjpeg-turbo's crop-window decode (stoker's C extension, standard
   settings: accurate IDCT, fancy upsampling) in a tight loop; "full-decode-ceiling":
   simplejpeg's full decode + crop in a tight loop; "ceiling": stoker's own pipeline,
-  `stoker.bench.single_core_rate` of a Loader(workers=0). The goal ratio uses the best of the
+  `stoker.cli.bench.single_core_rate` of a Loader(workers=0). The goal ratio uses the best of the
   three medians. Each runs while the other core idles, which on some VMs lets one core run
   faster than either of two busy ones (benchmarks/ceiling_pair.py measures that).
   --no-ceiling / --no-raw-ceiling leave out the first / the other two.
@@ -174,7 +174,7 @@ def runner(conn: Any, name: str, cfg: dict[str, Any]) -> None:
                 conn.send(("closed", extra))
                 return
             if name == CEILING:
-                from stoker.bench import single_core_rate
+                from stoker.cli.bench import single_core_rate
 
                 rate = single_core_rate(probe, cfg["ceiling_seconds"])
                 conn.send(("rate", 2 * rate))  # x2: two cores
@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in runners:
         s = r.summary
         if r.name == CEILING:
-            s.note = "stoker.bench.single_core_rate(Loader(workers=0)) x 2, 1 pinned core"
+            s.note = "stoker.cli.bench.single_core_rate(Loader(workers=0)) x 2, 1 pinned core"
         elif r.name == RAW:
             s.note = "libjpeg-turbo crop window (stoker._jpeg) + resize + flip, 1 core, x 2"
         elif r.name == FULL:

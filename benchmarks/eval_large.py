@@ -5,7 +5,7 @@ Work per image: read, decode, "resize the shorter side to 224/0.875, centre-crop
 OpenCV to one thread), so the numbers are per-core decode efficiency, not parallelism.
 
     stoker                  Loader(augment="eval", workers=0), timed with
-                            stoker.bench.single_core_rate: it picks the DCT scale (1/8, 1/4,
+                            stoker.cli.bench.single_core_rate: it picks the DCT scale (1/8, 1/4,
                             1/2) from the header so the centre box still has >= 224 px
     stoker fast_decode      the same with fast_decode=True
     full decode (same)      simplejpeg full-size decode (accurate IDCT), the same centre box
@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import stoker
-    from stoker import bench, jpegcrop
+    from stoker import jpegcrop
+    from stoker.cli import bench
     from stoker.datasets import make_large_photos
     from stoker.transforms import center_box
 

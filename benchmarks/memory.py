@@ -1,7 +1,7 @@
 """Is stoker's memory flat over many epochs? PSS of the whole process tree after each epoch.
 
 A stoker Loader (augment="train", batch 256, 2 workers) runs N epochs back to back; after
-each, `stoker.bench.tree_pss` (proportional set size of this process and all its workers; the
+each, `stoker.cli.bench.tree_pss` (proportional set size of this process and all its workers; the
 shared-memory batch ring counted once) is recorded. Epoch 1 includes start-up (worker
 imports, the ring being touched for the first time), so drift is measured against epoch 2:
 drift = (PSS after the last epoch - PSS after epoch 2) / PSS after epoch 2, and the spread

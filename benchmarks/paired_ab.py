@@ -4,7 +4,7 @@ On a VM whose speed drifts by ~10% over tens of seconds, two variants timed one 
 differ by the drift as much as by the change. Here, every round starts variant A pinned to one
 core and variant B pinned to the other, together, and swaps the cores next round; the figure is
 the median of the per-round ratios B / A. Each side is a fresh process running
-`stoker.bench.single_core_rate` of a `Loader(workers=0)` over the dataset (train augment, batch
+`stoker.cli.bench.single_core_rate` of a `Loader(workers=0)` over the dataset (train augment, batch
 256, 224 px).
 
 A side is given as environment assignments plus Loader keyword arguments as JSON, e.g.:
@@ -28,7 +28,7 @@ import subprocess
 import sys
 
 ONE = (
-    "import json, os, sys, stoker; from stoker.bench import single_core_rate; "
+    "import json, os, sys, stoker; from stoker.cli.bench import single_core_rate; "
     "os.sched_setaffinity(0, {int(sys.argv[1])}); "
     "L = stoker.Loader(sys.argv[2], batch_size=256, image_size=224, workers=0, "
     "**json.loads(sys.argv[4])); single_core_rate(L, 1.0); "

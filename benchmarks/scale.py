@@ -21,7 +21,7 @@ import tempfile
 import time
 
 import stoker
-from stoker.bench import tree_pss
+from stoker.cli.bench import tree_pss
 
 
 def make_csv(files: list[str], rows: int, path: str) -> str:

@@ -2,8 +2,8 @@
 
 import pytest
 
-from stoker.bench import run_bench
 from stoker.cli import main
+from stoker.cli.bench import run_bench
 
 
 @pytest.mark.timeout(120)

@@ -12,7 +12,7 @@ from PIL import Image
 
 import stoker
 from stoker.cli import main
-from stoker.convert import MANIFEST, convert
+from stoker.cli.convert import MANIFEST, convert
 from stoker.sources import FolderSource, open_source
 
 SMALL = {"shard_bytes": 60_000, "row_group_bytes": 12_000, "progress": False}

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from stoker.cli import main
-from stoker.convert import ERRORS, MANIFEST, STATE, convert, shard_name
+from stoker.cli.convert import ERRORS, MANIFEST, STATE, convert, shard_name
 from stoker.errors import ConfigError, StokerError
 
 SMALL = {"shard_bytes": 60_000, "row_group_bytes": 12_000, "progress": False}
@@ -44,7 +44,7 @@ def _assert_same_output(a, b):
 
 @pytest.mark.timeout(30)
 def test_import_stoker_does_not_import_ray():
-    code = ("import sys, stoker, stoker.convert, stoker.cli, stoker.sources; "
+    code = ("import sys, stoker, stoker.cli.convert, stoker.cli, stoker.sources; "
             "assert 'ray' not in sys.modules, 'ray imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -90,7 +90,7 @@ def test_ray_engine_matches_local_and_resumes(image_folder, tmp_path):
 def _check_sources_travel_by_value(ray, image_folder):
     """A task on another node cannot open this machine's shared memory: for Ray, path indexes
     and array sources are serialised by value, and no /dev/shm segment is made."""
-    from stoker.convert_ray import by_value
+    from stoker.cli.convert_ray import by_value
     from stoker.sources import ArraySource, FolderSource
 
     shm = set(Path("/dev/shm").glob("stoker_*"))

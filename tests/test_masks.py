@@ -227,7 +227,7 @@ def test_torch_and_tf_shapes_with_masks() -> None:
 
 @pytest.mark.timeout(30)
 def test_convert_refuses_mask_pairs(tmp_path) -> None:
-    from stoker.convert import convert
+    from stoker.cli.convert import convert
 
     table = _write_pairs(tmp_path / "d", [(16, 16)] * 2)
     with pytest.raises(ConfigError, match="masks"):

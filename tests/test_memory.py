@@ -5,7 +5,7 @@ import gc
 import pytest
 
 import stoker
-from stoker.bench import tree_pss
+from stoker.cli.bench import tree_pss
 
 
 @pytest.mark.timeout(120)

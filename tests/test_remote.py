@@ -17,7 +17,7 @@ pytest.importorskip("fsspec")
 pytest.importorskip("aiohttp")
 
 import stoker  # noqa: E402
-from stoker.convert import convert  # noqa: E402
+from stoker.cli.convert import convert  # noqa: E402
 from stoker.errors import SourceError, StokerError  # noqa: E402
 from stoker.sources import open_source  # noqa: E402
 from stoker.sources.base import Source  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 
 import stoker
 from stoker.assemble import Plan
-from stoker.convert import convert
+from stoker.cli.convert import convert
 from stoker.order import block_order, epoch_order, shuffle_quality
 from stoker.sources import open_source
 from stoker.sources import shards as shards_mod

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from . import decode as dec
-from .assemble import DATA_ERRORS
-from .sources import open_source
+from .. import decode as dec
+from ..assemble import DATA_ERRORS
+from ..sources import open_source
 
 
 def _probe_all(src: Any, full: bool) -> tuple[list[tuple[int, int]], Counter, list[str]]:

@@ -1,9 +1,10 @@
 """The Ray engine of ``stoker convert``: each planned shard is written by one Ray task.
 
 Used through ``convert(..., engine="ray", ray_address=None)`` or ``stoker convert --engine ray``.
-Everything except the writing of shards is the local engine's (:mod:`stoker.convert`): the same
-plan, the same shard writer (:func:`stoker.convert._write_shard`), the same resume rules and the
-same manifest, so the shards are byte-identical to a local conversion of the same source.
+Everything except the running of shard jobs is the local engine's (:mod:`stoker.cli.convert`):
+the same plan, the same shard writer (:func:`stoker.cli.shard_writer.write_shard`), the same
+resume rules and the same manifest, so the shards are byte-identical to a local conversion of the
+same source.
 
 * Ray is imported only here, and only when this engine runs (``import stoker`` never imports it).
 * If Ray is not initialised yet, :func:`run_shards` calls ``ray.init(address=ray_address)``, with
@@ -35,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError, StokerError
+from ..errors import ConfigError, StokerError
 
 __all__ = ["run_shards", "MAX_RETRIES"]
 
@@ -56,11 +57,11 @@ def _shard_task(source: Any, job: dict[str, Any], number: int, samples: list[int
     """Body of the Ray task: write shard ``number`` as the local engine would; return its record."""
     import cv2
 
-    from .convert import _write_shard
+    from .shard_writer import write_shard
 
     cv2.setNumThreads(1)  # one task per CPU Ray schedules; cv2's own threads would contend
     source.open_in_worker()
-    return _write_shard(source, job, number, samples, _no_tick)
+    return write_shard(source, job, number, samples, _no_tick)
 
 
 def _no_tick(count: int) -> None:
@@ -72,7 +73,7 @@ def _index_state(index: Any) -> tuple[str, np.ndarray, np.ndarray]:
 
 
 def _index_from(state: tuple[str, np.ndarray, np.ndarray]) -> Any:
-    from .sources.base import PathIndex
+    from ..sources.base import PathIndex
 
     root, blob, offsets = state
     return PathIndex.from_arrays(Path(root), blob, offsets)
@@ -95,8 +96,8 @@ def _array_from(state: tuple[Any, dict[str, Any], np.ndarray]) -> Any:
 def by_value(ray: Any) -> Iterator[None]:
     """While inside, Ray serialises path indexes and array sources by value (not as handles
     to this machine's shared memory), so a task on any node can use them."""
-    from .sources.arrays import ArraySource
-    from .sources.base import PathIndex
+    from ..sources.arrays import ArraySource
+    from ..sources.base import PathIndex
 
     ray.util.register_serializer(PathIndex, serializer=_index_state, deserializer=_index_from)
     ray.util.register_serializer(ArraySource, serializer=_array_state, deserializer=_array_from)
@@ -112,12 +113,12 @@ def run_shards(source: Any, job: dict[str, Any], plan: dict[str, Any], todo: lis
                workers: int, bar: Any, ray_address: str | None = None):
     """Write the shards in ``todo`` as Ray tasks; yield each one's record as it completes.
 
-    Same contract as :func:`stoker.convert._run`. Raises :class:`StokerError` naming the shards
+    Same contract as :func:`stoker.cli.convert._run`. Raises :class:`StokerError` naming the shards
     whose tasks failed after all retries, once every other shard is done.
     """
     if not todo:
         return
-    from .convert import shard_name
+    from .shard_writer import shard_name
 
     ray = _ray()
     started = False

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .loader import Loader
+from ..loader import Loader
 
 IMAGE_SIZE = 96
 
@@ -31,7 +31,7 @@ def _model(classes: int) -> Any:
 
 def run_demo(out: str | os.PathLike = "demo_data", epochs: int = 2, workers: Any = "auto") -> None:
     """Make the dataset (once), train for ``epochs`` with validation, print both loaders' stats."""
-    from .datasets import make_image_folder
+    from ..datasets import make_image_folder
 
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
     root = Path(out)

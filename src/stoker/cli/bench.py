@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import psutil
 
-from . import config
-from .assemble import Assembler
-from .loader import Loader
+from .. import config
+from ..assemble import Assembler
+from ..loader import Loader
 
 
 def tree_pss() -> int:

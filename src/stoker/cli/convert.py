@@ -16,7 +16,6 @@ version) is written last. Nothing here uses pickle: the state on disk is JSON an
 from __future__ import annotations
 
 import csv
-import hashlib
 import json
 import multiprocessing as mp
 import os
@@ -29,30 +28,19 @@ from typing import Any
 
 import numpy as np
 
-from .assemble import DATA_ERRORS
-from .errors import ConfigError, DecodeError, one_line
-from .sources import open_source
-from .sources.base import PathIndex, Source
+from ..assemble import DATA_ERRORS
+from ..errors import ConfigError
+from ..sources import open_source
+from ..sources.base import PathIndex, Source
+from .shard_writer import STATE, prepare, shard_name, write_json, write_shard
 
-__all__ = ["convert", "MANIFEST", "ERRORS", "shard_name"]
+__all__ = ["convert", "MANIFEST", "ERRORS", "STATE", "shard_name"]
 
 MANIFEST = "stoker-manifest.json"
 ERRORS = "errors.csv"
-STATE = ".stoker-convert"
 FORMAT = "stoker-shards"
 FORMAT_VERSION = 1
-DEFAULT_QUALITY = 90  # JPEG quality when re-encoding and no quality is given
 _SIZE_SAMPLES = 32  # samples read to estimate sizes when the source has no file paths
-_TICK = 16  # a worker reports progress every this many samples
-
-
-def shard_name(number: int) -> str:
-    """The file name of shard ``number``: ``shard-00000.parquet``."""
-    return f"shard-{number:05d}.parquet"
-
-
-def _tmp_name(number: int) -> str:
-    return f".{shard_name(number)}.tmp"
 
 
 # ---------------------------------------------------------------------------- public entry
@@ -81,7 +69,7 @@ def convert(
     in a seeded random order instead of the source's (worth it when the source is sorted by
     class and the shards will be read with the quasi-random block shuffle).
 
-    ``engine="ray"`` writes each shard in a Ray task instead (:mod:`stoker.convert_ray`; needs
+    ``engine="ray"`` writes each shard in a Ray task instead (:mod:`stoker.cli.convert_ray`; needs
     ``stoker[ray]``): same plan, same shards, same manifest. It joins the Ray cluster at
     ``ray_address`` unless Ray is already initialised; with neither, it starts a local one of
     ``workers`` CPUs for the run.
@@ -183,7 +171,7 @@ def _load_or_make_plan(source: Source, out: Path, settings: dict[str, Any]) -> d
     cuts = np.flatnonzero(np.diff(shard_of)) + 1
     shards = [part.tolist() for part in np.split(samples, cuts)] if len(samples) else []
     plan = {"key": key, "shards": shards}
-    _write_json(path, plan)
+    write_json(path, plan)
     return plan
 
 
@@ -217,7 +205,7 @@ def _mean_size(source: Source, samples: np.ndarray, settings: dict[str, Any], ra
             if raw and not isinstance(data, np.ndarray):
                 total += len(data)
             else:
-                total += len(_prepare(data, settings["max_side"], settings["quality"]))
+                total += len(prepare(data, settings["max_side"], settings["quality"]))
             seen += 1
         except DATA_ERRORS:
             continue
@@ -234,7 +222,7 @@ def _run(source: Source, job: dict[str, Any], plan: dict[str, Any], todo: list[i
         return
     if workers == 1 or len(todo) == 1:
         for number in todo:
-            yield _write_shard(source, job, number, plan["shards"][number], bar.add)
+            yield write_shard(source, job, number, plan["shards"][number], bar.add)
         return
     ctx = mp.get_context("spawn")
     ticks = ctx.Queue()
@@ -276,141 +264,7 @@ def _init_worker(source: Source, job: dict[str, Any], ticks: Any) -> None:
 
 
 def _worker_shard(number: int, samples: list[int]) -> dict[str, Any]:
-    return _write_shard(_WORKER["source"], _WORKER["job"], number, samples, _WORKER["ticks"].put)
-
-
-def _write_shard(source: Source, job: dict[str, Any], number: int, samples: list[int],
-                 tick: Any) -> dict[str, Any]:
-    """Write one shard to its temporary name, checksum it, record it, rename it."""
-    import pyarrow.parquet as pq
-
-    out = Path(job["dst"])
-    settings = job["settings"]
-    tmp, final = out / _tmp_name(number), out / shard_name(number)
-    schema = image_schema(source.classes)
-    writer = pq.ParquetWriter(
-        tmp, schema, compression={"image.bytes": "NONE", "image.path": "SNAPPY",
-                                  "label": "SNAPPY"},
-        use_dictionary=["label"], write_statistics=["label"],
-    )
-    rows: list[tuple[bytes, str, int]] = []
-    buffered, groups, errors, written, unticked = 0, [], [], 0, 0
-    try:
-        for i in samples:
-            unticked += 1
-            if unticked >= _TICK:
-                tick(unticked)
-                unticked = 0
-            try:
-                data = _prepare(source.read(i), settings["max_side"], settings["quality"])
-            except DATA_ERRORS as exc:
-                errors.append([i, source.name(i), one_line(exc)])
-                continue
-            rows.append((data, _path_of(source, i), int(source.labels[i])))
-            buffered += len(data)
-            if buffered >= settings["row_group_bytes"]:
-                groups.append(_flush(writer, schema, rows))
-                written += len(rows)
-                rows, buffered = [], 0
-        if rows:
-            groups.append(_flush(writer, schema, rows))
-            written += len(rows)
-    finally:
-        writer.close()
-        if unticked:
-            tick(unticked)
-    record = {
-        "number": number,
-        "file": final.name,
-        "rows": written,
-        "row_groups": groups,
-        "bytes": tmp.stat().st_size,
-        "sha256": _sha256(tmp),
-        "errors": errors,
-        "labels": _label_counts(source.labels, samples, errors),
-    }
-    _write_json(out / STATE / f"{final.name}.json", record)
-    os.replace(tmp, final)
-    return record
-
-
-def image_schema(classes: list[str] | None) -> Any:
-    """The Arrow schema of a shard, with Hugging Face ``datasets`` feature metadata."""
-    import pyarrow as pa
-
-    label: dict[str, Any] = {"dtype": "int64", "_type": "Value"}
-    if classes:
-        label = {"names": list(classes), "_type": "ClassLabel"}
-    features = {"image": {"_type": "Image"}, "label": label}
-    meta = {"huggingface": json.dumps({"info": {"features": features}})}
-    image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    return pa.schema([pa.field("image", image), pa.field("label", pa.int64())], metadata=meta)
-
-
-def _flush(writer: Any, schema: Any, rows: list[tuple[bytes, str, int]]) -> int:
-    """Write ``rows`` as one row group; return its row count."""
-    import pyarrow as pa
-
-    image = pa.StructArray.from_arrays(
-        [pa.array([r[0] for r in rows], pa.binary()), pa.array([r[1] for r in rows], pa.string())],
-        fields=list(schema.field("image").type),
-    )
-    table = pa.Table.from_arrays([image, pa.array([r[2] for r in rows], pa.int64())],
-                                 schema=schema)
-    writer.write_table(table, row_group_size=len(rows))
-    return len(rows)
-
-
-def _prepare(data: bytes | np.ndarray, max_side: int | None, quality: int | None) -> bytes:
-    """The bytes to store for one sample: verbatim when allowed, else decoded and re-encoded."""
-    import cv2
-    import simplejpeg
-
-    from .decode import decode, probe
-
-    if isinstance(data, np.ndarray):
-        image = _rgb(data)
-    else:
-        info = probe(data)  # refuses non-images and decompression bombs
-        fits = max_side is None or max(info.height, info.width) <= max_side
-        if quality is None and fits:
-            return bytes(data)
-        target = None
-        if not fits and max_side is not None:
-            scale = max_side / max(info.height, info.width)
-            target = (max(1, round(info.height * scale)), max(1, round(info.width * scale)))
-        image = decode(data, info, min_size=target)  # reduced DCT scale when it shrinks anyway
-    h, w = image.shape[:2]
-    if max_side is not None and max(h, w) > max_side:
-        scale = max_side / max(h, w)
-        size = (max(1, round(w * scale)), max(1, round(h * scale)))
-        image = cv2.resize(image, size, interpolation=cv2.INTER_AREA)
-    image = np.ascontiguousarray(image)
-    if isinstance(data, np.ndarray) and quality is None:
-        ok, png = cv2.imencode(".png", image[..., ::-1])  # lossless for decoded arrays
-        if not ok:
-            raise DecodeError("cannot encode this array as PNG")
-        return png.tobytes()
-    return simplejpeg.encode_jpeg(image, quality=quality or DEFAULT_QUALITY, colorspace="RGB")
-
-
-def _rgb(array: np.ndarray) -> np.ndarray:
-    if array.ndim == 2 or (array.ndim == 3 and array.shape[2] == 1):
-        return np.repeat(array.reshape(array.shape[0], array.shape[1], 1), 3, axis=2)
-    return array[..., :3]
-
-
-def _path_of(source: Source, i: int) -> str:
-    index = getattr(source, "index", None)
-    return index.relative(i) if isinstance(index, PathIndex) else source.name(i)
-
-
-def _label_counts(labels: np.ndarray, samples: list[int], errors: list[list[Any]]) -> dict:
-    """Rows per label among the samples written (JSON keys are the label numbers)."""
-    bad = {e[0] for e in errors}
-    kept = np.asarray([labels[i] for i in samples if i not in bad], dtype=np.int64)
-    values, counts = np.unique(kept, return_counts=True)
-    return {str(v): int(c) for v, c in zip(values, counts, strict=True)}
+    return write_shard(_WORKER["source"], _WORKER["job"], number, samples, _WORKER["ticks"].put)
 
 
 # ---------------------------------------------------------------------------- resume, finish
@@ -470,7 +324,7 @@ def _finish(source: Source, out: Path, plan: dict[str, Any], settings: dict[str,
                 "samples_converted": converted, "seconds": round(elapsed, 3),
                 "images_per_s": round(converted / elapsed, 1) if elapsed > 0 else None},
     }
-    _write_json(out / MANIFEST, manifest)
+    write_json(out / MANIFEST, manifest)
     return manifest
 
 
@@ -480,17 +334,6 @@ def _total_counts(parts: Any) -> dict[str, int]:
         for key, count in part.items():
             total[key] = total.get(key, 0) + count
     return dict(sorted(total.items(), key=lambda kv: int(kv[0])))
-
-
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------- progress

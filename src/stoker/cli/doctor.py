@@ -6,8 +6,8 @@ import importlib.metadata as md
 import multiprocessing as mp
 import os
 
-from . import config
-from .workers import slots
+from .. import config
+from ..workers import slots
 
 
 def _version(package: str) -> str:
@@ -47,7 +47,7 @@ def doctor(clean: bool = False) -> str:
 
 def _ext_state() -> str:
     try:
-        from . import _jpeg  # type: ignore[attr-defined]  # noqa: F401
+        from .. import _jpeg  # type: ignore[attr-defined]  # noqa: F401
     except ImportError:
         return "not built (simplejpeg is used)"
     return "built"
