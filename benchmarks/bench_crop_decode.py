@@ -5,7 +5,7 @@ RandomResizedCrop box (scale 0.08-1, ratio 3/4-4/3, fixed seed) is decoded and r
 to 224x224 with ``cv2.resize`` (bilinear), one image at a time on one pinned core:
 
 - ``simplejpeg full + crop``: ``simplejpeg.decode_jpeg`` of the whole image, then slice;
-- ``jpegcrop window``: ``stoker.jpegcrop.decode_region`` decodes only the box's window;
+- ``jpegcrop window``: ``stoker.decode.jpegcrop.decode_region`` decodes only the box's window;
 - ``... min_size=224``: the window at the largest DCT scale that keeps >= 224 px;
 
 each with the accurate (islow IDCT, fancy upsampling) and fast (ifast IDCT, plain
@@ -29,7 +29,7 @@ import cv2
 import numpy as np
 import simplejpeg
 
-from stoker import jpegcrop
+from stoker.decode import jpegcrop
 
 SIZE = 224
 Box = tuple[int, int, int, int]
@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if not jpegcrop.AVAILABLE:
-        raise SystemExit("stoker._jpeg is not built; reinstall stoker with libjpeg-turbo headers")
+        raise SystemExit("stoker.decode._jpeg is not built; reinstall with libjpeg-turbo headers")
 
     cpu = min(os.sched_getaffinity(0))
     os.sched_setaffinity(0, {cpu})  # one core, honestly

@@ -86,8 +86,8 @@ def _pin_one_core() -> str:
 
 
 def _window_decoder(size: int) -> Any:
-    """Crop-window decode with libjpeg-turbo (stoker._jpeg), standard settings."""
-    from stoker import jpegcrop
+    """Crop-window decode with libjpeg-turbo (stoker.decode._jpeg), standard settings."""
+    from stoker.decode import jpegcrop
 
     def decode(data: bytes, h: int, w: int, box: tuple[int, int, int, int]) -> Any:
         return jpegcrop.decode_region(data, box, min_size=(size, size), image_size=(h, w))
@@ -111,7 +111,7 @@ def _raw_rate(items: list[tuple[str, int]], size: int, seconds: float, decode: A
     import cv2
     import numpy as np
 
-    from stoker import jpegcrop
+    from stoker.decode import jpegcrop
     from stoker.transforms import random_resized_crop_box, resize_into
 
     rng = np.random.default_rng(0)
@@ -151,10 +151,10 @@ def runner(conn: Any, name: str, cfg: dict[str, Any]) -> None:
                                   batch_size=cfg["batch_size"], image_size=cfg["size"],
                                   augment="train", workers=0, seed=cfg["seed"])
         elif name in (RAW, FULL):
-            from stoker import jpegcrop
+            from stoker.decode import jpegcrop
 
             if not jpegcrop.AVAILABLE:
-                raise RuntimeError("stoker._jpeg (the C extension) is not built here")
+                raise RuntimeError("stoker.decode._jpeg (the C extension) is not built here")
             note = _pin_one_core()
             decoder = (_window_decoder if name == RAW else _full_decoder)(cfg["size"])
         else:
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         if r.name == CEILING:
             s.note = "stoker.cli.bench.single_core_rate(Loader(workers=0)) x 2, 1 pinned core"
         elif r.name == RAW:
-            s.note = "libjpeg-turbo crop window (stoker._jpeg) + resize + flip, 1 core, x 2"
+            s.note = "libjpeg-turbo crop window (stoker.decode._jpeg) + resize + flip, 1 core, x 2"
         elif r.name == FULL:
             s.note = "simplejpeg full decode + crop + resize + flip, 1 pinned core, x 2"
         elif r.cold.rates:

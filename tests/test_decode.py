@@ -263,11 +263,13 @@ def test_bad_data_is_decode_error(data: bytes, match: str) -> None:
         decode(data)
 
 
-def test_corrupt_jpeg_body_is_decode_error() -> None:
+def test_corrupt_jpeg_body_decodes_with_a_warning() -> None:
+    """Recoverable corrupt scan data decodes (as in Pillow and OpenCV) and says so in notes."""
     start = len(JPEG) // 2
     data = JPEG[:start] + b"\x00" * 64 + JPEG[start + 64 :]
-    with pytest.raises(DecodeError):
-        decode(data)
+    notes: list[str] = []
+    assert decode(data, notes=notes).shape == (96, 128, 3)
+    assert notes and "corrupt jpeg data" in notes[0].lower(), notes
 
 
 def _png_claiming(height: int, width: int) -> bytes:

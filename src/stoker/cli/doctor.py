@@ -47,7 +47,7 @@ def doctor(clean: bool = False) -> str:
 
 def _ext_state() -> str:
     try:
-        from .. import _jpeg  # type: ignore[attr-defined]  # noqa: F401
+        from ..decode import _jpeg  # type: ignore[attr-defined]  # noqa: F401
     except ImportError:
         return "not built (simplejpeg is used)"
     return "built"

@@ -1,6 +1,6 @@
 """Decode only the crop window of a JPEG, optionally at a reduced DCT scale.
 
-A thin wrapper over the optional C extension :mod:`stoker._jpeg` (built against the
+A thin wrapper over the optional C extension :mod:`stoker.decode._jpeg` (built against the
 system's libjpeg-turbo by ``setup.py``). It decodes the rows and columns a region
 needs and no more -- ``jpeg_crop_scanline`` for the columns, ``jpeg_skip_scanlines``
 for the rows above, nothing below -- straight into a numpy buffer, with the GIL
@@ -9,7 +9,7 @@ the rows libjpeg wrote (they start at an iMCU boundary left of it): copying it o
 buffer cost ~9% of a decode on the benchmark data.
 
 Where the extension could not be built, :data:`AVAILABLE` is False and the callers
-(:mod:`stoker.decode`) use simplejpeg instead; the pure-Python helpers here
+(:mod:`stoker.decode.jpeg`) use simplejpeg instead; the pure-Python helpers here
 (:func:`scaled_region`, :func:`pick_denom`) work either way.
 
 Coordinates: a region ``(top, left, height, width)`` is in full-resolution *stored*
@@ -28,7 +28,7 @@ import numpy as np
 
 _jpeg: ModuleType | None
 try:
-    _jpeg = importlib.import_module("stoker._jpeg")
+    _jpeg = importlib.import_module("stoker.decode._jpeg")
 except ImportError:  # built without libjpeg headers: the callers fall back to simplejpeg
     _jpeg = None
 
@@ -38,7 +38,7 @@ Buffer = bytes | bytearray | memoryview
 __all__ = ["AVAILABLE", "DENOMS", "decode_region", "header", "pick_denom", "scaled_region"]
 
 AVAILABLE: bool = _jpeg is not None
-"""True when the C extension :mod:`stoker._jpeg` is importable."""
+"""True when the C extension :mod:`stoker.decode._jpeg` is importable."""
 
 DENOMS: tuple[int, ...] = (8, 4, 2, 1)
 """The DCT scales used, as denominators, largest first. Only powers of two: libjpeg's
@@ -113,7 +113,8 @@ def header(data: Buffer) -> tuple[int, int, int, int]:
     Raises ``ValueError`` for data without a readable JPEG header and
     ``RuntimeError`` when the extension is not available.
     """
-    return _require().header(data)
+    height, width, components, colorspace = _require().header(data)[:4]
+    return height, width, components, colorspace
 
 
 def decode_region(
@@ -123,6 +124,7 @@ def decode_region(
     fast: bool = False,
     *,
     image_size: tuple[int, int] | None = None,
+    notes: list[str] | None = None,
 ) -> np.ndarray:
     """Decode the region ``box = (top, left, height, width)`` of a JPEG to RGB.
 
@@ -132,12 +134,15 @@ def decode_region(
     result is then the covering window of the scaled image (:func:`scaled_region`).
     ``fast`` uses the fast integer IDCT and plain upsampling (slightly less accurate).
     ``image_size = (height, width)`` skips the header parse when the caller already
-    has the stored size (and has checked it against its pixel budget).
+    has the stored size (and has checked it against its pixel budget). libjpeg's warnings
+    (recoverable corrupt data, decoded anyway) are appended to ``notes`` when given, as
+    ``"libjpeg warning: <first message>"`` (with a count when there were more).
 
     Returns a ``uint8`` array of shape ``(out_h, out_w, 3)`` whose pixels and columns are
     contiguous but whose rows may be padded (a view into the rows libjpeg wrote: the window
     is not copied out of them); ``np.ascontiguousarray`` gives a packed copy.
-    Raises ``ValueError`` for corrupt or truncated data, a region outside the image,
+    Raises ``ValueError`` for corrupt or truncated data (for the latter the message starts
+    "truncated"), a region outside the image,
     and CMYK/YCCK images (the message contains "cmyk": decode those another way);
     ``RuntimeError`` when the extension is not available. Damage *below* the region
     of a baseline file is not seen (those rows are never decoded); the pixels
@@ -152,9 +157,12 @@ def decode_region(
     denom = 1 if min_size is None else pick_denom(height, width, min_size[0], min_size[1])
     _, _, out_h, out_w = scaled_region(top, left, height, width, img_h, img_w, denom)
     buf = np.empty(out_h * (out_w + ROW_SLACK) * 3, dtype=np.uint8)
-    got_h, got_w, skip, pitch = lib.decode_region(
+    got_h, got_w, skip, pitch, warnings, warning = lib.decode_region(
         data, top, left, height, width, denom, bool(fast), buf
     )
+    if warnings and notes is not None:
+        more = f" (and {warnings - 1} more)" if warnings > 1 else ""
+        notes.append(f"libjpeg warning: {warning}{more}")
     if (got_h, got_w) != (out_h, out_w):  # cannot happen: the C code uses the same mapping
         raise RuntimeError(f"JPEG region decoded to {(got_h, got_w)}, expected {(out_h, out_w)}")
     rows = buf[: out_h * pitch * 3].reshape(out_h, pitch, 3)
@@ -165,7 +173,8 @@ def _require() -> ModuleType:
     """Return the extension module, or raise RuntimeError saying how to get it."""
     if _jpeg is None:
         raise RuntimeError(
-            "stoker._jpeg is not built (libjpeg-turbo headers were missing at install "
-            "time); install libjpeg-turbo's development package and reinstall stoker"
+            "stoker.decode._jpeg is not built (libjpeg-turbo headers or a C compiler were "
+            "missing at install time); install libjpeg-turbo's development package and a "
+            "compiler, then reinstall stoker"
         )
     return _jpeg

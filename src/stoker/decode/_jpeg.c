@@ -1,11 +1,11 @@
 /*
- * stoker._jpeg -- decode only a window of a JPEG with libjpeg-turbo.
+ * stoker.decode._jpeg -- decode only a window of a JPEG with libjpeg-turbo.
  *
  * Two functions, both built on the Python C API alone (no numpy headers):
  *
- *   header(data) -> (height, width, components, colorspace)
+ *   header(data) -> (height, width, components, colorspace, warnings, warning)
  *   decode_region(data, top, left, height, width, scale_denom, fast, out)
- *       -> (out_h, out_w, skip, pitch)
+ *       -> (out_h, out_w, skip, pitch, warnings, warning)
  *
  * decode_region() decodes the rows and columns that the region needs and no
  * more: jpeg_crop_scanline() limits the columns, jpeg_skip_scanlines() jumps
@@ -26,7 +26,7 @@
  *   out_h = y1 - y0,  out_w = x1 - x0
  *
  * i.e. the smallest window of the scaled image that covers the region.
- * stoker.jpegcrop.scaled_region() mirrors this exactly.
+ * stoker.decode.jpegcrop.scaled_region() mirrors this exactly.
  *
  * Exactness: jpeg_crop_scanline() moves the left edge down to an iMCU boundary
  * and "fancy" h2v1/h2v2 chroma upsampling treats the edges of the cropped
@@ -36,9 +36,14 @@
  * columns, so the result equals the same window of a full decode made with the
  * same library and settings.
  *
- * Errors: libjpeg errors and *warnings* (corrupt data, premature end of data,
- * i.e. a truncated file, extraneous bytes...) both raise ValueError carrying
- * libjpeg's message, so damaged data never comes back as a half-grey image.
+ * Errors and warnings: a libjpeg error raises ValueError carrying libjpeg's
+ * message.  A libjpeg *warning* (recoverable corrupt data: extraneous bytes
+ * before a marker, a bad ICC or Adobe segment, a bad Huffman code...) does not
+ * stop the decode, as it does not in Pillow or OpenCV: the number of warnings
+ * and the first one's message come back with the result, for the caller to
+ * report.  The one warning that is an error is "premature end of JPEG file"
+ * (JWRN_JPEG_EOF): the rows the caller asked for are not in the data, so it
+ * raises ValueError whose message starts "truncated".
  * CMYK / YCCK images are refused with a ValueError that says "cmyk" (the caller
  * falls back to another decoder).  Progressive files with more than MAX_SCANS
  * scans are refused (a known denial-of-service pattern).  Out of memory raises
@@ -70,7 +75,7 @@
 
 enum status {
     ST_OK = 0,
-    ST_LIBJPEG, /* libjpeg error or warning; message in job->msg */
+    ST_LIBJPEG, /* libjpeg error (or the truncation warning); message in job->msg */
     ST_NOMEM,   /* libjpeg ran out of memory */
     ST_CMYK,    /* CMYK or YCCK input, refused */
     ST_REGION,  /* region outside the image; message in job->msg */
@@ -81,7 +86,10 @@ typedef struct {
     struct jpeg_error_mgr pub; /* must be first: libjpeg casts to it */
     jmp_buf jump;
     char msg[JMSG_LENGTH_MAX + 64];
+    char warning[JMSG_LENGTH_MAX]; /* the first warning's message */
+    int warnings;                  /* warnings seen */
     int nomem;
+    int truncated;
 } error_mgr;
 
 /* Everything that must survive a longjmp lives here, in memory reached only
@@ -118,10 +126,19 @@ on_error_exit(j_common_ptr cinfo)
 static void
 on_emit_message(j_common_ptr cinfo, int msg_level)
 {
-    /* msg_level < 0 is a warning: corrupt or truncated data.  Treat it as an
-     * error; trace messages (>= 0) are ignored. */
-    if (msg_level < 0)
+    /* msg_level < 0 is a warning: recoverable corrupt data, counted and the
+     * first kept; trace messages (>= 0) are ignored.  Premature end of the
+     * data is truncation, an error. */
+    error_mgr *err = (error_mgr *)cinfo->err;
+
+    if (msg_level >= 0)
+        return;
+    if (cinfo->err->msg_code == JWRN_JPEG_EOF) {
+        err->truncated = 1;
         on_error_exit(cinfo);
+    }
+    if (err->warnings++ == 0)
+        (*cinfo->err->format_message)(cinfo, err->warning);
 }
 
 static void
@@ -170,7 +187,10 @@ init_error_mgr(job_t *job)
     job->err.pub.emit_message = on_emit_message;
     job->err.pub.output_message = on_output_message;
     job->err.msg[0] = '\0';
+    job->err.warning[0] = '\0';
+    job->err.warnings = 0;
     job->err.nomem = 0;
+    job->err.truncated = 0;
 }
 
 /* ------------------------------------------------------------ the work (no GIL) */
@@ -308,24 +328,27 @@ raise_status(int status, job_t *job)
         return PyErr_Format(PyExc_MemoryError, "libjpeg: %s", job->err.msg);
     case ST_CMYK:
         return PyErr_Format(PyExc_ValueError,
-                            "cmyk/ycck JPEG is not supported by stoker._jpeg "
+                            "cmyk/ycck JPEG is not supported by stoker.decode._jpeg "
                             "(jpeg colorspace %d)", job->colorspace);
     case ST_REGION:
     case ST_OUTBUF:
         return PyErr_Format(PyExc_ValueError, "%s", job->err.msg);
     default:
+        if (job->err.truncated)
+            return PyErr_Format(PyExc_ValueError, "truncated JPEG: %s", job->err.msg);
         return PyErr_Format(PyExc_ValueError, "corrupt or unsupported JPEG: %s",
                             job->err.msg);
     }
 }
 
 PyDoc_STRVAR(header_doc,
-"header(data) -> (height, width, components, colorspace)\n"
+"header(data) -> (height, width, components, colorspace, warnings, warning)\n"
 "\n"
 "Parse the JPEG markers of ``data`` (any bytes-like object) up to the first\n"
 "scan and return the full-resolution stored size (no EXIF rotation), the\n"
 "number of components and libjpeg's J_COLOR_SPACE of the file\n"
-"(1 grayscale, 2 RGB, 3 YCbCr, 4 CMYK, 5 YCCK, 0 unknown).\n"
+"(1 grayscale, 2 RGB, 3 YCbCr, 4 CMYK, 5 YCCK, 0 unknown), then the number of\n"
+"libjpeg warnings (recoverable corrupt data) and the first one's message.\n"
 "Decodes no pixels and allocates nothing that depends on the image size.\n"
 "Raises ValueError for data that is not a readable JPEG header.");
 
@@ -350,13 +373,14 @@ jpeg_header(PyObject *module, PyObject *arg)
     PyBuffer_Release(&data);
     if (status != ST_OK)
         return raise_status(status, &job);
-    return Py_BuildValue("(IIii)", (unsigned)job.img_h, (unsigned)job.img_w,
-                         job.components, job.colorspace);
+    return Py_BuildValue("(IIiiis)", (unsigned)job.img_h, (unsigned)job.img_w,
+                         job.components, job.colorspace, job.err.warnings,
+                         job.err.warning);
 }
 
 PyDoc_STRVAR(decode_region_doc,
 "decode_region(data, top, left, height, width, scale_denom, fast, out)\n"
-"    -> (out_h, out_w, skip, pitch)\n"
+"    -> (out_h, out_w, skip, pitch, warnings, warning)\n"
 "\n"
 "Decode the region (top, left, height, width) -- full-resolution stored\n"
 "coordinates -- of the JPEG ``data`` at scale 1/scale_denom (1, 2, 4 or 8)\n"
@@ -373,8 +397,10 @@ PyDoc_STRVAR(decode_region_doc,
 "the fast integer IDCT and plain (non-fancy) upsampling. The GIL is released\n"
 "while decoding.\n"
 "\n"
-"Raises ValueError for corrupt or truncated data (libjpeg warnings are\n"
-"errors), for a region outside the image, for a too-small ``out``, and for\n"
+"``warnings`` counts libjpeg's warnings (recoverable corrupt data, decoded\n"
+"anyway) and ``warning`` is the first one's message ('' when none).\n"
+"Raises ValueError for corrupt or truncated data (the message of the latter\n"
+"starts 'truncated'), for a region outside the image, for a too-small ``out``, and for\n"
 "CMYK/YCCK images (the message says 'cmyk'); MemoryError if libjpeg runs\n"
 "out of memory.");
 
@@ -423,8 +449,9 @@ jpeg_decode_region(PyObject *module, PyObject *args)
     PyBuffer_Release(&out);
     if (status != ST_OK)
         return raise_status(status, &job);
-    return Py_BuildValue("(IIII)", (unsigned)job.out_h, (unsigned)job.out_w,
-                         (unsigned)job.skip, (unsigned)job.pitch);
+    return Py_BuildValue("(IIIIis)", (unsigned)job.out_h, (unsigned)job.out_w,
+                         (unsigned)job.skip, (unsigned)job.pitch, job.err.warnings,
+                         job.err.warning);
 
 fail:
     PyBuffer_Release(&data);
@@ -472,9 +499,9 @@ static PyModuleDef_Slot jpeg_slots[] = {
 
 static struct PyModuleDef jpeg_module = {
     PyModuleDef_HEAD_INIT,
-    "stoker._jpeg",
+    "stoker.decode._jpeg",
     "Crop-window JPEG decoding with libjpeg-turbo (GIL released). "
-    "Use it through stoker.jpegcrop.",
+    "Use it through stoker.decode.jpegcrop.",
     0,
     jpeg_methods,
     jpeg_slots,

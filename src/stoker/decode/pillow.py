@@ -1,0 +1,104 @@
+"""The general decoders: OpenCV (fast, for PNG and WebP) and Pillow (the reference, and the
+fallback for whatever OpenCV rejects or gets wrong), each giving RGB ``uint8``."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from ..errors import DecodeError, DecompressionBombError
+from .common import ImageInfo, stored_size
+
+# OpenCV >= 4.10 decodes straight to RGB; older versions give BGR, swapped in decode_cv2.
+_CV2_RGB = hasattr(cv2, "IMREAD_COLOR_RGB")
+_CV2_FLAGS = getattr(cv2, "IMREAD_COLOR_RGB", cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION
+PIL_FORMATS = {
+    "JPEG": "jpeg",
+    "MPO": "jpeg",
+    "PNG": "png",
+    "WEBP": "webp",
+    "BMP": "bmp",
+    "DIB": "bmp",
+    "GIF": "gif",
+    "TIFF": "tiff",
+}
+
+
+def open_header(data: bytes | memoryview, fmt: str) -> Any:
+    """A lazily opened Pillow image (header read, no pixels); DecodeError when unreadable."""
+    formats = None if fmt == "other" else [k for k, v in PIL_FORMATS.items() if v == fmt]
+    try:
+        return Image.open(io.BytesIO(data), formats=formats)
+    except Image.DecompressionBombError as exc:
+        raise DecompressionBombError(f"refused by Pillow: {exc}") from None
+    except Exception as exc:  # Pillow raises many types on garbage headers
+        if fmt == "other":
+            raise DecodeError("not an image: unrecognised header") from None
+        raise DecodeError(f"corrupt or truncated {fmt} header: {exc}") from None
+
+
+def probe(data: bytes | memoryview, fmt: str) -> tuple[int, int, str]:
+    """Return (height, width, format) from the header as Pillow reads it."""
+    with open_header(data, fmt) as im:
+        width, height = im.size
+        pil_format = im.format or ""
+    if fmt == "other":
+        fmt = PIL_FORMATS.get(pil_format, "other")
+    return height, width, fmt
+
+
+def decode_cv2(data: bytes | memoryview, info: ImageInfo) -> np.ndarray | None:
+    """OpenCV's RGB decode, or None where OpenCV cannot decode it to the header's size."""
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), _CV2_FLAGS)
+    except cv2.error:
+        return None
+    if image is None or image.shape != (*stored_size(info), 3) or image.dtype != np.uint8:
+        return None
+    return image if _CV2_RGB else cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+
+
+def decode_fast(data: bytes | memoryview, info: ImageInfo, cv2_first: bool) -> np.ndarray:
+    """OpenCV's decode when ``cv2_first`` and it succeeds, else Pillow's."""
+    image = decode_cv2(data, info) if cv2_first else None
+    return decode(data, info) if image is None else image
+
+
+def decode(data: bytes | memoryview, info: ImageInfo, frame: int = 0) -> np.ndarray:
+    """Decode with Pillow (frame ``frame`` of a multi-frame file) to RGB uint8 at stored size."""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if frame:
+                im.seek(frame)
+            im.load()
+            image = to_rgb(im)
+    except Image.DecompressionBombError as exc:
+        raise DecompressionBombError(f"refused by Pillow: {exc}") from None
+    except DecodeError:
+        raise
+    except Exception as exc:  # Pillow raises many types on bad data
+        raise DecodeError(f"cannot decode {info.format} image: {exc}") from None
+    expected = stored_size(info)
+    if image.shape[:2] != expected:
+        raise DecodeError(f"{info.format} decoded to {image.shape[:2]}, header says {expected}")
+    return image
+
+
+def to_rgb(im: Image.Image) -> np.ndarray:
+    """Convert a loaded Pillow image to RGB uint8, scaling 16-bit data (not clipping)."""
+    if im.mode.startswith("I;16") or im.mode == "I":
+        wide = np.asarray(im).astype(np.uint32, copy=False)
+        gray = (np.minimum(wide, 65535) >> 8).astype(np.uint8)
+        return cv2.cvtColor(gray, cv2.COLOR_GRAY2RGB)
+    if im.mode == "L":
+        return cv2.cvtColor(np.asarray(im), cv2.COLOR_GRAY2RGB)
+    if im.mode == "LAB":
+        # Pillow's 8-bit CIELab is OpenCV's: L * 255 / 100, a + 128, b + 128.
+        return cv2.cvtColor(np.asarray(im), cv2.COLOR_Lab2RGB)
+    if im.mode != "RGB":
+        im = im.convert("RGB")
+    return np.asarray(im)
