@@ -159,6 +159,7 @@ class Loader:
                 "drop_last=True: lower batch_size or pass drop_last=False"
             )
         self.epoch, self.position = 0, 0
+        self._ahead = 0  # batches an adapter took ahead of the training step (not yet received)
         self._stats = Stats()
         self._shuffle_note: tuple[int, list[str]] = (-1, [])
         self._run = _Running()
@@ -275,11 +276,38 @@ class Loader:
 
     # ------------------------------------------------------------------ state
 
+    def _received(self) -> tuple[int, int]:
+        """``(epoch, position)`` of the next batch the training step has not received yet:
+        batches an adapter holds ahead (a device copy in flight) do not count."""
+        done = self.epoch * self._batches + self.position - self._ahead
+        return divmod(done, self._batches)
+
+    def hold_ahead(self, batches: int) -> None:
+        """For adapters: ``batches`` more batches were taken ahead of the training step (a
+        negative count: that many were handed over). ``state_dict`` leaves them out."""
+        self._ahead += batches
+
+    def give_back_ahead(self) -> None:
+        """For adapters: the consumer stopped while batches were held ahead; the next
+        iteration starts with the first of them, so none is skipped."""
+        if self._ahead:
+            self.epoch, self.position = self._received()
+            self._ahead = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` from its first batch at the next iteration (as
+        ``DistributedSampler.set_epoch``); the epoch number seeds the order and augmentation."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
+            raise ConfigError(f"set_epoch({epoch!r}): give an epoch number >= 0")
+        self.epoch, self.position, self._ahead = int(epoch), 0, 0
+
     def state_dict(self) -> dict[str, Any]:
-        """The loader's position as JSON-able data; ``load_state_dict`` resumes exactly there."""
-        epoch, position = self.epoch, self.position
-        if position >= self._batches:
-            epoch, position = epoch + 1, 0
+        """The loader's position as JSON-able data; ``load_state_dict`` resumes exactly there.
+
+        The position counts batches the training step received: a batch an adapter has taken
+        ahead (``torch(device="cuda")``, ``jax()``) is left out, so a state taken after ``k``
+        batches resumes at batch ``k``."""
+        epoch, position = self._received()
         return {
             "version": STATE_VERSION,
             "epoch": epoch,
@@ -291,7 +319,13 @@ class Loader:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``; refuses a state of another dataset or other settings."""
+        """Resume from ``state_dict()``; refuses a state of another dataset or other settings.
+
+        An empty state (``{}``) starts fresh at epoch 0, as torchdata's ``StatefulDataLoader``
+        treats one."""
+        if not state:
+            self.epoch, self.position, self._ahead = 0, 0, 0
+            return
         if state.get("version") != STATE_VERSION:
             raise ConfigError(
                 f"state version {state.get('version')!r}; this stoker reads {STATE_VERSION}"
@@ -304,6 +338,7 @@ class Loader:
                     f"{mine[key]!r}); resume with the same dataset and settings"
                 )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._ahead = 0
 
     # ------------------------------------------------------------------ reporting, adapters
 

@@ -1,18 +1,30 @@
-"""What every framework view of a Loader shares: its length and its resumable state."""
+"""What every framework view of a Loader shares: its length, its resumable state, its epoch
+setter, and the one-batch look-ahead that device adapters use."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import numpy as np
+
+Issued = TypeVar("Issued")
+Out = TypeVar("Out")
 
 
 class LoaderView:
-    """A framework's view of a Loader: ``len`` and the ``state_dict`` protocol pass through."""
+    """A framework's view of a Loader: ``len``, ``set_epoch`` and the ``state_dict`` protocol
+    pass through."""
 
     loader: Any
 
     def __len__(self) -> int:
         """Batches per epoch: ``len(loader)``."""
         return len(self.loader)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` at the next iteration; see ``Loader.set_epoch``."""
+        self.loader.set_epoch(epoch)
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position (JSON-able); see ``Loader.state_dict``."""
@@ -21,3 +33,50 @@ class LoaderView:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume the loader from ``state_dict()``; see ``Loader.load_state_dict``."""
         self.loader.load_state_dict(state)
+
+
+def look_ahead(
+    loader: Any, issue: Callable[[Any], Issued], hand_over: Callable[[Issued], Out]
+) -> Iterator[Out]:
+    """The rest of ``loader``'s epoch, one batch ahead: ``issue`` (start a device copy) runs on
+    batch ``k + 1`` before batch ``k`` goes through ``hand_over`` to the training step.
+
+    The loader is told which batch is held ahead, so its ``state_dict()`` counts only batches
+    the step received; a consumer that stops early gives the held batch back (the next
+    iteration starts with it, none is skipped).
+    """
+    batches = iter(loader)
+    pending: list[Issued] = []
+    try:
+        for batch in batches:
+            loader.hold_ahead(1)
+            pending.append(issue(batch))
+            del batch
+            if len(pending) > 1:
+                loader.hold_ahead(-1)
+                yield hand_over(pending.pop(0))
+        while pending:
+            loader.hold_ahead(-1)
+            yield hand_over(pending.pop(0))
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:
+            close()
+        loader.give_back_ahead()
+
+
+def owned(leaf: Any) -> Any:
+    """``leaf`` itself when it owns its memory, else a copy: memory a framework may keep after
+    the loader reuses the slot the view points into."""
+    if isinstance(leaf, np.ndarray) and not leaf.flags.owndata:
+        return np.array(leaf)
+    return leaf
+
+
+def owned_batch(batch: Any) -> Any:
+    """``batch`` (an array, or a tuple/list/dict of them, nested) with every slot view copied."""
+    if isinstance(batch, dict):
+        return {k: owned_batch(v) for k, v in batch.items()}
+    if isinstance(batch, tuple | list):
+        return tuple(owned_batch(v) for v in batch)
+    return owned(batch)

@@ -2,11 +2,16 @@
 
 ``jax.device_put`` is asynchronous: it returns at once and the host-to-device copy runs while the
 model computes. The adapter takes the loader's next batch and puts it before handing over the
-current one, so the next copy is always in flight during a training step.
+current one, so the next copy is always in flight during a training step; the loader's
+``state_dict()`` leaves that batch out (it counts what the step received).
 
-On the CPU backend a put is no copy at all: JAX aliases the loader's shared-memory batch (and
-keeps it alive, which the loader notices). There, looking ahead gains nothing and would keep one
-more batch alive, forcing the loader to replace slots, so batches are put as they are taken.
+Slots are never kept past their reuse: on an accelerator JAX holds the host array only until its
+transfer is done, which is long before the loader reuses the slot. On the CPU backend a put is no
+copy at all (JAX aliases the host array, even with ``may_alias=False``), so the arrays that are
+views of the loader's shared memory are first copied into memory JAX may keep.
+
+JAX has no public API to page-lock host memory it did not allocate, so the ring's slots cannot
+be its DMA source; its transfer manager stages the copy itself.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from typing import Any
 
 import jax
 
-from .base import LoaderView
+from .base import LoaderView, look_ahead, owned_batch
 
 __all__ = ["JaxLoader", "to_jax"]
 
@@ -45,33 +50,23 @@ class JaxLoader(LoaderView):
     def __init__(self, loader: Any, sharding: Any = None) -> None:
         self.loader = loader
         self.sharding = sharding
+        self._copy = _on_cpu(sharding)
 
-    def __iter__(self) -> Iterator[tuple[jax.Array, jax.Array]]:
+    def __iter__(self) -> Iterator[Any]:
         """The rest of the loader's current epoch, put on ``sharding`` (or the default device)."""
-        if _on_cpu(self.sharding):
-            return self._direct()
-        return self._ahead()
+        return look_ahead(self.loader, self._put, _same)
 
     def _put(self, batch: Any) -> Any:
-        return jax.device_put(tuple(batch), self.sharding)
-
-    def _direct(self) -> Iterator[tuple[jax.Array, jax.Array]]:
-        for batch in self.loader:
-            yield self._put(batch)
-
-    def _ahead(self) -> Iterator[tuple[jax.Array, jax.Array]]:
-        pending = None
-        for batch in self.loader:
-            put = self._put(batch)  # starts the copy; returns at once
-            del batch
-            if pending is not None:
-                yield pending
-            pending = put
-        if pending is not None:
-            yield pending
+        """Start the batch's copy to the device(s); returns at once."""
+        batch = owned_batch(batch) if self._copy else batch
+        return jax.device_put(batch, self.sharding)
 
     def __repr__(self) -> str:
         return f"JaxLoader({self.loader!r}, sharding={self.sharding!r})"
+
+
+def _same(put: Any) -> Any:
+    return put
 
 
 def to_jax(loader: Any, sharding: Any = None) -> JaxLoader:

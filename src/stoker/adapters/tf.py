@@ -5,8 +5,12 @@ Each iteration of the dataset is one epoch: ``len(loader)`` consecutive batches 
 mid-epoch it continues from there and runs into the next epoch, so every iteration has the same
 length and the dataset's cardinality, ``len(loader)``, always holds (``assert_cardinality`` checks
 it, and ``len(dataset)`` and Keras' progress bar know it). No ``.prefetch`` is needed: the loader
-prefetches in its workers, and a tf.data buffer would only keep more batches alive. Batches reach
-TensorFlow without a copy (the tensors alias the loader's shared memory and keep it alive).
+prefetches in its workers, and a tf.data buffer would only keep more batches alive and pull batches
+the training step has not received (tf.data's own injected prefetch is turned off, so the
+loader's ``state_dict()`` counts exactly the batches delivered). TensorFlow
+aliases a host array it is given and keeps it as long as its tensors live, so each batch is
+handed over as a copy TensorFlow may keep, never as a view of the loader's shared-memory slot
+(which would force the loader to replace the slot's segment at every reuse).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from .base import owned_batch
 
 __all__ = ["to_tf"]
 
@@ -46,7 +52,7 @@ class _Epochs:
             with self.lock:
                 if self.stream is None:
                     self.stream = self.loader.stream()
-                batch = next(self.stream)
+                batch = owned_batch(next(self.stream))
             yield batch
             del batch
 
@@ -67,4 +73,9 @@ def to_tf(loader: Any) -> tf.data.Dataset:
         target = tf.TensorSpec((batch,), tf.int64, name="labels")
     signature = (tf.TensorSpec((batch, height, width, 3), tf.uint8, name="images"), target)
     dataset = tf.data.Dataset.from_generator(_Epochs(loader), output_signature=signature)
-    return dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
+    dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
+    options = tf.data.Options()
+    # tf.data would add a prefetch of its own, pulling batches ahead of the training step on a
+    # background thread: the loader's state would then count batches the step never received.
+    options.experimental_optimization.inject_prefetch = False
+    return dataset.with_options(options)

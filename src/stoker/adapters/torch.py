@@ -4,8 +4,9 @@
 - ``device="cpu"``: the same views, converted in place of use when ``dtype`` asks for it.
 - ``device="cuda"``: each batch goes through a pinned host buffer (a ring of two) and is copied
   on a side stream; the copy of the next batch is issued before the current one is handed over,
-  so it overlaps the model's work. The consumer's stream waits on an event, and ``record_stream``
-  tells the caching allocator which stream uses the tensors.
+  so it overlaps the model's work (the loader's ``state_dict()`` leaves that batch out: it
+  counts what the training step received). The consumer's stream waits on an event, and
+  ``record_stream`` tells the caching allocator which stream uses the tensors.
 - other devices (``mps``, ``xpu``, ...): a plain ``.to(device)``.
 
 ``dtype``, ``mean`` and ``std`` are applied on the device after the copy, so only ``uint8`` travels.
@@ -13,6 +14,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -20,7 +22,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
-from .base import LoaderView
+from .base import LoaderView, look_ahead
 
 __all__ = ["TorchLoader", "to_torch"]
 
@@ -86,11 +88,10 @@ class TorchLoader(LoaderView):
 
     def __iter__(self) -> Iterator[Tensors]:
         """The rest of the loader's current epoch, as tensors on ``device``."""
-        batches = iter(self.loader)
         dev = self.device
         if dev is not None and dev.type == "cuda":
-            return self._cuda(batches, dev)
-        return self._plain(batches, dev)
+            return self._cuda(dev)
+        return self._plain(self.loader, dev)
 
     def _convert(self, x: torch.Tensor) -> torch.Tensor:
         """``uint8`` NHWC on the device -> the layout, dtype and normalisation asked for."""
@@ -123,7 +124,7 @@ class TorchLoader(LoaderView):
             del images, labels
             yield self._convert(x), y
 
-    def _cuda(self, batches: Iterable[Any], dev: torch.device) -> Iterator[Tensors]:
+    def _cuda(self, dev: torch.device) -> Iterator[Tensors]:
         side = torch.cuda.Stream(dev)
         height, width = self.loader.image_size
         masks = bool(getattr(self.loader, "has_masks", False))
@@ -153,18 +154,10 @@ class TorchLoader(LoaderView):
             y.record_stream(stream)
             return x, y
 
-        it = iter(batches)
-        first = next(it, None)
-        if first is None:
-            return
-        pending = issue(first, ring[0])
-        del first
-        for i, batch in enumerate(it, 1):
-            ahead = issue(batch, ring[i % 2])  # next batch's copy starts before this one is used
-            del batch
-            yield hand_over(*pending)
-            pending = ahead
-        yield hand_over(*pending)
+        turn = itertools.count()
+        return look_ahead(
+            self.loader, lambda batch: issue(batch, ring[next(turn) % 2]), lambda p: hand_over(*p)
+        )
 
     def __repr__(self) -> str:
         return (
