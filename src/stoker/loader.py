@@ -16,6 +16,7 @@ from .errors import ConfigError, StokerError, TooManyErrors
 from .sources import open_source
 from .stats import Stats, StatsReport
 from .transforms import CustomPipeline, make_pipeline
+from .workers import shutdown
 from .workers.engine import HELD, Engine
 from .workers.pool import WorkerPool
 from .workers.slots import SlotLayout, clean_stale, pick_folder
@@ -80,11 +81,14 @@ class _Running:
         self.pool: WorkerPool | None = None
         self.engine: Engine | _Inline | None = None
 
-    def close(self) -> None:
+    def close(self, fast: bool = False) -> None:
+        """Stop the workers (``fast``: without waiting for them to finish a batch) and unlink
+        every segment; safe to call again, or from a signal handler in the middle of a close."""
         engine, pool = self.engine, self.pool
         self.engine = self.pool = None
+        shutdown.unregister(self)
         if pool is not None:
-            pool.close()
+            pool.close(0.5 if fast else 5.0)
         if engine is not None:
             engine.close()
 
@@ -256,6 +260,14 @@ class Loader:
             self._prefetch_arg, self.workers, HELD, self.layout.nbytes
         )
         self._folder = pick_folder(slots * self.layout.nbytes)
+        shutdown.register(self._run)
+        try:
+            self._start_workers(per_worker, slots)
+        except BaseException:
+            self._run.close(fast=True)  # a failed start leaves no worker and no segment
+            raise
+
+    def _start_workers(self, per_worker: int, slots: int) -> None:
         spec = {
             "source": self.source,
             "pipeline": self.pipeline,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import pickle
+import select
 import signal
 import threading
 import time
@@ -20,6 +21,7 @@ from ..assemble import Assembler, Plan
 from ..errors import ConfigError, WorkerDied
 from ..sources.base import Source
 from ..transforms import Pipeline
+from . import reaper
 from .errors import describe_exit, pack_exception
 from .slots import Segment, SlotLayout, clean_stale
 
@@ -38,26 +40,36 @@ class WorkerSpec:
     workers: int
 
 
-def _orphaned(parent: int) -> bool:
-    """True (after removing the parent's segments) when the parent process has died."""
-    if os.getppid() == parent:
+def _parent_alive(parent: int) -> bool:
+    """False once ``parent`` has exited (a zombie counts as exited)."""
+    try:
+        with open(f"/proc/{parent}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
         return False
-    clean_stale(owner=parent)
+    except OSError:
+        pass
+    try:
+        os.kill(parent, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
     return True
 
 
 def _watch_parent(parent: int) -> None:
-    """If the parent dies (even by SIGKILL), remove its segments and exit."""
-    while not _orphaned(parent):
-        time.sleep(0.5)
+    """When the parent dies (even by SIGKILL), exit at once. The parent's reaper removes its
+    segments; removing them here too covers a reaper that was killed with it."""
+    try:
+        fd = os.pidfd_open(parent)
+        while _parent_alive(parent):
+            select.select([fd], [], [], 5.0)
+    except (AttributeError, OSError):
+        while _parent_alive(parent):
+            time.sleep(0.5)
+    clean_stale(owner=parent)
     os._exit(0)
-
-
-def _after_eof(parent: int) -> None:
-    """The pipe closed without a stop message: if the parent died, remove its segments."""
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and not _orphaned(parent):
-        time.sleep(0.02)
 
 
 class _Worker:
@@ -83,17 +95,19 @@ class _Worker:
         self.slots[slot] = (handle[0], seg, images, labels)
         return images, labels
 
-    def run(self, parent: int) -> None:
+    def run(self) -> None:
         """Serve tasks until told to stop or the parent goes away."""
         while True:
             try:
                 task = self.conn.recv()
             except (EOFError, OSError):
-                _after_eof(parent)
-                return
+                return  # the parent closed its end (or died: its watcher ends this process)
             if task is None:
                 return
-            self.conn.send(self.serve(*task))
+            try:
+                self.conn.send(self.serve(*task))
+            except (OSError, ValueError):
+                return  # the parent stopped listening: end quietly, never with a traceback
 
     def serve(self, epoch: int, batch: int, slot: int, handle: tuple[str, int]) -> tuple:
         """Fill one batch; the reply says it is done, or carries the exception."""
@@ -118,7 +132,7 @@ def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> No
     # bad files are reported once, by name, in the parent; OpenCV's own stderr lines would not be
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     spec.source.open_in_worker()
-    _Worker(wid, conn, spec).run(parent)
+    _Worker(wid, conn, spec).run()
 
 
 class WorkerPool:
@@ -159,6 +173,7 @@ class WorkerPool:
             ) from exc
         finally:
             theirs.close()
+        reaper.track_process(proc.pid)
         self.procs.append(proc)
         self.conns.append(ours)
 
@@ -223,6 +238,9 @@ class WorkerPool:
             if proc.is_alive():
                 proc.kill()
                 proc.join(1.0)
+        for proc in self.procs:
+            if proc.exitcode is not None:
+                reaper.untrack_process(proc.pid)
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []

@@ -8,10 +8,12 @@ created: a full tmpfs gives a clear error then, never a bus error later.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
 import secrets
+import sys
 import tempfile
 import warnings
 import weakref
@@ -21,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import StokerError
+from . import reaper
 
 SHM_DIR = "/dev/shm"
 PREFIX = "stoker_"
@@ -105,6 +108,7 @@ def _unlink_quietly(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+    reaper.untrack_segment(path)
 
 
 class ShmFullError(StokerError, OSError):
@@ -113,19 +117,87 @@ class ShmFullError(StokerError, OSError):
     def __init__(self, path: str, size: int) -> None:
         folder = os.path.dirname(path)
         super().__init__(
-            f"no room for a {size / 2**20:.1f} MiB shared-memory segment in {folder}: lower "
+            f"no room for a {_size(size)} shared-memory segment in {folder}: lower "
             "batch_size or prefetch, or enlarge it (docker run --shm-size=2g)"
         )
 
 
+class ResourceLimitError(StokerError, OSError):
+    """The operating system refused a file or a mapping: a per-process limit was reached."""
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
+
+
+def _limit_error(exc: OSError, path: str) -> OSError:
+    """A stoker error naming the limit behind ``exc`` and the fix; ``exc`` itself otherwise."""
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        return ResourceLimitError(
+            f"cannot open {path}: too many open files (the limit of file descriptors per process,"
+            " `ulimit -n`, or the system's fs.file-max). Raise it (ulimit -n 65536), or keep "
+            "fewer batches: copy the arrays you keep (images.copy())"
+        )
+    if exc.errno == errno.ENOMEM:
+        return ResourceLimitError(
+            f"cannot map {path}: out of memory mappings (the kernel's vm.max_map_count, or "
+            "memory). Keep fewer batches (copy the arrays you keep: images.copy()) or raise "
+            "vm.max_map_count (sysctl -w vm.max_map_count=262144)"
+        )
+    return exc
+
+
+def _map(fd: int, size: int) -> Any:
+    """A shared read-write mapping of ``fd`` that keeps no file descriptor open.
+
+    ``mmap.mmap`` keeps a duplicate of the descriptor for as long as the mapping lives (so one
+    per batch the consumer keeps); Python 3.13 can drop it (``trackfd=False``), older ones map
+    through libc here. The mapping is unmapped when the last array over it is gone.
+    """
+    if sys.version_info >= (3, 13):
+        return mmap.mmap(fd, size, trackfd=False)  # type: ignore[call-arg]
+    if _libc is None:
+        return mmap.mmap(fd, size)
+    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+    if addr in (None, ctypes.c_void_p(-1).value):
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    buf = (ctypes.c_char * size).from_address(addr)
+    weakref.finalize(buf, _libc.munmap, ctypes.c_void_p(addr), ctypes.c_size_t(size))
+    return buf
+
+
+def _load_libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
+_libc = _load_libc()
+
+
 class Segment:
-    """One shared-memory file mapped into this process."""
+    """One shared-memory file mapped into this process (no file descriptor kept open)."""
 
     def __init__(self, path: str, size: int, owner: bool) -> None:
         self.path, self.size, self.owner = path, size, owner
-        fd = os.open(path, os.O_RDWR)
         try:
-            self.map = mmap.mmap(fd, size)
+            fd = os.open(path, os.O_RDWR)
+        except OSError as exc:
+            raise _limit_error(exc, path) from exc
+        try:
+            self.map = _map(fd, size)
+        except OSError as exc:
+            raise _limit_error(exc, path) from exc
         finally:
             os.close(fd)
         # the owner's segment goes when its Segment object does (or at exit), even unclosed
@@ -133,20 +205,43 @@ class Segment:
 
     @classmethod
     def create(cls, size: int, tag: str, folder: str | None = None) -> Segment:
-        """Create, reserve and map a new segment owned by this process."""
-        _counter[0] += 1
-        name = f"{PREFIX}{os.getpid()}_{_TOKEN}_{_counter[0]}_{tag}"
-        path = os.path.join(folder or segment_dirs()[0], name)
+        """Create, reserve and map a new segment owned by this process.
+
+        Without ``folder``, ``/dev/shm`` is tried first and the temp folder when it is full.
+        The reaper learns the path before the file exists, so no crash can leave it behind.
+        """
         size = max(size, 1)
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        folders = [folder] if folder else segment_dirs()
+        for i, where in enumerate(folders):
+            try:
+                return cls._create_in(where, size, tag)
+            except ShmFullError:
+                if i == len(folders) - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _create_in(cls, folder: str, size: int, tag: str) -> Segment:
+        _counter[0] += 1
+        path = os.path.join(folder, f"{PREFIX}{os.getpid()}_{_TOKEN}_{_counter[0]}_{tag}")
+        reaper.track_segment(path)
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        except OSError as exc:
+            reaper.untrack_segment(path)
+            raise _limit_error(exc, path) from exc
         try:
             _reserve(fd, size, path)
         except BaseException:
             os.close(fd)
-            os.unlink(path)
+            _unlink_quietly(path)
             raise
         os.close(fd)
-        return cls(path, size, owner=True)
+        try:
+            return cls(path, size, owner=True)
+        except BaseException:
+            _unlink_quietly(path)
+            raise
 
     @classmethod
     def attach(cls, path: str, size: int) -> Segment:
@@ -190,7 +285,7 @@ class SharedArrays:
         for name, arr in arrays.items():
             self.specs.append((name, arr.dtype.str, arr.shape, offset))
             offset += -(-arr.nbytes // ALIGN) * ALIGN
-        self.segment = Segment.create(offset, tag, pick_folder(offset))
+        self.segment = Segment.create(offset, tag, pick_folder(offset, f"a shared {tag}"))
         for (name, _, _, _), arr in zip(self.specs, arrays.values(), strict=True):
             self[name][...] = arr
 
@@ -260,14 +355,15 @@ class SlotLayout:
         return np.empty(self.batch_size, np.int64)
 
 
-def pick_folder(total_bytes: int) -> str:
-    """``/dev/shm`` when it has room for ``total_bytes`` with a margin, else the temp folder."""
+def pick_folder(total_bytes: int, what: str = "the batch ring") -> str:
+    """``/dev/shm`` when it has room for ``total_bytes`` with a margin, else the temp folder
+    (with a warning naming ``what`` needs the room)."""
     free = shm_free_bytes()
     if free >= total_bytes * 1.25 + (64 << 20) or not os.path.isdir(tempfile.gettempdir()):
         return SHM_DIR
     warnings.warn(
-        f"/dev/shm has {free / 2**20:.0f} MiB free but the batch ring needs "
-        f"{total_bytes / 2**20:.0f} MiB; using file-backed memory in {tempfile.gettempdir()} "
+        f"/dev/shm has {free / 2**20:.0f} MiB free but {what} needs {_size(total_bytes)} (plus a "
+        "64 MiB margin); using file-backed memory in {tempfile.gettempdir()} "
         "instead (slower to start). Enlarge /dev/shm (docker run --shm-size=2g) to avoid this.",
         stacklevel=3,
     )

@@ -1,0 +1,214 @@
+"""The reaper: a tiny process that outlives its parent and owns the names of its segments.
+
+The parent starts one reaper (lazily, before its first shared-memory segment) and tells it, over
+a pipe, every segment path it is about to create (``+S path``), every one it removed (``-S
+path``) and every worker it started (``+P pid start-time``). When the pipe reaches end-of-file
+(the parent exited, normally or by SIGKILL, SIGTERM, an OOM kill or a crash in native code: the
+kernel closes its end either way) or the parent's pid goes away, the reaper unlinks every path
+still listed, kills every listed worker that is still the same process, and exits.
+
+A path is announced *before* its file is created, so no moment exists where a segment is on
+disk and unknown to the reaper. The reaper runs as ``python -I -S reaper.py PARENT`` in a
+session of its own: it imports only the standard library, starts in milliseconds, and neither
+Ctrl-C at the terminal nor a signal sent to the parent's process group reaches it.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import threading
+
+POLL_S = 1.0  # backup check of the parent's pid, where a pidfd is unavailable
+
+
+def start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (``/proc``), ``""`` if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]
+
+
+# ----------------------------------------------------------------------- the reaper process
+
+
+def _parent_gone(parent: int) -> bool:
+    return os.getppid() != parent
+
+
+def _wait_readable(fds: list[int], parent: int) -> list[int]:
+    while True:
+        ready = select.select(fds, [], [], POLL_S)[0]
+        if ready or _parent_gone(parent):
+            return ready
+
+
+def _serve(parent: int) -> tuple[set[str], dict[int, str]]:
+    """Read announcements until the parent is gone; what is still listed then."""
+    paths: set[str] = set()
+    procs: dict[int, str] = {}
+    fds = [0]
+    try:
+        fds.append(os.pidfd_open(parent))
+    except (AttributeError, OSError):
+        pass
+    pending = b""
+    while True:
+        ready = _wait_readable(fds, parent)
+        if 0 not in ready:
+            return paths, procs
+        chunk = os.read(0, 65536)
+        if not chunk:
+            return paths, procs
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            _apply(line.decode("utf-8", "surrogateescape"), paths, procs)
+
+
+def _apply(line: str, paths: set[str], procs: dict[int, str]) -> None:
+    kind, _, rest = line.partition(" ")
+    if kind == "+S":
+        paths.add(rest)
+    elif kind == "-S":
+        paths.discard(rest)
+    elif kind == "+P":
+        pid, _, started = rest.partition(" ")
+        procs[int(pid)] = started
+    elif kind == "-P":
+        procs.pop(int(rest), None)
+
+
+def _reap(paths: set[str], procs: dict[int, str]) -> None:
+    for pid, started in procs.items():
+        if started and start_time(pid) != started:
+            continue  # gone, or the pid now belongs to another process
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def main(argv: list[str]) -> None:
+    """Entry point of the reaper process: ``reaper.py PARENT_PID``."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    _reap(*_serve(int(argv[1])))
+
+
+# ----------------------------------------------------------------------- the parent's side
+
+
+class _Client:
+    """This process's reaper: started on first use, restarted if it was killed."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pid = -1
+        self.fd = -1
+        self.owner = -1
+        self.paths: set[str] = set()
+        self.procs: dict[int, str] = {}
+
+    def _alive(self) -> bool:
+        if self.owner != os.getpid() or self.pid < 0:
+            return False
+        try:
+            return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
+    def _start(self) -> None:
+        """posix_spawn (no fork of this possibly threaded process), stdin from a pipe."""
+        if self.fd >= 0 and self.owner == os.getpid():
+            os.close(self.fd)
+        read, write = os.pipe()
+        try:
+            self.pid = os.posix_spawn(
+                sys.executable,
+                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid())],
+                dict(os.environ),
+                file_actions=[(os.POSIX_SPAWN_DUP2, read, 0)],
+                setsid=True,
+            )
+        finally:
+            os.close(read)
+        self.fd, self.owner = write, os.getpid()
+        lines = [f"+S {p}" for p in self.paths] + [f"+P {k} {v}" for k, v in self.procs.items()]
+        if lines:
+            self._write("\n".join(lines))
+
+    def _write(self, text: str) -> None:
+        data = (text + "\n").encode("utf-8", "surrogateescape")
+        while data:
+            data = data[os.write(self.fd, data) :]
+
+    def tell(self, line: str) -> None:
+        """Send one announcement; a reaper that died is replaced and told everything again."""
+        with self.lock:
+            for _ in range(2):
+                if not self._alive():
+                    self._start()
+                try:
+                    self._write(line)
+                    return
+                except OSError:
+                    self.pid = -1
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: drop the parent's reaper (its pipe and lists are not ours)."""
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self.__init__()  # type: ignore[misc]
+
+
+_client = _Client()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_client.forget_after_fork)
+
+
+def track_segment(path: str) -> None:
+    """Announce a segment path before creating it: the reaper unlinks it if we die."""
+    _client.paths.add(path)
+    _client.tell(f"+S {path}")
+
+
+def untrack_segment(path: str) -> None:
+    """The segment was unlinked by us; the reaper forgets it."""
+    if path in _client.paths:
+        _client.paths.discard(path)
+        _client.tell(f"-S {path}")
+
+
+def track_process(pid: int) -> None:
+    """A worker process we started: the reaper kills it if we die first."""
+    _client.procs[pid] = start_time(pid)
+    _client.tell(f"+P {pid} {_client.procs[pid]}")
+
+
+def untrack_process(pid: int) -> None:
+    """The worker ended (joined by us)."""
+    if _client.procs.pop(pid, None) is not None:
+        _client.tell(f"-P {pid}")
+
+
+def reaper_pid() -> int | None:
+    """Pid of this process's reaper, if one is running."""
+    return _client.pid if _client._alive() else None
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,52 @@
+"""SIGTERM gets the same orderly close as Ctrl-C: every running loader of this process stops its
+workers and removes its shared memory, then the process ends by SIGTERM as the default would.
+
+The handler is installed (from the main thread, at a loader's start) only while SIGTERM has its
+default action: a handler of the user's own is never replaced. Whatever the close does not
+finish (a second signal, a SIGKILL), the reaper finishes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import weakref
+from typing import Any, Protocol
+
+
+class Closable(Protocol):
+    """What the handler closes: a running loader's workers and memory."""
+
+    def close(self, fast: bool = False) -> None: ...
+
+
+_running: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Close every running loader, quickly, then die of SIGTERM with the default action."""
+    for run in list(_running):
+        try:
+            run.close(fast=True)
+        except BaseException:  # noqa: BLE001 - the process is ending either way
+            pass
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def register(run: Closable) -> None:
+    """Track a started loader; install the SIGTERM handler if SIGTERM has no handler yet."""
+    _running.add(run)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # not the main interpreter, or no signals here
+        pass
+
+
+def unregister(run: Closable) -> None:
+    """The loader closed: nothing to do for it at SIGTERM."""
+    _running.discard(run)
