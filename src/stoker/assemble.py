@@ -13,10 +13,47 @@ from . import order as order_mod
 from .errors import DecodeError, SourceError, TooManyErrors, one_line
 from .sources.base import Source
 from .transforms import Pipeline
+from .workers.slots import SharedArrays
 
 #: Errors that mean "this sample's data is bad" (counted against max_errors), not a bug.
 DATA_ERRORS = (DecodeError, SourceError, OSError)
 MAX_REPLACEMENT_TRIES = 64
+SHARE_COLUMNS_BYTES = 1 << 20  # columns larger than this travel to workers in shared memory
+
+
+class Columns:
+    """Per-sample numeric fields carried with each sample (``label`` of any dtype and shape,
+    ``weight``, ...): ``batch[name][slot] = column[index]``, dtype and shape kept exactly.
+
+    Sent to a worker, large columns move into one shared segment (made once) that every worker
+    maps, instead of a pickled copy each."""
+
+    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
+        self.arrays = dict(arrays)
+        self._shared: SharedArrays | None = None
+
+    def items(self) -> list[tuple[str, np.ndarray]]:
+        """``(name, column)`` pairs."""
+        return list(self.arrays.items())
+
+    def __getstate__(self) -> dict[str, Any]:
+        if sum(a.nbytes for a in self.arrays.values()) <= SHARE_COLUMNS_BYTES:
+            return {"arrays": {k: np.ascontiguousarray(v) for k, v in self.arrays.items()}}
+        if self._shared is None or not self._shared.alive:
+            self._shared = SharedArrays(self.arrays, "cols")
+        return {"names": list(self.arrays), "shared": self._shared}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._shared = state.get("shared")
+        if self._shared is None:
+            self.arrays = state["arrays"]
+        else:
+            self.arrays = {n: self._shared[n] for n in state["names"]}
+
+    def close(self) -> None:
+        """Unlink the shared copy (parent only)."""
+        if self._shared is not None:
+            self._shared.unlink()
 
 
 @dataclass
@@ -82,8 +119,11 @@ class Report:
 class Assembler:
     """Fills batches for one process; keeps the current epoch's order cached."""
 
-    def __init__(self, source: Source, pipeline: Pipeline, plan: Plan) -> None:
+    def __init__(
+        self, source: Source, pipeline: Pipeline, plan: Plan, columns: Columns | None = None
+    ) -> None:
         self.source, self.pipeline, self.plan = source, pipeline, plan
+        self.columns = columns if columns is not None else Columns({"label": source.labels})
         self._epoch = -1
         self._order = np.zeros(0, dtype=np.int64)
         self.current = -1  # index of the sample being loaded, for crash reports
@@ -98,14 +138,14 @@ class Assembler:
         self,
         epoch: int,
         batch: int,
-        images: np.ndarray,
-        labels: np.ndarray,
+        arrays: dict[str, np.ndarray],
         status: np.ndarray | None = None,
     ) -> Report:
-        """Write batch ``batch`` of ``epoch`` into ``images``/``labels``; return its report.
+        """Write batch ``batch`` of ``epoch`` into ``arrays`` (a slot's fields); return its report.
 
-        For a source with masks, ``labels`` is the ``uint8`` ``(B, H, W)`` masks array and each
-        mask gets its image's crop and flip."""
+        ``image`` (and ``mask``, which gets its image's crop and flip) come from the pipeline,
+        ``index`` is the sample index, and every column (``label``, ``weight``, ...) is copied
+        with its dtype and shape."""
         order = self.order(epoch)
         start = batch * self.plan.batch_size
         positions = np.arange(start, min(start + self.plan.batch_size, len(order)))
@@ -113,12 +153,14 @@ class Assembler:
         u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
         report = Report(count=len(indices))
         self.source.prefetch(indices)  # remote sources fetch the batch's bytes concurrently
-        masks = labels if self.source.has_masks else None
+        masks = arrays.get("mask")
+        columns = self.columns.items()
         for slot, pos in enumerate(positions):
-            out = (images[slot], None if masks is None else masks[slot])
+            out = (arrays["image"][slot], None if masks is None else masks[slot])
             index = self._load_good(epoch, order, int(pos), out, u[slot], report, status)
-            if masks is None:
-                labels[slot] = self.source.labels[index]
+            arrays["index"][slot] = index
+            for name, column in columns:
+                arrays[name][slot] = column[index]
         return report
 
     def _load_good(self, epoch, order, pos, out, u, report, status) -> int:

@@ -7,6 +7,7 @@ import math
 import os
 from typing import Any
 
+import numpy as np
 import psutil
 
 from .errors import ConfigError
@@ -15,17 +16,58 @@ DEFAULT_MAX_PIXELS = 178_956_970  # as Pillow: twice its warning limit
 START_METHODS = ("spawn", "forkserver")
 
 
-def image_size(value: Any) -> tuple[int, int]:
-    """``224`` or ``(height, width)`` as a tuple of positive ints."""
+DEFAULT_IMAGE_SIZE = 224
+
+
+def image_size(value: Any, pixels: tuple[int, int] | None = None) -> tuple[int, int]:
+    """``224`` or ``(height, width)`` as a tuple of positive ints; ``None`` (the default) is
+    the images' own size for a source of decoded arrays (``pixels``), else 224."""
+    if value is None:
+        return pixels if pixels is not None else (DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE)
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return (value, value)
     if (
         isinstance(value, (tuple, list))
         and len(value) == 2
-        and all(isinstance(v, int) and v > 0 for v in value)
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
     ):
         return (int(value[0]), int(value[1]))
-    raise ConfigError(f"image_size={value!r}: give a positive int (224) or (height, width)")
+    raise ConfigError(
+        f"image_size={value!r}: give a positive int (224), (height, width), or None (the "
+        "arrays' own size; 224 for image files)"
+    )
+
+
+def augment(value: Any, pixels: tuple[int, int] | None) -> Any:
+    """``augment="auto"`` (the default): ``"train"`` (random crop + flip) for image files,
+    None (no random change) for a source of decoded arrays, which are usually the model's
+    input as they are (and a flip would be wrong for positional targets)."""
+    if isinstance(value, str) and value == "auto":
+        return None if pixels is not None else "train"
+    return value
+
+
+def columns(source: Any, sample_weight: Any) -> dict[str, Any]:
+    """The per-sample fields carried with each sample: ``label`` (the source's targets, any
+    dtype and shape) and, given ``sample_weight`` (an array of N numbers, or the name of a
+    numeric column of a CSV), ``weight`` as float32."""
+    out = {"label": source.labels}
+    if sample_weight is None:
+        return out
+    n = len(source)
+    if isinstance(sample_weight, str):
+        weights = source.named_columns[sample_weight]
+    else:
+        weights = np.asarray(sample_weight)
+    if weights.dtype.kind not in "biuf" or weights.shape != (n,):
+        raise ConfigError(
+            f"sample_weight: need one number per sample, shape ({n},); got {weights.dtype} of "
+            f"shape {weights.shape}"
+        )
+    if not np.isfinite(weights).all() or (weights < 0).any():
+        raise ConfigError("sample_weight: weights must be finite and >= 0")
+    out["weight"] = weights.astype(np.float32)
+    return out
 
 
 def positive_int(name: str, value: Any) -> int:

@@ -9,20 +9,23 @@ from typing import Any
 
 import numpy as np
 
+from . import batch as batch_mod
 from . import config
 from . import order as order_mod
-from .assemble import Assembler, Plan, Report
+from .assemble import Assembler, Columns, Plan, Report
 from .errors import ConfigError, StokerError, TooManyErrors
 from .sources import open_source
+from .sources.targets import class_ids
 from .stats import Stats, StatsReport
 from .transforms import CustomPipeline, make_pipeline
 from .workers import shutdown
 from .workers.engine import HELD, Engine
 from .workers.pool import WorkerPool
-from .workers.slots import SlotLayout, clean_stale, pick_folder
+from .workers.slots import FieldSpec, SlotLayout, clean_stale, pick_folder
 
 STATE_VERSION = 1
-Batch = tuple[np.ndarray, np.ndarray]
+Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
+Fields = dict[str, np.ndarray]
 
 
 class StokerWarning(UserWarning):
@@ -43,8 +46,8 @@ def _probe_cost(assembler: Assembler, layout: SlotLayout) -> float | None:
     plan = assembler.plan
     indices = assembler.order(0)[:PROBE_SAMPLES]
     u = order_mod.sample_uniforms(plan.seed, 0, indices, assembler.pipeline.uniforms)
-    images, targets = np.empty((1, layout.height, layout.width, 3), np.uint8), layout.targets()
-    out = (images[0], targets[0] if layout.masks else None)
+    arrays = layout.arrays()
+    out = (arrays["image"][0], arrays["mask"][0] if "mask" in arrays else None)
     times = []
     for k, index in enumerate(indices):
         report = Report()
@@ -64,11 +67,9 @@ class _Inline:
         self.assembler, self.layout = assembler, layout
         self.orphaned = 0
 
-    def get(self, key: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, Report]:
-        lay = self.layout
-        images = np.empty((lay.batch_size, lay.height, lay.width, 3), np.uint8)
-        labels = lay.targets()  # int64 labels, or uint8 masks for a segmentation source
-        return images, labels, self.assembler.fill(key[0], key[1], images, labels)
+    def get(self, key: tuple[int, int]) -> tuple[Fields, Report]:
+        arrays = self.layout.arrays()
+        return arrays, self.assembler.fill(key[0], key[1], arrays)
 
     def close(self) -> None:
         """Nothing to release."""
@@ -94,12 +95,15 @@ class _Running:
 
 
 class Loader:
-    """Shuffled, augmented, fixed-shape image batches, decoded in parallel and prefetched.
+    """Shuffled, augmented, fixed-shape batches, decoded in parallel and prefetched.
 
-    Iterating gives ``(images, labels)``: ``uint8`` ``(B, H, W, 3)`` and ``int64`` ``(B,)``.
-    A segmentation source (``masks=``, or a CSV with an ``image,mask`` header) gives
-    ``(images, masks)`` instead, masks ``uint8`` ``(B, H, W)`` with the image's crop and flip.
-    See the README for every argument; all are validated here with a message saying the fix.
+    Iterating gives ``(images, labels)``: ``uint8`` ``(B, H, W, 3)`` images and the labels as
+    the source holds them: ``int64`` ``(B,)`` class ids, or numeric targets of any dtype and
+    shape ``(B, ...)`` kept bit for bit. A segmentation source (``masks=``, or a CSV with an
+    ``image,mask`` header) gives ``(images, masks)``, masks ``uint8`` ``(B, H, W)`` with the
+    image's crop and flip. ``batch="dict"`` (or a tuple/dict of field names) gives structured
+    batches. See the README for every argument and its default; all are validated here with a
+    message saying the fix.
     """
 
     def __init__(
@@ -109,9 +113,11 @@ class Loader:
         paths: Any = None,
         labels: Any = None,
         masks: Any = None,
+        label_column: Any = None,
+        sample_weight: Any = None,
         batch_size: int = 64,
-        image_size: Any = 224,
-        augment: Any = "train",
+        image_size: Any = None,
+        augment: Any = "auto",
         shuffle: bool = True,
         seed: int = 0,
         workers: Any = "auto",
@@ -124,10 +130,21 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         start_method: str = "spawn",
+        batch: Any = None,
     ) -> None:
-        self.source = open_source(source, paths=paths, labels=labels, masks=masks)
+        named = (sample_weight,) if isinstance(sample_weight, str) else ()
+        self.source = open_source(
+            source,
+            paths=paths,
+            labels=labels,
+            masks=masks,
+            label_column=label_column,
+            columns=named,
+        )
         self.batch_size = config.positive_int("batch_size", batch_size)
-        self.image_size = config.image_size(image_size)
+        pixels = self.source.pixel_size()
+        self.image_size = config.image_size(image_size, pixels)
+        augment = config.augment(augment, pixels)
         fast = config.fast_decode(fast_decode, augment)
         self.pipeline = make_pipeline(augment, self.image_size, fast, max_pixels)
         self.has_masks = bool(self.source.has_masks)
@@ -155,7 +172,10 @@ class Loader:
             world,
             block_sizes=tuple(int(b) for b in blocks) if blocks else None,
         )
-        self.layout = SlotLayout(self.batch_size, *self.image_size, masks=self.has_masks)
+        self.columns = Columns(config.columns(self.source, sample_weight))
+        self.layout = SlotLayout(self.batch_size, self._field_specs())
+        names = [f[0] for f in self.layout.fields]
+        self.form = batch_mod.resolve_form(batch, names)
         self._batches = self.plan.batches()
         if self._batches == 0:
             raise ConfigError(
@@ -169,6 +189,17 @@ class Loader:
         self._run = _Running()
         self._prefetch_reason, self._folder = "not started", "-"
         self._finalizer = weakref.finalize(self, _Running.close, self._run)
+
+    def _field_specs(self) -> tuple[FieldSpec, ...]:
+        """The batch's fields: image, mask (segmentation), every column, the sample index."""
+        height, width = self.image_size
+        specs: list[FieldSpec] = [("image", "|u1", (height, width, 3))]
+        if self.has_masks:
+            specs.append(("mask", "|u1", (height, width)))
+        for name, column in self.columns.items():
+            specs.append((name, column.dtype.str, tuple(column.shape[1:])))
+        specs.append(("index", "<i8", ()))
+        return tuple(specs)
 
     # ------------------------------------------------------------------ iteration
 
@@ -205,15 +236,17 @@ class Loader:
         engine = self._engine()
         t0 = self._stats.begin_wait()
         try:
-            images, labels, report = engine.get(key)
+            fields, report = engine.get(key)
             self._account(report)
         except BaseException:
             self._run.close()
             raise
         self._stats.end_wait(t0, report.count)
         if report.count < self.batch_size:
-            return images[: report.count], labels[: report.count]
-        return images, labels
+            fields = {name: arr[: report.count] for name, arr in fields.items()}
+        if "path" in batch_mod.leaves(self.form):
+            fields["path"] = batch_mod.paths(self.source.name, fields["index"])
+        return batch_mod.apply_form(self.form, fields)
 
     def _account(self, report: Report) -> None:
         """Fold a batch's report into the stats; warn about new bad files; enforce the budget."""
@@ -242,7 +275,7 @@ class Loader:
         return self._run.engine
 
     def _start(self) -> None:
-        assembler = Assembler(self.source, self.pipeline, self.plan)
+        assembler = Assembler(self.source, self.pipeline, self.plan, self.columns)
         if self.workers == 0:
             self._run.engine = _Inline(assembler, self.layout)
             self._prefetch_reason, self._folder = (
@@ -273,6 +306,7 @@ class Loader:
             "pipeline": self.pipeline,
             "plan": self.plan,
             "layout": self.layout,
+            "columns": self.columns,
         }
         self._run.pool = WorkerPool(self.workers, spec, self.start_method)
         self._run.engine = Engine(
@@ -383,14 +417,19 @@ class Loader:
         q = order_mod.shuffle_quality(
             self.plan.order(self.epoch),
             self.plan.block_sizes,
-            labels=self.source.labels,
+            labels=class_ids(self.source.labels),
             batch_size=self.batch_size,
         )
-        return [
+        line = (
             f"block shuffle: displacement {q['displacement_ratio']:.2f} of a full shuffle's, "
-            f"{q['blocks_per_batch']:.1f} row groups and {q['classes_per_batch']:.1f} classes "
-            f"per batch (full shuffle: {q['classes_per_batch_uniform']:.1f})"
-        ]
+            f"{q['blocks_per_batch']:.1f} row groups"
+        )
+        if "classes_per_batch" in q:
+            line += (
+                f" and {q['classes_per_batch']:.1f} classes per batch (full shuffle: "
+                f"{q['classes_per_batch_uniform']:.1f})"
+            )
+        return [line + " per batch" if "classes_per_batch" not in q else line]
 
     @staticmethod
     def advance_state(state: dict[str, Any], batches: int) -> dict[str, Any]:
@@ -439,6 +478,7 @@ class Loader:
     def close(self) -> None:
         """Stop the workers and free all shared memory; idempotent."""
         self._finalizer()
+        self.columns.close()
         self.source.close()
 
     def __enter__(self) -> Loader:

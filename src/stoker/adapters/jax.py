@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 
+from ..batch import DERIVED, leaves, map_form
 from .base import LoaderView, look_ahead, owned_batch
 
 __all__ = ["JaxLoader", "to_jax"]
@@ -57,9 +58,15 @@ class JaxLoader(LoaderView):
         return look_ahead(self.loader, self._put, _same)
 
     def _put(self, batch: Any) -> Any:
-        """Start the batch's copy to the device(s); returns at once."""
+        """Start the batch's copy to the device(s); returns at once. ``path`` strings stay
+        numpy (the structure is kept)."""
         batch = owned_batch(batch) if self._copy else batch
-        return jax.device_put(batch, self.sharding)
+        form = self.loader.form
+        if not any(n in DERIVED for n in leaves(form)):
+            return jax.device_put(batch, self.sharding)
+        arrays = map_form(form, batch, lambda n, v: None if n in DERIVED else v)
+        put = jax.device_put(arrays, self.sharding)
+        return map_form(form, put, lambda n, v, orig: orig if n in DERIVED else v, batch)
 
     def __repr__(self) -> str:
         return f"JaxLoader({self.loader!r}, sharding={self.sharding!r})"

@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import keras
-import numpy as np
+
+from .base import owned_batch
 
 __all__ = ["LoaderCheckpoint", "StokerPyDataset", "to_keras"]
 
-Batch = tuple[np.ndarray, np.ndarray]
+Batch = Any  # the loader's batch structure: (x, y), (x, y, sample_weight), dicts...
 
 
 class _Entry:
@@ -111,8 +112,8 @@ class StokerPyDataset(keras.utils.PyDataset):
             if not entry.pending:
                 del self._entries[index]
             elif not entry.copied:  # Keras will ask again: keep it in our own memory
-                images, labels = entry.batch
-                entry.batch, entry.copied = (np.array(images), labels), True
+                entry.batch = owned_batch(entry.batch)
+                entry.copied = True
         if self._stream is None:
             self._stream = self.loader.stream()
         return next(self._stream)

@@ -1,4 +1,5 @@
-"""TensorFlow adapter: a Loader as a ``tf.data.Dataset`` of ``(uint8 images, int64 labels)``.
+"""TensorFlow adapter: a Loader as a ``tf.data.Dataset`` of its batches: ``(images, labels)``,
+or the structure ``Loader(batch=...)`` asks for, each field with its own dtype and shape.
 
 Each iteration of the dataset is one epoch: ``len(loader)`` consecutive batches of
 ``loader.stream()``. On a fresh loader that is exactly the loader's epoch; on one resumed
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ..batch import map_form
 from .base import owned_batch
 
 __all__ = ["to_tf"]
@@ -57,21 +59,26 @@ class _Epochs:
             del batch
 
 
+def _spec(loader: Any, name: str, batch: int | None) -> tf.TensorSpec:
+    """The TensorSpec of field ``name``: its dtype and shape, exactly as the loader gives it."""
+    if name == "path":
+        return tf.TensorSpec((batch,), tf.string, name=name)
+    spec = loader.layout.field(name)
+    return tf.TensorSpec((batch, *spec[2]), tf.as_dtype(np.dtype(spec[1])), name=name)
+
+
 def to_tf(loader: Any) -> tf.data.Dataset:
     """Wrap ``loader`` as a ``tf.data.Dataset``: ``for images, labels in to_tf(train): ...``.
 
-    The output signature is exact: images ``tf.uint8`` ``(B, H, W, 3)`` (batch axis ``None`` when
-    the last batch of an epoch can be short), labels ``tf.int64`` ``(B,)`` (for a loader with
-    masks: masks ``tf.uint8`` ``(B, H, W)``). Also usable as
-    ``model.fit(to_tf(train), epochs=...)`` on Keras' TensorFlow backend.
+    The output signature is exact: the loader's batch structure (``Loader(batch=...)``), each
+    field with its own dtype and shape: images ``tf.uint8`` ``(B, H, W, C)`` (batch axis ``None``
+    when the last batch of an epoch can be short), labels as the source holds them (``tf.int64``
+    ``(B,)`` class ids, or numeric targets of any dtype and shape), masks ``tf.uint8``
+    ``(B, H, W)``, ``path`` ``tf.string``. Also usable as ``model.fit(to_tf(train), epochs=...)``
+    on Keras' TensorFlow backend.
     """
-    height, width = loader.image_size
     batch = loader.batch_size if _always_full(loader) else None
-    if getattr(loader, "has_masks", False):  # segmentation: uint8 masks (B, H, W)
-        target = tf.TensorSpec((batch, height, width), tf.uint8, name="masks")
-    else:
-        target = tf.TensorSpec((batch,), tf.int64, name="labels")
-    signature = (tf.TensorSpec((batch, height, width, 3), tf.uint8, name="images"), target)
+    signature = map_form(loader.form, loader.form, lambda name, _: _spec(loader, name, batch))
     dataset = tf.data.Dataset.from_generator(_Epochs(loader), output_signature=signature)
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
     options = tf.data.Options()

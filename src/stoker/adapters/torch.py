@@ -21,12 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..batch import map_form
 from ..errors import ConfigError
 from .base import LoaderView, look_ahead
 
 __all__ = ["TorchLoader", "to_torch"]
 
-Tensors = tuple[torch.Tensor, torch.Tensor]
+Tensors = Any  # the loader's batch structure, with tensors for arrays
 
 
 def _units(mean: Any, std: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -41,17 +42,23 @@ def _units(mean: Any, std: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Pinned:
-    """One pinned host buffer of the CUDA ring, and the event of the copy that last read it."""
+    """One pinned host buffer per field (the CUDA ring has two), and the event of the copy
+    that last read them."""
 
-    def __init__(self, batch_size: int, height: int, width: int, masks: bool = False) -> None:
-        shape = (batch_size, height, width, 3)
-        self.images = torch.empty(shape, dtype=torch.uint8, pin_memory=True)
-        if masks:  # segmentation: the labels buffer holds uint8 masks (B, H, W)
-            self.labels = torch.empty(shape[:3], dtype=torch.uint8, pin_memory=True)
-        else:
-            self.labels = torch.empty((batch_size,), dtype=torch.int64, pin_memory=True)
-        self.np_images, self.np_labels = self.images.numpy(), self.labels.numpy()
+    def __init__(self, layout: Any) -> None:
+        self.tensors = {
+            name: torch.from_numpy(
+                np.empty((layout.batch_size, *shape), np.dtype(dtype))
+            ).pin_memory()
+            for name, dtype, shape in layout.fields
+        }
+        self.arrays = {name: t.numpy() for name, t in self.tensors.items()}
         self.copied: torch.cuda.Event | None = None
+
+
+def _is_text(value: Any) -> bool:
+    """A ``path`` field (strings): passed through as numpy, torch has no string tensors."""
+    return isinstance(value, np.ndarray) and value.dtype.kind in "US"
 
 
 class TorchLoader(LoaderView):
@@ -116,43 +123,57 @@ class TorchLoader(LoaderView):
             self._consts[key] = (mean, std)
         return self._consts[key]
 
-    def _plain(self, batches: Iterable[Any], dev: torch.device | None) -> Iterator[Tensors]:
-        for images, labels in batches:
-            x, y = torch.from_numpy(images), torch.from_numpy(labels)
-            if dev is not None and dev.type != "cpu":
-                x, y = x.to(dev), y.to(dev)
-            del images, labels
-            yield self._convert(x), y
+    def _leaf(self, name: str, value: Any, dev: torch.device | None) -> Any:
+        """One field of a batch as a tensor on ``dev``; the image converted as asked."""
+        if _is_text(value):
+            return value
+        t = torch.from_numpy(value)
+        if dev is not None and dev.type != "cpu":
+            t = t.to(dev)
+        return self._convert(t) if name == "image" else t
+
+    def _plain(self, batches: Iterable[Any], dev: torch.device | None) -> Iterator[Any]:
+        form = self.loader.form
+        for batch in batches:
+            out = map_form(form, batch, lambda name, v: self._leaf(name, v, dev))
+            del batch
+            yield out
 
     def _cuda(self, dev: torch.device) -> Iterator[Tensors]:
         side = torch.cuda.Stream(dev)
-        height, width = self.loader.image_size
-        masks = bool(getattr(self.loader, "has_masks", False))
-        ring = [_Pinned(self.loader.batch_size, height, width, masks) for _ in range(2)]
+        form = self.loader.form
+        ring = [_Pinned(self.loader.layout) for _ in range(2)]
 
-        def issue(batch: Any, buf: _Pinned) -> tuple[torch.Tensor, torch.Tensor, Any]:
-            images, labels = batch
-            n = len(labels)
+        def issue(batch: Any, buf: _Pinned) -> tuple[Any, Any]:
             if buf.copied is not None:
                 buf.copied.synchronize()  # the copy that last read this buffer is done
-            np.copyto(buf.np_images[:n], images)
-            np.copyto(buf.np_labels[:n], labels)
+
+            def copy(name: str, value: Any) -> Any:
+                if _is_text(value):
+                    return value
+                n = len(value)
+                np.copyto(buf.arrays[name][:n], value)
+                return buf.tensors[name][:n].to(dev, non_blocking=True)
+
             with torch.cuda.stream(side):
-                x = buf.images[:n].to(dev, non_blocking=True)
-                y = buf.labels[:n].to(dev, non_blocking=True)
+                moved = map_form(form, batch, copy)
                 buf.copied = torch.cuda.Event()
                 buf.copied.record(side)
-                x = self._convert(x)
+                moved = map_form(form, moved, lambda n, t: self._convert(t) if n == "image" else t)
                 ready = torch.cuda.Event()
                 ready.record(side)
-            return x, y, ready
+            return moved, ready
 
-        def hand_over(x: torch.Tensor, y: torch.Tensor, ready: Any) -> Tensors:
+        def hand_over(moved: Any, ready: Any) -> Any:
             stream = torch.cuda.current_stream(dev)
             stream.wait_event(ready)
-            x.record_stream(stream)  # made on the side stream, used on this one
-            y.record_stream(stream)
-            return x, y
+
+            def record(name: str, t: Any) -> Any:
+                if isinstance(t, torch.Tensor):
+                    t.record_stream(stream)  # made on the side stream, used on this one
+                return t
+
+            return map_form(form, moved, record)
 
         turn = itertools.count()
         return look_ahead(
@@ -181,8 +202,10 @@ def to_torch(loader: Any, device: Any = None, **options: Any) -> TorchLoader:
       <= 1 are read in 0-1 units (torchvision's ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224,
       0.225)``), otherwise in 0-255 units (``mean=(123.7, 116.3, 103.5)``); the result is the same
       normalised tensor either way. ``mean=0, std=1`` gives values in [0, 1].
-    - Labels are ``int64`` ``(B,)``, on the same device. For a loader with masks the second
-      tensor is the masks, ``uint8`` ``(B, H, W)`` (class ids, never normalised or permuted);
+    - Labels keep the loader's dtype and shape (``int64`` ``(B,)`` class ids, or numeric targets
+      of any dtype ``(B, ...)``), on the same device; other fields of a structured batch
+      (``Loader(batch=...)``) likewise, ``path`` strings stay numpy. For a loader with masks the
+      second tensor is the masks, ``uint8`` ``(B, H, W)`` (class ids, never normalised or permuted);
       take ``.long()`` for ``CrossEntropyLoss``.
     """
     return TorchLoader(loader, device, **options)

@@ -9,7 +9,6 @@ import statistics
 import time
 from typing import Any
 
-import numpy as np
 import psutil
 
 from .. import config
@@ -60,15 +59,13 @@ def single_core_rate(loader: Loader, seconds: float = 3.0) -> float:
 
 
 def _rate(loader: Loader, seconds: float) -> float:
-    asm = Assembler(loader.source, loader.pipeline, loader.plan)
-    lay = loader.layout
-    images = np.empty((lay.batch_size, lay.height, lay.width, 3), np.uint8)
-    labels = lay.targets()  # int64 labels, or uint8 masks for a segmentation source
-    asm.fill(0, 0, images, labels)  # warm-up
+    asm = Assembler(loader.source, loader.pipeline, loader.plan, loader.columns)
+    arrays = loader.layout.arrays()
+    asm.fill(0, 0, arrays)  # warm-up
     done, t0, batch = 0, time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
         batch = (batch + 1) % len(loader)
-        done += asm.fill(0, batch, images, labels).count
+        done += asm.fill(0, batch, arrays).count
     return done / (time.perf_counter() - t0)
 
 

@@ -32,6 +32,7 @@ from ..assemble import DATA_ERRORS
 from ..errors import ConfigError
 from ..sources import open_source
 from ..sources.base import PathIndex, Source
+from ..sources.targets import class_ids
 from .shard_writer import STATE, prepare, shard_name, write_json, write_shard
 
 __all__ = ["convert", "MANIFEST", "ERRORS", "STATE", "shard_name"]
@@ -80,6 +81,12 @@ def convert(
     if ray_address is not None and engine != "ray":
         raise ConfigError("ray_address is only used with engine='ray'")
     source = open_source(src)
+    if class_ids(source.labels) is None:
+        raise ConfigError(
+            f"{src}: its labels are numeric targets ({source.labels.dtype}, shape "
+            f"{source.labels.shape[1:]} per sample), and shards store int64 class ids: converting "
+            "would truncate them; load this source directly with stoker.Loader"
+        )
     if source.has_masks:
         if source is not src:
             source.close()

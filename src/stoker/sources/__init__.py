@@ -52,7 +52,13 @@ def __getattr__(name: str) -> Any:
 
 
 def open_source(
-    source: Any = None, *, paths: Any = None, labels: Any = None, masks: Any = None
+    source: Any = None,
+    *,
+    paths: Any = None,
+    labels: Any = None,
+    masks: Any = None,
+    label_column: Any = None,
+    columns: tuple[str, ...] = (),
 ) -> Source:
     """Recognise what ``source`` is and return the matching Source.
 
@@ -60,6 +66,10 @@ def open_source(
     ``remote.py``), a folder (ImageFolder layout, or of Parquet shards or WebDataset tars), a
     CSV/TSV file, a ``.npy``, ``.parquet``, ``.tar`` or ``.h5``/``.hdf5`` file, a numpy array of
     images (then ``labels`` is an array), or None with ``paths=`` (and ``labels=``).
+
+    ``label_column``: the column(s) holding the target in a CSV/TSV (a name, or a list of names
+    for an ``(N, K)`` target) or Parquet shards (a name); ``columns``: more named numeric
+    columns of a CSV/TSV to read (sample weights), found in ``source.named_columns``.
 
     Segmentation: ``masks=`` pairs each image with a mask, for an array source (a ``(N, H, W)``
     array) or ``paths=`` (a list of mask files); a CSV/TSV with an ``image,mask`` header pairs
@@ -77,6 +87,12 @@ def open_source(
             )
     if isinstance(source, Source):
         return source
+    table = isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in TABLES
+    if (label_column is not None or columns) and not (table or _is_shards(source)):
+        raise SourceError(
+            "label_column= names a column of a CSV/TSV file or of Parquet shards; for arrays, "
+            "lists and folders pass the targets as labels= (any numeric array, (N,) or (N, K))"
+        )
     if source is None:
         if paths is None:
             raise SourceError("no data given: pass a folder, a CSV file, an array, or paths=[...]")
@@ -85,19 +101,45 @@ def open_source(
         raise SourceError("pass either a source or paths=, not both")
     if isinstance(source, np.ndarray):
         return ArraySource(source, labels, masks)
+    if table and Path(source).is_file():
+        return TableSource(source, label_column, tuple(columns))
+    named = {} if label_column is None else {"label_column": _one_column(label_column)}
     if isinstance(source, str) and "://" in source:  # remote storage through fsspec
         from .remote import RemoteShardSource
 
-        return RemoteShardSource(source)
+        return RemoteShardSource(source, label_column=named.get("label_column", "label"))
     if isinstance(source, (str, os.PathLike)):
-        return _open_path(Path(source), labels)
+        return _open_path(Path(source), labels, named)
     raise SourceError(
         f"unsupported source of type {type(source).__name__}: pass a folder, a CSV/TSV file, "
         "a .npy file, a numpy array of images, or paths=[...]"
     )
 
 
-def _open_path(path: Path, labels: Any) -> Source:
+TABLES = (".csv", ".tsv", ".txt")
+
+
+def _is_shards(source: Any) -> bool:
+    """A URL, ``.parquet`` file or folder of Parquet shards."""
+    if isinstance(source, str) and "://" in source:
+        return True
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    path = Path(source)
+    return path.suffix.lower() == ".parquet" or (path.is_dir() and _folder_kind(path) == "parquet")
+
+
+def _one_column(value: Any) -> str:
+    """Parquet's label column: one name (a vector target is one fixed-size-list column)."""
+    if isinstance(value, str):
+        return value
+    raise SourceError(
+        f"label_column={value!r}: Parquet shards take one column name; store a vector target "
+        "as one fixed-size list column (pa.list_(pa.float32(), K))"
+    )
+
+
+def _open_path(path: Path, labels: Any, named: dict[str, str]) -> Source:
     """Open a source given as a path, by what the path is."""
     if not path.exists():
         raise SourceError(f"{path}: no such file or folder")
@@ -106,7 +148,7 @@ def _open_path(path: Path, labels: Any) -> Source:
         if kind == "parquet":
             from .shards import ShardSource
 
-            return ShardSource(path)
+            return ShardSource(path, **named)
         if kind == "tar":
             return TarSource(path)
         return FolderSource(path)
@@ -114,15 +156,13 @@ def _open_path(path: Path, labels: Any) -> Source:
     if suffix == ".parquet":
         from .shards import ShardSource
 
-        return ShardSource(path)
+        return ShardSource(path, **named)
     if suffix == ".tar":
         return TarSource(path)
     if suffix in (".h5", ".hdf5"):
         from .hdf5 import HDF5Source
 
         return HDF5Source(path)
-    if suffix in (".csv", ".tsv", ".txt"):
-        return TableSource(path)
     if suffix == ".npy":
         return NpySource(path, labels)
     raise SourceError(

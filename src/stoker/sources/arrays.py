@@ -12,6 +12,7 @@ import numpy as np
 from ..errors import SourceError
 from ..workers.slots import SharedArrays
 from .base import Source, file_fingerprint
+from .targets import as_targets
 
 
 def check_images(images: np.ndarray, where: str) -> None:
@@ -28,16 +29,14 @@ def check_images(images: np.ndarray, where: str) -> None:
         )
 
 
-def check_labels(labels: Any, count: int, where: str) -> np.ndarray:
-    """Labels as int64 of length ``count``; -1 for every sample when none are given."""
-    if labels is None:
-        return np.full(count, -1, dtype=np.int64)
-    out = np.asarray(labels)
-    if isinstance(labels, (str, os.PathLike)):
-        out = np.load(labels, mmap_mode="r", allow_pickle=False)
-    if out.shape[0] != count:
-        raise SourceError(f"{where}: {count} images but {out.shape[0]} labels")
-    return np.asarray(out, dtype=np.int64).reshape(count)
+def check_labels(labels: Any, count: int, where: str) -> tuple[np.ndarray, list[str] | None]:
+    """``(labels, class names)``: numeric labels keep their dtype and shape ``(N, ...)``
+    exactly (float targets are never cast to ints), text labels become class ids, none are -1.
+    ``labels`` may be an array, a list, or the path of a ``.npy`` file (memory-mapped)."""
+    out, classes = as_targets(labels, count, where, "images")
+    if not out.dtype.isnative:  # same values, in this machine's byte order (torch needs it)
+        out = out.astype(out.dtype.newbyteorder("="))
+    return out, classes
 
 
 def check_masks(masks: Any, image_shape: tuple[int, ...], where: str) -> np.ndarray:
@@ -62,7 +61,7 @@ class ArraySource(Source):
 
     def __init__(self, images: np.ndarray, labels: Any = None, masks: Any = None) -> None:
         check_images(images, "array source")
-        self.labels = check_labels(labels, images.shape[0], "array source")
+        self.labels, self.classes = check_labels(labels, images.shape[0], "array source")
         self.shape, self._array = images.shape, images
         self._shared: SharedArrays | None = None
         self._digest = hashlib.blake2b(
@@ -94,6 +93,10 @@ class ArraySource(Source):
         self._array = self._shared["images"]
         if self.mask_shape is not None:
             self._masks = self._shared["masks"]
+
+    def pixel_size(self) -> tuple[int, int]:
+        """The arrays' own ``(height, width)``."""
+        return (int(self.shape[1]), int(self.shape[2]))
 
     def read(self, index: int) -> np.ndarray:
         """The image as a view (no copy)."""
@@ -141,7 +144,7 @@ class NpySource(Source):
             ) from None
         check_images(arr, str(self.path))
         self.shape = arr.shape
-        self.labels = check_labels(labels, arr.shape[0], str(self.path))
+        self.labels, self.classes = check_labels(labels, arr.shape[0], str(self.path))
         self._array: np.ndarray | None = arr
 
     def __getstate__(self) -> dict[str, Any]:
@@ -151,6 +154,10 @@ class NpySource(Source):
         if self._array is None:
             self._array = np.load(self.path, mmap_mode="r", allow_pickle=False)
         return self._array
+
+    def pixel_size(self) -> tuple[int, int]:
+        """The array's own ``(height, width)``."""
+        return (int(self.shape[1]), int(self.shape[2]))
 
     def read(self, index: int) -> np.ndarray:
         """The image, read from the mapping."""

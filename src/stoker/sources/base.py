@@ -20,6 +20,8 @@ class Source:
     #: A segmentation source: ``read_mask(i)`` gives sample ``i``'s mask, and batches carry
     #: masks in place of labels.
     has_masks: bool = False
+    #: Extra numeric columns read by name (a CSV's ``columns=``), one value per sample.
+    named_columns: dict[str, np.ndarray] = {}
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -36,6 +38,12 @@ class Source:
     def mask_name(self, index: int) -> str:
         """A human-readable name of sample ``index``'s mask."""
         return f"mask {index}"
+
+    def pixel_size(self) -> tuple[int, int] | None:
+        """``(height, width)`` shared by every image of a source of decoded arrays; None for
+        encoded files (whose sizes vary). Sets the ``image_size=None`` and ``augment="auto"``
+        defaults."""
+        return None
 
     def prefetch(self, indices: np.ndarray) -> None:
         """Hint: ``read`` is about to be called for ``indices`` (one batch). Remote sources

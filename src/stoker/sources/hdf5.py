@@ -15,8 +15,9 @@ import h5py
 import numpy as np
 
 from ..errors import SourceError
-from .arrays import check_images
+from .arrays import check_images, check_labels
 from .base import Source, file_fingerprint
+from .targets import unlabeled
 
 
 class HDF5Source(Source):
@@ -55,17 +56,16 @@ class HDF5Source(Source):
         self.shape = ds.shape
         count = ds.shape[0]
         if self.labels_key in f:
-            labels = np.asarray(f[self.labels_key][()]).reshape(-1)
-            if labels.shape[0] != count:
-                raise SourceError(f"{self.path}: {count} images but {labels.shape[0]} labels")
-            if labels.dtype.kind not in "iu":
-                raise SourceError(f"{self.path}: labels must be integers, got {labels.dtype}")
-            self.labels = labels.astype(np.int64)
+            where = f"{self.path}:{self.labels_key}"
+            self.labels, text_classes = check_labels(
+                np.asarray(f[self.labels_key][()]), count, where
+            )
+            self.classes = text_classes
             names = f[self.labels_key].attrs.get("classes", f.attrs.get("classes"))
             if names is not None:
                 self.classes = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
         else:
-            self.labels = np.full(count, -1, dtype=np.int64)
+            self.labels = unlabeled(count)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_file": None, "_images": None}
@@ -75,6 +75,10 @@ class HDF5Source(Source):
             self._file = h5py.File(self.path, "r")
             self._images = self._file[self.images_key]
         return self._images
+
+    def pixel_size(self) -> tuple[int, int] | None:
+        """The images' own ``(height, width)`` for decoded pixels; None for encoded files."""
+        return None if self.encoded else (int(self.shape[1]), int(self.shape[2]))
 
     def read(self, index: int) -> bytes | np.ndarray:
         """Encoded bytes (vlen layout) or the decoded ``uint8`` image (array layout)."""

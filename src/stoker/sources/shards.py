@@ -35,7 +35,7 @@ import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError
 from .base import Source
-from .table import encode_labels
+from .targets import parse_column, unlabeled
 
 MAGIC = 0x5354_4B49_4458  # "STKIDX"
 INDEX_VERSION = 1
@@ -120,12 +120,12 @@ class ShardSource(Source):
         return f"{self.image_column}.bytes" if pa.types.is_struct(kind) else self.image_column
 
     def _labels(self, pf: pq.ParquetFile) -> np.ndarray | list[Any]:
+        """One shard's label column: numbers (and fixed-size lists of numbers, ``(N, K)``)
+        keep their Arrow dtype; text comes back as cells, for class names."""
         if self.label_column not in pf.schema_arrow.names:
-            return np.full(pf.metadata.num_rows, -1, dtype=np.int64)
-        column = pf.read(columns=[self.label_column]).column(0)
-        if pa.types.is_integer(column.type):
-            return column.fill_null(-1).to_numpy().astype(np.int64)
-        return column.to_pylist()
+            return unlabeled(pf.metadata.num_rows)
+        column = pf.read(columns=[self.label_column]).column(0).combine_chunks()
+        return arrow_targets(column, f"label column {self.label_column!r}")
 
     def _offset_index(self, path: str, pf: pq.ParquetFile, expected: dict | None) -> str | None:
         """Path of a valid sidecar index for ``path`` (built if missing or stale); None when
@@ -358,11 +358,48 @@ def _hf_classes(pf: pq.ParquetFile) -> list[str] | None:
     return [str(n) for n in names] if isinstance(names, list) else None
 
 
+def arrow_targets(column: pa.Array, where: str) -> np.ndarray | list[Any]:
+    """A Parquet column of labels: integers (nulls -1), floats, bools and fixed-size lists of
+    numbers as numpy arrays of their own dtype; anything else as text cells ('' for null)."""
+    kind = column.type
+    if pa.types.is_integer(kind):
+        return column.fill_null(-1).to_numpy(zero_copy_only=False)
+    if pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        if column.null_count and pa.types.is_boolean(kind):
+            raise SourceError(f"{where}: null booleans; fill them before training")
+        return column.to_numpy(zero_copy_only=False)
+    if pa.types.is_fixed_size_list(kind) and (
+        pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
+    ):
+        if column.null_count:
+            raise SourceError(f"{where}: some rows have no target (null); fill them")
+        values = column.flatten().to_numpy(zero_copy_only=False)
+        return values.reshape(len(column), kind.list_size)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_struct(kind):
+        raise SourceError(
+            f"{where}: labels of type {kind} have no fixed shape; store them as a fixed-size "
+            "list (pa.list_(pa.float32(), K)) or as one column per value"
+        )
+    return ["" if v is None else str(v) for v in column.to_pylist()]
+
+
 def _join_labels(parts: list[Any], where: str) -> tuple[np.ndarray, list[str] | None]:
+    """The shards' labels joined: arrays of one dtype and shape kept as they are; text cells
+    parsed as a whole (class names sorted across all shards)."""
     if all(isinstance(p, np.ndarray) for p in parts):
-        return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64), None
-    flat = [v for p in parts for v in (p.tolist() if isinstance(p, np.ndarray) else p)]
-    return encode_labels(["-1" if v is None else v for v in flat], where)
+        if not parts:
+            return unlabeled(0), None
+        shapes = {(p.dtype.str, p.shape[1:]) for p in parts}
+        if len(shapes) > 1:
+            raise SourceError(f"{where}: the shards' labels differ in dtype or shape ({shapes})")
+        return np.concatenate(parts), None
+    flat = [_cell(v) for p in parts for v in (p.tolist() if isinstance(p, np.ndarray) else p)]
+    return parse_column(flat, where)
+
+
+def _cell(value: Any) -> str:
+    """A label as a text cell; an unlabeled shard's -1 is an empty cell."""
+    return "" if value == -1 else str(value)
 
 
 def _index_valid(candidate: str | os.PathLike, key: tuple[int, int], rows: int) -> bool:

@@ -16,50 +16,122 @@ import numpy as np
 
 from ..errors import SourceError
 from .base import FileListSource, PathIndex
+from .targets import as_targets, parse_column, stack_columns, unlabeled
 
 
 def encode_labels(raw: list[Any], where: str) -> tuple[np.ndarray, list[str] | None]:
-    """Integer labels as they are; any other labels become indices of their sorted names."""
-    if not raw:
-        return np.zeros(0, dtype=np.int64), None
-    try:
-        return np.asarray([int(v) for v in raw], dtype=np.int64), None
-    except (TypeError, ValueError):
-        pass
-    names = sorted({str(v) for v in raw})
-    lookup = {n: i for i, n in enumerate(names)}
-    if len(names) > max(1000, len(raw) // 2):
-        raise SourceError(f"{where}: labels look like free text ({len(names)} distinct values)")
-    return np.asarray([lookup[str(v)] for v in raw], dtype=np.int64), names
+    """Labels given as Python values: numbers keep their kind (floats stay floats), text
+    becomes class ids of the sorted names (see ``targets``)."""
+    return as_targets(raw, len(raw), where)
+
+
+PATH_NAMES = ("path", "image", "filename", "file")
+HEADER_NAMES = (*PATH_NAMES, "label", "mask")
+
+
+class _Cells:
+    """One column's cells, streamed: ``int64`` while every cell is an integer (no Python object
+    per row), the text of every cell once one is not."""
+
+    def __init__(self) -> None:
+        self.ints: array | None = array("q")
+        self.texts: list[str] = []
+
+    def add(self, cell: str) -> None:
+        if self.ints is not None:
+            try:
+                self.ints.append(int(cell) if cell else -1)
+                return
+            except ValueError:
+                self.texts = ["" if v == -1 else str(v) for v in self.ints]
+                self.ints = None
+        self.texts.append(cell)
+
+    def values(self, where: str) -> tuple[np.ndarray, list[str] | None]:
+        """The column as targets: integers, numbers (float64) or class ids and names."""
+        if self.ints is not None:
+            return np.frombuffer(self.ints, dtype=np.int64).copy(), None
+        return parse_column(self.texts, where)
 
 
 class _Rows:
-    """Streams a CSV/TSV into a compact index: path bytes, offsets and labels, row by row,
-    without holding a Python object per row (a 200,000-row list would stay in the heap)."""
+    """Streams a CSV/TSV into a compact index: path bytes, offsets and label columns, row by
+    row, without holding a Python object per row (a 200,000-row list would stay in the heap).
 
-    def __init__(self, table: Path) -> None:
+    Columns are taken by name from a header (``path``/``image``/``filename``, ``label`` or the
+    ``label_column`` asked for, ``mask``), else by position: ``path,label``."""
+
+    def __init__(self, table: Path, label_column: Any = None, extra: tuple[str, ...] = ()) -> None:
         self.table = table
         self.blob = bytearray()
         self.offsets = array("q", [0])
-        self.ints: array | None = array("q")
-        self.texts: list[str] = []
         self.path_col = 0
         self.mask_col: int | None = None  # set by a header with a ``mask`` column
         self.mask_blob = bytearray()
         self.mask_offsets = array("q", [0])
+        self.wanted = label_column
+        self.extra = extra
+        self.label_cols: list[int] = [1]
+        self.label_names: list[str] = ["label"]
+        self.cells: list[_Cells] = [_Cells()]
+        self.extra_cols: dict[str, int] = {}
+        self.extra_cells: dict[str, _Cells] = {}
 
     def header(self, row: list[str]) -> None:
-        """Take the columns from a header row: ``image,mask``/``path,mask`` pairs, or path,label."""
-        cells = [c.strip().lower() for c in row]
-        if "mask" not in cells:
-            return
-        if "image" not in cells and "path" not in cells:
+        """Take the columns by name from a header row."""
+        names = [c.strip() for c in row]
+        lower = [c.lower() for c in names]
+        self.path_col = next((lower.index(n) for n in PATH_NAMES if n in lower), 0)
+        if "mask" in lower:
+            if not any(n in lower for n in PATH_NAMES):
+                raise SourceError(
+                    f"{self.table}: the header has a mask column but no image (or path) column; "
+                    "write the header as image,mask"
+                )
+            self.mask_col = lower.index("mask")
+        wanted = self._wanted(names, lower)
+        self.label_cols = [self._find(names, n) for n in wanted]
+        self.label_names = wanted
+        self.cells = [_Cells() for _ in wanted]
+        for name in self.extra:
+            self.extra_cols[name] = self._find(names, name)
+            self.extra_cells[name] = _Cells()
+
+    def _wanted(self, names: list[str], lower: list[str]) -> list[str]:
+        """The label column name(s): ``label_column`` as given, else ``label``, else the one
+        column that is neither the path nor the mask."""
+        if self.wanted is not None:
+            return [self.wanted] if isinstance(self.wanted, str) else list(self.wanted)
+        if "label" in lower:
+            return [names[lower.index("label")]]
+        rest = [n for k, n in enumerate(names) if k not in (self.path_col, self.mask_col) and n]
+        rest = [n for n in rest if n not in self.extra]
+        if self.mask_col is not None or not rest:
+            return []
+        if len(rest) > 1:
             raise SourceError(
-                f"{self.table}: the header has a mask column but no image (or path) column; "
-                "write the header as image,mask"
+                f"{self.table}: the header has no 'label' column and several others "
+                f"({', '.join(rest)}); pick the target with label_column='{rest[0]}' (or a list "
+                "of columns for a vector target)"
             )
-        self.path_col = cells.index("image") if "image" in cells else cells.index("path")
-        self.mask_col = cells.index("mask")
+        return rest
+
+    def _find(self, names: list[str], name: str) -> int:
+        if name in names:
+            return names.index(name)
+        raise SourceError(
+            f"{self.table}: no column {name!r} in the header ({', '.join(names)}); pass "
+            "label_column= (and sample_weight=) with names from the header"
+        )
+
+    def no_header(self) -> None:
+        """A table without a header: ``path,label``; named columns cannot be found."""
+        if self.wanted is not None or self.extra:
+            asked = self.wanted if self.wanted is not None else self.extra[0]
+            raise SourceError(
+                f"{self.table}: column {asked!r} asked for, but the file has no header row; "
+                "add a header (path,label,...) naming the columns"
+            )
 
     def _cell(self, row: list[str], col: int, number: int, what: str) -> str:
         path = row[col].strip() if len(row) > col else ""
@@ -72,41 +144,59 @@ class _Rows:
 
     def add(self, row: list[str], number: int) -> None:
         path = self._cell(row, self.path_col, number, "path")
-        if self.mask_col is not None:
-            mask = self._cell(row, self.mask_col, number, "mask path")
-            self.blob += path.encode("utf-8", "surrogateescape")
-            self.offsets.append(len(self.blob))
-            self.mask_blob += mask.encode("utf-8", "surrogateescape")
-            self.mask_offsets.append(len(self.mask_blob))
-            if self.ints is not None:  # pairs have no labels: -1 each
-                self.ints.append(-1)
-            return
         self.blob += path.encode("utf-8", "surrogateescape")
         self.offsets.append(len(self.blob))
-        label = row[1].strip() if len(row) > 1 and row[1].strip() else "-1"
-        if self.ints is not None:
-            try:
-                self.ints.append(int(label))
-                return
-            except ValueError:
-                self.texts = [str(v) for v in self.ints]
-                self.ints = None
-        self.texts.append(label)
+        if self.mask_col is not None:
+            mask = self._cell(row, self.mask_col, number, "mask path")
+            self.mask_blob += mask.encode("utf-8", "surrogateescape")
+            self.mask_offsets.append(len(self.mask_blob))
+        for col, cells in zip(self.label_cols, self.cells, strict=True):
+            cells.add(row[col].strip() if len(row) > col else "")
+        for name, col in self.extra_cols.items():
+            self.extra_cells[name].add(row[col].strip() if len(row) > col else "")
 
     def labels(self) -> tuple[np.ndarray, list[str] | None]:
-        if self.ints is not None:
-            return np.frombuffer(self.ints, dtype=np.int64).copy(), None
-        return encode_labels(self.texts, str(self.table))
+        """The target: one column as parsed, several stacked into ``(N, K)``; -1 if none."""
+        n = len(self.offsets) - 1
+        if not self.cells:
+            return unlabeled(n), None
+        parsed = [
+            c.values(f"{self.table}: column {name!r}")
+            for c, name in zip(self.cells, self.label_names, strict=True)
+        ]
+        if len(parsed) == 1:
+            return parsed[0]
+        named = [
+            name for (_, classes), name in zip(parsed, self.label_names, strict=True) if classes
+        ]
+        if named:
+            raise SourceError(
+                f"{self.table}: column {named[0]!r} holds text; a vector target of several "
+                "columns must be all numbers"
+            )
+        return stack_columns([p[0] for p in parsed]), None
+
+    def extras(self) -> dict[str, np.ndarray]:
+        """The extra named columns asked for (sample weights...), each numeric."""
+        out = {}
+        for name, cells in self.extra_cells.items():
+            values, classes = cells.values(f"{self.table}: column {name!r}")
+            if classes is not None:
+                raise SourceError(f"{self.table}: column {name!r} must hold numbers, not text")
+            out[name] = values
+        return out
 
 
-def _is_header(row: list[str]) -> bool:
-    cells = [c.strip().lower() for c in row]
-    return any(c in cells for c in ("path", "label", "filename", "image", "mask"))
+def _is_header(row: list[str], names: tuple[str, ...]) -> bool:
+    cells = [c.strip() for c in row]
+    lower = [c.lower() for c in cells]
+    return any(c in lower for c in HEADER_NAMES) or any(n in cells for n in names)
 
 
-def _read_rows(path: Path) -> _Rows:
+def _read_rows(path: Path, label_column: Any = None, extra: tuple[str, ...] = ()) -> _Rows:
     """Read a CSV or TSV file (tab if the file is .tsv or its first line has a tab)."""
-    rows = _Rows(path)
+    rows = _Rows(path, label_column, extra)
+    asked = tuple([label_column] if isinstance(label_column, str) else list(label_column or ()))
     with open(path, newline="", encoding="utf-8") as f:
         first = f.readline()
         f.seek(0)
@@ -115,9 +205,11 @@ def _read_rows(path: Path) -> _Rows:
         for number, row in enumerate(csv.reader(f, delimiter=delimiter), start=1):
             if not row or not any(row):
                 continue
-            if first_row and _is_header(row):
+            if first_row and _is_header(row, asked + extra):
                 rows.header(row)
             else:
+                if first_row:
+                    rows.no_header()
                 rows.add(row, number)
             first_row = False
     if len(rows.offsets) == 1:
@@ -128,13 +220,16 @@ def _read_rows(path: Path) -> _Rows:
 class TableSource(FileListSource):
     """Images listed in a CSV/TSV file, one ``path,label`` row each, paths relative to the file."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(
+        self, path: str | os.PathLike, label_column: Any = None, columns: tuple[str, ...] = ()
+    ) -> None:
         self.table = Path(path)
         try:
-            rows = _read_rows(self.table)
+            rows = _read_rows(self.table, label_column, tuple(columns))
         except (UnicodeDecodeError, csv.Error) as exc:
             raise SourceError(f"{self.table}: not a readable UTF-8 CSV/TSV file ({exc})") from None
         self.labels, self.classes = rows.labels()
+        self.named_columns = rows.extras()
         blob = np.frombuffer(bytes(rows.blob), dtype=np.uint8)
         offsets = np.frombuffer(rows.offsets, dtype=np.int64).copy()
         self.index = PathIndex.from_arrays(self.table.parent, blob, offsets)
@@ -162,7 +257,7 @@ class PathSource(TableSource):
                 )
             self.mask_index = PathIndex(Path(""), [os.path.abspath(p) for p in mlist])
         if labels is None:
-            self.labels, self.classes = np.full(len(plist), -1, dtype=np.int64), None
+            self.labels, self.classes = unlabeled(len(plist)), None
         else:
             llist = list(labels)
             if len(llist) != len(plist):

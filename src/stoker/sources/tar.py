@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import SourceError
 from .base import PathIndex, Source
-from .table import encode_labels
+from .targets import parse_column
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
 LABEL_KEYS = ("cls", "label", "txt")
@@ -79,9 +79,8 @@ class TarSource(Source):
         if all(v is None for v in raw_labels):
             self.labels, self.classes = np.full(len(members), -1, dtype=np.int64), None
         else:
-            self.labels, self.classes = encode_labels(
-                ["-1" if v is None else v for v in raw_labels], str(tars)
-            )
+            cells = ["" if v is None else v.strip() for v in raw_labels]
+            self.labels, self.classes = parse_column(cells, f"{tars}: labels")
         self._fds: dict[int, int] = {}
 
     def _scan(self, path: str) -> list[tuple[str, tarfile.TarInfo, str | None]]:

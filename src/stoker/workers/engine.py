@@ -27,6 +27,7 @@ from .slots import Segment, SlotLayout
 Key = tuple[int, int]
 POLL_S = 0.2
 HELD = 2  # batches the consumer may hold before their slot is reused (current + previous)
+COPY_BYTES = 1 << 20  # a field this small (labels, weights, indices) is handed out as a copy
 
 
 class Engine:
@@ -56,7 +57,7 @@ class Engine:
         self.next_key: Key | None = None
         self.orphaned = 0
 
-    def get(self, key: Key) -> tuple[np.ndarray, np.ndarray, Report]:
+    def get(self, key: Key) -> tuple[dict[str, np.ndarray], Report]:
         """Return batch ``key`` (waiting if needed); keeps the window ahead of it full."""
         if not self.scheduled or self.scheduled[0] != key:
             self._reset(key)
@@ -67,9 +68,20 @@ class Engine:
             self._fill_window()
         self.scheduled.popleft()
         slot, report = self.done.pop(key)
-        images, labels = self.layout.views(self.segments[slot])
-        self.held.append((slot, weakref.ref(images)))
-        return images, labels.copy(), report
+        return self._hand_out(slot), report
+
+    def _hand_out(self, slot: int) -> dict[str, np.ndarray]:
+        """The slot's fields: the image (and any large field) as views of the slot, watched
+        so the slot is not overwritten while the consumer holds them; small fields as copies."""
+        fields = self.layout.views(self.segments[slot])
+        watched = []
+        for name, arr in fields.items():
+            if name == "image" or arr.nbytes > COPY_BYTES:
+                watched.append(weakref.ref(arr))
+            else:
+                fields[name] = arr.copy()
+        self.held.append((slot, watched))
+        return fields
 
     def _reset(self, key: Key) -> None:
         """Drop what was scheduled (results still coming are discarded) and restart at ``key``."""
@@ -101,8 +113,8 @@ class Engine:
     def _reclaim(self, keep: int) -> None:
         """Return consumer-held slots beyond the ``keep`` newest to the free list."""
         while len(self.held) > keep:
-            slot, ref = self.held.popleft()
-            if ref() is not None:
+            slot, refs = self.held.popleft()
+            if any(ref() is not None for ref in refs):
                 self._replace(slot)
             self.free.append(slot)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..assemble import Assembler, Plan
+from ..assemble import Assembler, Columns, Plan
 from ..errors import ConfigError, WorkerDied
 from ..sources.base import Source
 from ..transforms import Pipeline
@@ -36,6 +36,7 @@ class WorkerSpec:
     pipeline: Pipeline
     plan: Plan
     layout: SlotLayout
+    columns: Columns
     status: tuple[str, int]
     workers: int
 
@@ -77,23 +78,23 @@ class _Worker:
 
     def __init__(self, wid: int, conn: Connection, spec: WorkerSpec) -> None:
         self.wid, self.conn, self.spec = wid, conn, spec
-        self.assembler = Assembler(spec.source, spec.pipeline, spec.plan)
+        self.assembler = Assembler(spec.source, spec.pipeline, spec.plan, spec.columns)
         self.status_seg = Segment.attach(*spec.status)
         self.status = self.status_seg.array(np.int64, (spec.workers, STATUS_FIELDS))[wid]
-        self.slots: dict[int, tuple[str, Segment, np.ndarray, np.ndarray]] = {}
+        self.slots: dict[int, tuple[str, Segment, dict[str, np.ndarray]]] = {}
 
-    def views(self, slot: int, handle: tuple[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    def views(self, slot: int, handle: tuple[str, int]) -> dict[str, np.ndarray]:
         """The slot's arrays, re-attaching if the parent gave the slot a new segment."""
         held = self.slots.get(slot)
         if held is not None and held[0] == handle[0]:
-            return held[2], held[3]
+            return held[2]
         if held is not None:
             del self.slots[slot]
             held[1].close()
         seg = Segment.attach(*handle)
-        images, labels = self.spec.layout.views(seg)
-        self.slots[slot] = (handle[0], seg, images, labels)
-        return images, labels
+        fields = self.spec.layout.views(seg)
+        self.slots[slot] = (handle[0], seg, fields)
+        return fields
 
     def run(self) -> None:
         """Serve tasks until told to stop or the parent goes away."""
@@ -112,8 +113,7 @@ class _Worker:
     def serve(self, epoch: int, batch: int, slot: int, handle: tuple[str, int]) -> tuple:
         """Fill one batch; the reply says it is done, or carries the exception."""
         try:
-            images, labels = self.views(slot, handle)
-            report = self.assembler.fill(epoch, batch, images, labels, self.status)
+            report = self.assembler.fill(epoch, batch, self.views(slot, handle), self.status)
             self.status[1] += 1
             return ("ok", epoch, batch, slot, report)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent

@@ -310,49 +310,45 @@ class SharedArrays:
             self.segment.unlink()
 
 
+#: One field of a batch: ``(name, dtype string, per-sample shape)``.
+FieldSpec = tuple[str, str, tuple[int, ...]]
+
+
 @dataclass(frozen=True)
 class SlotLayout:
-    """Byte layout of one batch slot: labels (int64) first, then the images (uint8), then, for
-    a segmentation source (``masks=True``), the masks (uint8 ``(B, H, W)``)."""
+    """Byte layout of one batch slot: each field (images, labels of any dtype and shape,
+    masks, weights, sample indices, a dataset's own fields) is a ``(batch_size, *shape)``
+    array of its dtype, at a 64-byte aligned offset, in the order given."""
 
     batch_size: int
-    height: int
-    width: int
-    masks: bool = False
+    fields: tuple[FieldSpec, ...]
 
-    @property
-    def labels_bytes(self) -> int:
-        return -(-self.batch_size * 8 // ALIGN) * ALIGN
-
-    @property
-    def images_bytes(self) -> int:
-        return -(-self.batch_size * self.height * self.width * 3 // ALIGN) * ALIGN
+    def field_bytes(self, spec: FieldSpec) -> int:
+        """Bytes one field takes in a slot, rounded up to the alignment."""
+        size = self.batch_size * int(np.prod(spec[2], dtype=np.int64)) * np.dtype(spec[1]).itemsize
+        return -(-size // ALIGN) * ALIGN
 
     @property
     def nbytes(self) -> int:
-        masks = self.batch_size * self.height * self.width if self.masks else 0
-        return self.labels_bytes + self.images_bytes + masks
+        """Bytes of one whole slot."""
+        return max(1, sum(self.field_bytes(f) for f in self.fields))
 
-    def views(self, seg: Segment) -> tuple[np.ndarray, np.ndarray]:
-        """``(images, labels)`` arrays over a slot's segment; ``(images, masks)`` when the
-        layout has masks (a batch then carries masks in place of labels)."""
-        images = seg.array(
-            np.uint8, (self.batch_size, self.height, self.width, 3), self.labels_bytes
-        )
-        if self.masks:
-            masks = seg.array(
-                np.uint8,
-                (self.batch_size, self.height, self.width),
-                self.labels_bytes + self.images_bytes,
-            )
-            return images, masks
-        return images, seg.array(np.int64, (self.batch_size,))
+    def field(self, name: str) -> FieldSpec | None:
+        """The spec of field ``name``, None if the batch has no such field."""
+        return next((f for f in self.fields if f[0] == name), None)
 
-    def targets(self) -> np.ndarray:
-        """A fresh (process-memory) array for a batch's labels, or masks when it has them."""
-        if self.masks:
-            return np.empty((self.batch_size, self.height, self.width), np.uint8)
-        return np.empty(self.batch_size, np.int64)
+    def views(self, seg: Segment) -> dict[str, np.ndarray]:
+        """Every field as a numpy array over the slot's segment (no copy)."""
+        out, offset = {}, 0
+        for spec in self.fields:
+            name, dtype, shape = spec
+            out[name] = seg.array(np.dtype(dtype), (self.batch_size, *shape), offset)
+            offset += self.field_bytes(spec)
+        return out
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Fresh process-memory arrays for one batch (``workers=0``)."""
+        return {n: np.empty((self.batch_size, *s), np.dtype(d)) for n, d, s in self.fields}
 
 
 def pick_folder(total_bytes: int, what: str = "the batch ring") -> str:
