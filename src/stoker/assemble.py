@@ -111,6 +111,9 @@ class Report:
 
     count: int = 0
     bad: list[tuple[int, str, str]] = field(default_factory=list)
+    #: (index, name, message) of samples that decoded despite recoverable corrupt data
+    #: (libjpeg warnings): kept, not replaced, and reported apart from the bad ones.
+    warned: list[tuple[int, str, str]] = field(default_factory=list)
     read_s: float = 0.0
     decode_s: float = 0.0
     transform_s: float = 0.0
@@ -165,7 +168,9 @@ class Assembler:
 
     def _load_good(self, epoch, order, pos, out, u, report, status) -> int:
         """Load the sample at ``pos``; on bad data, the next good one in the epoch's order."""
-        for k in range(MAX_REPLACEMENT_TRIES):
+        tries = min(MAX_REPLACEMENT_TRIES, len(order))
+        first_bad = len(report.bad)
+        for k in range(tries):
             index = int(order[(pos + k) % len(order)])
             if k:
                 u = order_mod.sample_uniforms(
@@ -176,10 +181,7 @@ class Assembler:
             self.current = index
             if self.load_one(epoch, index, out, u, report):
                 return index
-        raise TooManyErrors(
-            f"{MAX_REPLACEMENT_TRIES} samples in a row failed to load, starting at "
-            f"{self.source.name(int(order[pos]))}; see the loader's stats() for each reason"
-        )
+        raise _all_failed(report.bad[first_bad:], tries == len(order))
 
     def load_one(
         self,
@@ -192,6 +194,7 @@ class Assembler:
         """Load one sample (and its mask) into ``out``; False (and a note in ``report``) if its
         data is bad."""
         image_out, mask_out = out
+        notes: list[str] = []
         t0 = time.perf_counter()
         try:
             data = self.source.read(index)
@@ -199,15 +202,17 @@ class Assembler:
                 mask = self.source.read_mask(index)
             t1 = time.perf_counter()
             if mask_out is not None:
-                region, mask_region = self.pipeline.load_pair(data, mask, u)
+                region, mask_region = self.pipeline.load_pair(data, mask, u, notes)
             else:
-                region = self.pipeline.load(data, u)
+                region = self.pipeline.load(data, u, notes)
         except DATA_ERRORS as exc:
-            name = self.source.name(index)
-            if mask_out is not None:
-                name = f"{name} (mask {self.source.mask_name(index)})"
-            report.bad.append((index, name, one_line(exc)))
+            report.bad.append((index, self._name(index, mask_out), one_line(exc)))
             return False
+        except Exception as exc:
+            exc.add_note(f"stoker: raised while loading {self._name(index, mask_out)}")
+            raise
+        if notes:
+            report.warned.append((index, self._name(index, mask_out), "; ".join(notes)))
         t2 = time.perf_counter()
         rng = self._rng(epoch, index)
         self.pipeline.finish(region, u, rng, image_out)
@@ -218,7 +223,30 @@ class Assembler:
         report.transform_s += time.perf_counter() - t2
         return True
 
+    def _name(self, index: int, mask_out: np.ndarray | None) -> str:
+        """The sample's file name (and its mask's, for a source with masks)."""
+        name = self.source.name(index)
+        if mask_out is not None:
+            name = f"{name} (mask {self.source.mask_name(index)})"
+        return name
+
     def _rng(self, epoch: int, index: int) -> Any:
         if not self.pipeline.needs_rng:
             return None
         return order_mod.sample_rng(self.plan.seed, epoch, index)
+
+
+def _all_failed(bad: list[tuple[int, str, str]], whole_epoch: bool) -> TooManyErrors:
+    """The error for a batch position where no sample loads: it names the files and reasons,
+    and carries them (``.bad``) so the loader's stats() count them as skipped."""
+    listed = "\n".join(f"  {name}: {reason}" for _, name, reason in bad[:10])
+    more = f"\n  ... and {len(bad) - 10} more" if len(bad) > 10 else ""
+    if whole_epoch and len(bad) == 1:
+        head = "the only sample failed to load"
+    elif whole_epoch:
+        head = f"all {len(bad)} samples failed to load"
+    else:
+        head = f"{len(bad)} samples in a row failed to load"
+    exc = TooManyErrors(f"{head}:\n{listed}{more}\nfix or remove these files")
+    exc.bad = list(bad)  # type: ignore[attr-defined]
+    return exc

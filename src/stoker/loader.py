@@ -13,6 +13,7 @@ from . import batch as batch_mod
 from . import config
 from . import order as order_mod
 from .assemble import Assembler, Columns, Plan, Report
+from .decode import decoder_name, jpegcrop
 from .errors import ConfigError, StokerError, TooManyErrors
 from .sources import open_source
 from .sources.targets import class_ids
@@ -33,6 +34,15 @@ class StokerWarning(UserWarning):
 
 
 PROBE_SAMPLES = 8
+_SLOW_DECODER_WARNED: list[bool] = []  # appended to once the warning below has been given
+
+
+def _warn_if_slow_decoder() -> None:
+    """Warn once per process (at the first Loader) that the fast JPEG decoder is not built."""
+    if jpegcrop.AVAILABLE or _SLOW_DECODER_WARNED:
+        return
+    _SLOW_DECODER_WARNED.append(True)
+    warnings.warn(jpegcrop.missing_message(), StokerWarning, stacklevel=3)
 
 
 def _probe_cost(assembler: Assembler, layout: SlotLayout) -> float | None:
@@ -189,6 +199,7 @@ class Loader:
         self._run = _Running()
         self._prefetch_reason, self._folder = "not started", "-"
         self._finalizer = weakref.finalize(self, _Running.close, self._run)
+        _warn_if_slow_decoder()
 
     def _field_specs(self) -> tuple[FieldSpec, ...]:
         """The batch's fields: image, mask (segmentation), every column, the sample index."""
@@ -238,7 +249,9 @@ class Loader:
         try:
             fields, report = engine.get(key)
             self._account(report)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, TooManyErrors):  # a batch where no sample loads: count them
+                self._stats.add(Report(bad=getattr(exc, "bad", [])))
             self._run.close()
             raise
         self._stats.end_wait(t0, report.count)
@@ -401,6 +414,7 @@ class Loader:
             kept_batches=engine.orphaned if engine is not None else 0,
             memory_folder=self._folder,
             notes=self._notes(),
+            decoder=decoder_name(),
         )
 
     def _notes(self) -> list[str]:

@@ -33,6 +33,11 @@ class StatsReport:
     kept_batches: int
     memory_folder: str
     notes: list[str] = field(default_factory=list)
+    #: (name, message) of files that decoded despite recoverable corrupt data (libjpeg
+    #: warnings): kept in the batch, not skipped.
+    warned_files: list[tuple[str, str]] = field(default_factory=list)
+    #: The JPEG decoder in use (the crop-window C extension, or simplejpeg without it).
+    decoder: str = ""
 
     @property
     def bottleneck(self) -> str:
@@ -54,13 +59,27 @@ class StatsReport:
             f"batches ({self.prefetch_reason}); memory in {self.memory_folder}",
             f"  skipped samples: {self.skipped}",
         ]
-        lines += [f"    {name}: {reason}" for name, reason in self.bad_files[:10]]
-        if len(self.bad_files) > 10:
-            lines.append(f"    ... and {len(self.bad_files) - 10} more")
+        lines += _listed(self.bad_files)
+        if self.warned_files:
+            lines.append(
+                f"  decoded with warnings (recoverable corrupt data, kept): "
+                f"{len(self.warned_files)}"
+            )
+            lines += _listed(self.warned_files)
+        if self.decoder:
+            lines.append(f"  JPEG decoder: {self.decoder}")
         if self.kept_batches:
             lines.append(f"  batches kept by the consumer past reuse: {self.kept_batches}")
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+
+def _listed(files: list[tuple[str, str]], most: int = 10) -> list[str]:
+    """Report lines for up to ``most`` (name, reason) pairs, then how many more."""
+    lines = [f"    {name}: {reason}" for name, reason in files[:most]]
+    if len(files) > most:
+        lines.append(f"    ... and {len(files) - most} more")
+    return lines
 
 
 class Stats:
@@ -75,6 +94,7 @@ class Stats:
         self.images = self.batches = 0
         self.wait_s = self.read_s = self.decode_s = self.transform_s = 0.0
         self.bad: dict[int, tuple[str, str]] = {}
+        self.warned: dict[int, tuple[str, str]] = {}
         self.loaded = 0
 
     def begin_wait(self) -> float:
@@ -101,6 +121,8 @@ class Stats:
         self.decode_s += report.decode_s
         self.transform_s += report.transform_s
         self.loaded += report.count
+        for index, name, message in report.warned:
+            self.warned.setdefault(index, (name, message))
         new = [b for b in report.bad if b[0] not in self.bad]
         for index, name, reason in new:
             self.bad[index] = (name, reason)
@@ -112,7 +134,9 @@ class Stats:
         The first batch's wait (worker start-up, cold caches) is reported on its own; the wait
         share and img/s describe the steady state after it.
         """
-        elapsed = (self.last - self.started) if self.started is not None else 0.0
+        # Until a batch arrives (or when none ever does: the first one failed) the time so far.
+        end = self.last if self.first_at is not None else time.perf_counter()
+        elapsed = max(0.0, end - self.started) if self.started is not None else 0.0
         steady = (self.last - self.first_at) if self.first_at is not None else 0.0
         per = 1000.0 / max(1, self.loaded)
         steady_images = self.images - (self.first_images if self.batches else 0)
@@ -129,5 +153,6 @@ class Stats:
             transform_ms=self.transform_s * per,
             skipped=len(self.bad),
             bad_files=list(self.bad.values()),
+            warned_files=list(self.warned.values()),
             **config,  # type: ignore[arg-type]
         )

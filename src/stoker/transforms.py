@@ -110,12 +110,15 @@ class Pipeline:
         """The region of the (displayed) image to keep; None for all of it."""
         return None
 
-    def load(self, data: bytes | np.ndarray, u: np.ndarray) -> np.ndarray:
-        """Decode the sample's region (the stage whose errors count as bad data)."""
-        return self._load(data, u)[0]
+    def load(
+        self, data: bytes | np.ndarray, u: np.ndarray, notes: list[str] | None = None
+    ) -> np.ndarray:
+        """Decode the sample's region (the stage whose errors count as bad data); the decoder's
+        recoverable warnings go to ``notes``."""
+        return self._load(data, u, notes)[0]
 
     def _load(
-        self, data: bytes | np.ndarray, u: np.ndarray
+        self, data: bytes | np.ndarray, u: np.ndarray, notes: list[str] | None = None
     ) -> tuple[np.ndarray, tuple[int, int], Box | None]:
         """The region, the full image's (height, width) and the box the region was cut from."""
         if isinstance(data, np.ndarray):
@@ -132,6 +135,7 @@ class Pipeline:
             min_size=self.size if self.reduce else None,
             fast=self.fast,
             max_pixels=self.max_pixels,
+            notes=notes,
         )
         return region, (info.height, info.width), box
 
@@ -142,11 +146,15 @@ class Pipeline:
     # segmentation: the image's box and flip, applied to its mask with nearest-neighbour resizing
 
     def load_pair(
-        self, data: bytes | np.ndarray, mask: bytes | np.ndarray, u: np.ndarray
+        self,
+        data: bytes | np.ndarray,
+        mask: bytes | np.ndarray,
+        u: np.ndarray,
+        notes: list[str] | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Decode an image's region and the same region of its mask (same size as the image)."""
         labels = dec.decode_mask(mask, max_pixels=self.max_pixels)
-        region, (h, w), box = self._load(data, u)
+        region, (h, w), box = self._load(data, u, notes)
         if labels.shape != (h, w):
             raise DecodeError(
                 f"the mask is {labels.shape[1]}x{labels.shape[0]} (WxH) but its image is "

@@ -13,6 +13,7 @@ import psutil
 
 from .. import config
 from ..assemble import Assembler
+from ..decode import decoder_name, jpegcrop
 from ..loader import Loader
 
 
@@ -136,6 +137,8 @@ def run_bench(
         [
             f"stoker bench {source}: batch {batch_size}, image {image_size}, augment {augment}, "
             f"workers {loader.workers}",
+            f"  JPEG decoder: {decoder_name()}"
+            + ("" if jpegcrop.AVAILABLE else "; the ceiling below uses the same slower decoder"),
             f"  throughput: {rate:,.0f} img/s (median of {len(runs)} epochs: "
             + ", ".join(f"{r:,.0f}" for r in rates)
             + ")",

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 
 from .. import config
+from ..decode import decoder_name, jpegcrop
 from ..workers import slots
 
 
@@ -35,7 +36,8 @@ def doctor(clean: bool = False) -> str:
         f"{mp.get_start_method(allow_none=True) or 'fork (platform default)'}; stoker uses spawn",
         f"decoders: simplejpeg {_version('simplejpeg')}, "
         f"opencv {_version('opencv-python-headless')}, pillow {_version('pillow')}, "
-        f"crop-window C extension: {_ext_state()}",
+        f"JPEG decoder in use: {decoder_name()}",
+        *([] if jpegcrop.AVAILABLE else [f"  {jpegcrop.missing_message()}"]),
         "frameworks: "
         + ", ".join(f"{p} {_version(p)}" for p in ("keras", "tensorflow-cpu", "torch", "jax")),
     ]
@@ -43,11 +45,3 @@ def doctor(clean: bool = False) -> str:
         removed = slots.clean_stale()
         lines.append(f"removed {len(removed)} stale segment(s)")
     return "\n".join(lines)
-
-
-def _ext_state() -> str:
-    try:
-        from ..decode import _jpeg  # type: ignore[attr-defined]  # noqa: F401
-    except ImportError:
-        return "not built (simplejpeg is used)"
-    return "built"

@@ -111,19 +111,23 @@ def parse_header(data: bytes | memoryview) -> JpegHeader:
 
 
 def _next_marker(data: bytes | memoryview, pos: int) -> int:
-    """The offset of the next marker at or after ``pos`` (junk bytes and fill bytes skipped,
-    as libjpeg skips them with a warning)."""
+    """The offset of the next marker at or after ``pos``: junk bytes, fill bytes and stuffed
+    FF 00 pairs are skipped, as libjpeg skips them (with a warning)."""
     n = len(data)
-    if pos < n and data[pos] != 0xFF:
-        found = bytes(data[pos:]).find(b"\xff")
-        if found < 0:
-            raise DecodeError("truncated JPEG header: no marker where one must follow")
-        pos += found
-    while pos + 1 < n and data[pos + 1] == 0xFF:
-        pos += 1
-    if pos + 1 >= n:
-        raise DecodeError("truncated JPEG header: the data ends before the first scan")
-    return pos
+    for _ in range(n):
+        if pos < n and data[pos] != 0xFF:
+            found = bytes(data[pos:]).find(b"\xff")
+            if found < 0:
+                break
+            pos += found
+        while pos + 1 < n and data[pos + 1] == 0xFF:
+            pos += 1
+        if pos + 1 >= n:
+            break
+        if data[pos + 1] != 0x00:
+            return pos
+        pos += 2
+    raise DecodeError("truncated JPEG header: the data ends before the first scan")
 
 
 def _frame(data: bytes | memoryview, pos: int, end: int, marker: int) -> tuple:

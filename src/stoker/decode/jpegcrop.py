@@ -22,6 +22,8 @@ full decode by the same libjpeg-turbo with the same settings.
 from __future__ import annotations
 
 import importlib
+import os
+import platform
 from types import ModuleType
 
 import numpy as np
@@ -172,9 +174,56 @@ def decode_region(
 def _require() -> ModuleType:
     """Return the extension module, or raise RuntimeError saying how to get it."""
     if _jpeg is None:
-        raise RuntimeError(
-            "stoker.decode._jpeg is not built (libjpeg-turbo headers or a C compiler were "
-            "missing at install time); install libjpeg-turbo's development package and a "
-            "compiler, then reinstall stoker"
-        )
+        raise RuntimeError(missing_message())
     return _jpeg
+
+
+def missing_message() -> str:
+    """What it costs that the extension is not built, and the one-line fix for this platform."""
+    return (
+        "stoker's fast JPEG decoder (the crop-window C extension stoker.decode._jpeg) is not "
+        "built: libjpeg-turbo's headers or a C compiler were missing when stoker was "
+        "installed. JPEGs decode with simplejpeg instead, at about 20-25% more CPU per "
+        f"image. Fix: {install_hint()}, then reinstall stoker from source "
+        "(pip install --force-reinstall --no-deps --no-binary stoker stoker, or "
+        "pip install -e . in a clone)"
+    )
+
+
+def install_hint() -> str:
+    """The command that installs libjpeg-turbo's development files and a C compiler here."""
+    system = platform.system()
+    if os.environ.get("CONDA_PREFIX"):
+        return "conda install -c conda-forge libjpeg-turbo c-compiler"
+    if system == "Darwin":
+        return "brew install jpeg-turbo (and xcode-select --install for the compiler)"
+    if system == "Windows":
+        return (
+            "conda install -c conda-forge libjpeg-turbo, plus the Microsoft C++ Build Tools "
+            "(or vcpkg install libjpeg-turbo)"
+        )
+    distro = _os_release()
+    if distro & {"debian", "ubuntu"}:
+        return "sudo apt-get install libjpeg-turbo8-dev gcc (Debian: libjpeg62-turbo-dev gcc)"
+    if distro & {"fedora", "rhel", "centos"}:
+        return "sudo dnf install libjpeg-turbo-devel gcc"
+    if "alpine" in distro:
+        return "apk add libjpeg-turbo-dev build-base"
+    if "arch" in distro:
+        return "sudo pacman -S libjpeg-turbo gcc"
+    return "install your system's libjpeg-turbo development package and a C compiler"
+
+
+def _os_release() -> set[str]:
+    """The ID and ID_LIKE words of /etc/os-release (empty where it cannot be read)."""
+    try:
+        with open("/etc/os-release", encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return set()
+    words: set[str] = set()
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key in ("ID", "ID_LIKE"):
+            words.update(value.strip('"').lower().split())
+    return words
