@@ -13,7 +13,7 @@ import psutil
 from .errors import ConfigError
 
 DEFAULT_MAX_PIXELS = 178_956_970  # as Pillow: twice its warning limit
-START_METHODS = ("spawn", "forkserver")
+START_METHODS = ("spawn",)
 
 
 DEFAULT_IMAGE_SIZE = 224
@@ -109,19 +109,26 @@ def workers(value: Any) -> tuple[int, str]:
     return value, "set by you" if value else "in the calling process (workers=0)"
 
 
-CHEAP_BATCH_S = 0.02  # below this much work per batch, a second process costs more than it gives
+CHEAP_BATCH_S = 0.02  # below this much work per batch, worker processes cost more than they give
 
 
 def auto_workers(per_image_s: float | None, batch_size: int, probed: int) -> tuple[int, str]:
-    """``workers="auto"`` from the measured cost of a sample: one worker per usable core,
-    or a single worker when a whole batch is too little work to be worth splitting."""
+    """``workers="auto"`` from the measured cost of a sample: one worker per usable core, or
+    none (load in the calling process) when a whole batch is too little work for processes to
+    pay for themselves: their start-up, a message per batch, and the cores they take from the
+    training step."""
     cpus = usable_cpus()
     if per_image_s is None:
         return cpus, f"auto: one per usable CPU core ({cpus})"
     batch_s = per_image_s * batch_size
-    measured = f"{per_image_s * 1e3:.2f} ms/img measured on {probed} samples"
-    if batch_s < CHEAP_BATCH_S or cpus == 1:
-        return 1, f"auto: 1, a batch is {batch_s * 1e3:.0f} ms of work ({measured})"
+    measured = f"{per_image_s * 1e3:.3f} ms/img measured on {probed} samples"
+    if batch_s < CHEAP_BATCH_S:
+        return 0, (
+            f"auto: 0, loading in this process: a batch is {batch_s * 1e3:.1f} ms of work "
+            f"({measured}), less than worker processes cost to start and feed"
+        )
+    if cpus == 1:
+        return 1, f"auto: 1, the only usable core; a batch is {batch_s * 1e3:.0f} ms ({measured})"
     return cpus, (
         f"auto: {cpus}, one per usable core; a batch is {batch_s * 1e3:.0f} ms of one core's "
         f"work ({measured})"
@@ -158,11 +165,15 @@ def prefetch(value: Any, count: int, held: int, slot_bytes: int) -> tuple[int, i
 
 
 def start_method(value: Any) -> str:
-    """'spawn' or 'forkserver' (fork is unsafe with threads and is refused)."""
+    """'spawn', the only start method: each worker is a fresh interpreter started from stoker's
+    own entry point (never the user's script). 'fork' is unsafe with threads; 'forkserver' was
+    removed (its server re-imported the user's script too)."""
     if value not in START_METHODS:
         raise ConfigError(
-            f"start_method={value!r}: use 'spawn' or 'forkserver'; 'fork' is unsafe once threads "
-            "(of torch, tf, jax or the loader) are running"
+            f"start_method={value!r}: only 'spawn' is supported (the default; drop the "
+            "argument): workers are fresh interpreters started from stoker's own entry point, "
+            "which never re-run your script; 'fork' is unsafe once threads (of torch, tf, jax "
+            "or the loader) are running"
         )
     return str(value)
 

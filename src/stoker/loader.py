@@ -21,6 +21,8 @@ from .stats import Stats, StatsReport
 from .transforms import CustomPipeline, make_pipeline
 from .workers import shutdown
 from .workers.engine import HELD, Engine
+from .workers.launch import StartReport
+from .workers.launch import describe as describe_start
 from .workers.pool import WorkerPool
 from .workers.slots import FieldSpec, SlotLayout, clean_stale, pick_folder
 
@@ -198,6 +200,7 @@ class Loader:
         self._shuffle_note: tuple[int, list[str]] = (-1, [])
         self._run = _Running()
         self._prefetch_reason, self._folder = "not started", "-"
+        self._started: list[StartReport] = []  # kept for stats() after close()
         self._finalizer = weakref.finalize(self, _Running.close, self._run)
         _warn_if_slow_decoder()
 
@@ -244,10 +247,9 @@ class Loader:
             self.epoch, self.position = epoch + 1, 0
 
     def _next(self, key: tuple[int, int]) -> Batch:
-        engine = self._engine()
-        t0 = self._stats.begin_wait()
+        t0 = self._stats.begin_wait()  # the first wait includes the workers' start-up
         try:
-            fields, report = engine.get(key)
+            fields, report = self._engine().get(key)
             self._account(report)
         except BaseException as exc:
             if isinstance(exc, TooManyErrors):  # a batch where no sample loads: count them
@@ -289,6 +291,11 @@ class Loader:
 
     def _start(self) -> None:
         assembler = Assembler(self.source, self.pipeline, self.plan, self.columns)
+        if self.workers and self._auto_workers:
+            cost = _probe_cost(assembler, self.layout)
+            self.workers, self._workers_reason = config.auto_workers(
+                cost, self.batch_size, PROBE_SAMPLES
+            )
         if self.workers == 0:
             self._run.engine = _Inline(assembler, self.layout)
             self._prefetch_reason, self._folder = (
@@ -297,11 +304,6 @@ class Loader:
             )
             return
         clean_stale()
-        if self._auto_workers:
-            cost = _probe_cost(assembler, self.layout)
-            self.workers, self._workers_reason = config.auto_workers(
-                cost, self.batch_size, PROBE_SAMPLES
-            )
         per_worker, slots, self._prefetch_reason = config.prefetch(
             self._prefetch_arg, self.workers, HELD, self.layout.nbytes
         )
@@ -321,7 +323,8 @@ class Loader:
             "layout": self.layout,
             "columns": self.columns,
         }
-        self._run.pool = WorkerPool(self.workers, spec, self.start_method)
+        self._run.pool = WorkerPool(self.workers, spec, self.timeout)
+        self._started = self._run.pool.started
         self._run.engine = Engine(
             self._run.pool,
             self.layout,
@@ -404,6 +407,7 @@ class Loader:
     def stats(self) -> StatsReport:
         """Throughput, time the consumer waited for data and its share, stage times, bad files."""
         engine = self._run.engine
+        startup_s, startup = describe_start(self._started)
         return self._stats.report(
             workers=self.workers,
             workers_reason=self._workers_reason,
@@ -415,6 +419,8 @@ class Loader:
             memory_folder=self._folder,
             notes=self._notes(),
             decoder=decoder_name(),
+            startup_s=startup_s,
+            startup=startup,
         )
 
     def _notes(self) -> list[str]:

@@ -38,6 +38,9 @@ class StatsReport:
     warned_files: list[tuple[str, str]] = field(default_factory=list)
     #: The JPEG decoder in use (the crop-window C extension, or simplejpeg without it).
     decoder: str = ""
+    #: Seconds the slowest worker took to start (0 without workers), and the parts of it.
+    startup_s: float = 0.0
+    startup: str = ""
 
     @property
     def bottleneck(self) -> str:
@@ -50,9 +53,10 @@ class StatsReport:
         lines = [
             f"stoker: {self.images} images in {self.batches} batches, {self.elapsed_s:.2f} s; "
             f"{self.images_per_s:,.0f} img/s after the first batch",
-            f"  first batch after {self.first_batch_s:.2f} s (worker start-up); after it, waited "
+            f"  first batch after {self.first_batch_s:.2f} s; after it, waited "
             f"for data {self.wait_s:.2f} s = {self.wait_share:.1%} of the time"
             f" -> bottleneck: {self.bottleneck}",
+            *([f"  {self.startup}"] if self.startup else []),
             f"  per image (worker time): read {self.read_ms:.2f} ms, decode {self.decode_ms:.2f} "
             f"ms, transform {self.transform_ms:.2f} ms",
             f"  workers: {self.workers} ({self.workers_reason}); prefetch: {self.prefetch} "

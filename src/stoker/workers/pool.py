@@ -1,12 +1,10 @@
-"""Worker processes: start (explicit spawn/forkserver context), the worker loop, liveness,
-shutdown. Each worker has its own pipe, so a dead worker shows up at once as end-of-file, and
-no lock is shared that a killed process could leave held."""
+"""Worker processes: start (through :mod:`.launch`, stoker's own entry point), the worker loop,
+liveness, shutdown. Each worker has its own socket, so a dead worker shows up at once as
+end-of-file, and no lock is shared that a killed process could leave held."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
-import pickle
 import select
 import signal
 import threading
@@ -18,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from ..assemble import Assembler, Columns, Plan
-from ..errors import ConfigError, WorkerDied
+from ..errors import WorkerDied
 from ..sources.base import Source
 from ..transforms import Pipeline
 from . import reaper
 from .errors import describe_exit, pack_exception
+from .launch import START_TIMEOUT_S, Launch, Process, StartReport, payload_bytes
 from .slots import Segment, SlotLayout, clean_stale
 
 STATUS_FIELDS = 2  # current sample index, batches done
@@ -30,7 +29,7 @@ STATUS_FIELDS = 2  # current sample index, batches done
 
 @dataclass
 class WorkerSpec:
-    """What every worker needs; pickled once per worker at start."""
+    """What every worker needs; pickled once (cloudpickle) for all workers at start."""
 
     source: Source
     pipeline: Pipeline
@@ -135,47 +134,40 @@ def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> No
     _Worker(wid, conn, spec).run()
 
 
+def _parts(spec: WorkerSpec) -> dict[str, Any]:
+    """The user-given pieces of ``spec``, by name, for an error saying which cannot be sent."""
+    ops = getattr(spec.pipeline, "ops", None)
+    parts: dict[str, Any] = {"augment": ops[0] if ops and len(ops) == 1 else ops}
+    return {**parts, "source": spec.source} if ops else {"source": spec.source}
+
+
 class WorkerPool:
     """The parent's side: the processes, their pipes, and the status array they update."""
 
-    def __init__(self, count: int, spec_args: dict[str, Any], start_method: str) -> None:
-        self.ctx: Any = mp.get_context(start_method)
+    def __init__(self, count: int, spec_args: dict[str, Any], timeout: float) -> None:
         self.status_seg = Segment.create(count * STATUS_FIELDS * 8, "status")
         self.status = self.status_seg.array(np.int64, (count, STATUS_FIELDS))
         self.status[:] = -1
         spec = WorkerSpec(status=self.status_seg.handle(), workers=count, **spec_args)
         self.name = spec.source.name
-        self.procs: list[Any] = []
+        self.procs: list[Process] = []
         self.conns: list[Connection] = []
+        self.started: list[StartReport] = []
+        launch: Launch | None = None
         try:
+            launch = Launch(payload_bytes(worker_main, (spec, os.getpid()), _parts(spec)))
             for wid in range(count):
-                self._start(wid, spec)
+                proc, conn = launch.start(wid)
+                reaper.track_process(proc.pid)
+                self.procs.append(proc)
+                self.conns.append(conn)
+            limit = max(timeout, START_TIMEOUT_S)
+            self.started = launch.wait_started(self.procs, self.conns, limit)
         except BaseException:
+            if launch is not None:
+                launch.close()
             self.close(0.5)
             raise
-
-    def _start(self, wid: int, spec: WorkerSpec) -> None:
-        ours, theirs = self.ctx.Pipe(duplex=True)
-        proc = self.ctx.Process(
-            target=worker_main,
-            args=(wid, theirs, spec, os.getpid()),
-            name=f"stoker-worker-{wid}",
-            daemon=True,
-        )
-        try:
-            proc.start()
-        except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            ours.close()
-            raise ConfigError(
-                f"cannot send the loader's settings to a worker process ({exc}); a custom augment "
-                "must be a function or object defined at the top level of an importable module, "
-                "or use workers=0"
-            ) from exc
-        finally:
-            theirs.close()
-        reaper.track_process(proc.pid)
-        self.procs.append(proc)
-        self.conns.append(ours)
 
     def send(self, wid: int, task: tuple) -> None:
         """Give worker ``wid`` a task."""
@@ -214,11 +206,7 @@ class WorkerPool:
         if not context and index >= 0:
             context = f" while loading {self.name(index)}"
         elif index < 0:
-            context += (
-                " before loading any sample: it failed to start (its error is printed above). "
-                "With the spawn start method the main script must be a file whose training code "
-                "is under `if __name__ == '__main__':`"
-            )
+            context += " before loading any sample (its error, if any, is printed above)"
         raise WorkerDied(f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)}{context}")
 
     def close(self, timeout: float = 5.0) -> None:

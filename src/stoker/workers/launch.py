@@ -1,0 +1,314 @@
+"""Start worker processes from stoker's own entry point, never from the user's script.
+
+A worker is a fresh interpreter running ``python -m stoker.workers``: it imports stoker
+(numpy, the decoders) and nothing of the user's ``__main__``, so a top-level script without an
+``if __name__ == "__main__":`` guard, ``python -c``, ``python - < script``, ``python -i`` and a
+Jupyter kernel all work, and ``import keras`` at the top of a script costs the workers nothing.
+
+What the worker runs (a target function and its arguments) is serialized once with
+cloudpickle: stoker's own objects and functions of importable modules travel by reference
+(the worker imports them), functions and classes of ``__main__`` or a notebook cell and lambdas
+travel by value. The bytes go into a parent-owned shared-memory file, not through a pipe, so no
+start-up write can block on a worker that died; the worker maps it, loads it, and says
+``started`` (with its timings) or ``failed`` (with the exception) on its own socket. The parent
+waits for that with a timeout and a liveness check, and unlinks the file once all started.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, Pipe, wait
+from typing import Any, NoReturn
+
+import cloudpickle
+
+from ..errors import ConfigError, WorkerDied, WorkerHung
+from .errors import describe_exit, pack_exception, unpack_exception
+from .slots import Segment, pick_folder
+
+ENTRY = "stoker.workers"  # runs workers/__main__.py, which calls main() below
+POLL_S = 0.1
+START_TIMEOUT_S = 120.0  # a worker alive but not started by then is hung (a death shows at once)
+SLOW_START_S = 2.0  # a start-up longer than this gets its reason in stats()
+SLOW_PART_S = 1.0  # a part of it that took this long is named as a reason
+_HEAVY = ("tensorflow", "keras", "torch", "jax", "flax", "transformers", "ray", "sklearn")
+_STOKER_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# ---------------------------------------------------------------------------- serialising
+
+
+def pack(payload: Any, parts: dict[str, Any]) -> bytes:
+    """``payload`` as cloudpickle bytes; a ConfigError names what cannot be sent, and the fix.
+
+    ``parts`` maps readable names ("augment", "source") to the pieces of ``payload`` the user
+    gave, searched in order for the object that fails to pickle.
+    """
+    try:
+        return cloudpickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - pickling raises many types; all mean the same
+        where = _culprit_in(parts) or _culprit(payload, "the loader's settings", 0, set())
+        raise ConfigError(
+            f"cannot send {where} to the worker processes: "
+            f"{type(exc).__name__}: {exc}. Workers are separate processes; an open file, a "
+            "lock, a socket or a thread cannot travel to them. Create it inside the function "
+            "(open the file on first use), pass a path or plain data instead, or use workers=0"
+        ) from exc
+
+
+def _culprit_in(parts: dict[str, Any]) -> str | None:
+    for name, value in parts.items():
+        found = _culprit(value, name, 0, set())
+        if found:
+            return found
+    return None
+
+
+def _culprit(obj: Any, name: str, depth: int, seen: set[int]) -> str | None:
+    """The path to the innermost part of ``obj`` that does not pickle, or None if it does."""
+    if id(obj) in seen:
+        return None
+    seen.add(id(obj))
+    try:
+        cloudpickle.dumps(obj)
+        return None
+    except Exception:  # noqa: BLE001
+        pass
+    if depth < 6:
+        for label, child in _children(obj):
+            found = _culprit(child, f"{name}{label}", depth + 1, seen)
+            if found:
+                return found
+    return f"{name} ({_short(obj)})"
+
+
+def _children(obj: Any) -> Iterator[tuple[str, Any]]:
+    """The parts pickling ``obj`` pickles too, each with a readable label."""
+    code = getattr(obj, "__code__", None)
+    if code is not None:  # a function: its closure, the globals it uses, its defaults
+        cells = getattr(obj, "__closure__", None) or ()
+        for var, cell in zip(code.co_freevars, cells, strict=False):
+            yield f" -> closure variable {var!r}", cell.cell_contents
+        glob = getattr(obj, "__globals__", {})
+        for var in code.co_names:
+            if var in glob:
+                yield f" -> global {var!r}", glob[var]
+        for i, value in enumerate(getattr(obj, "__defaults__", None) or ()):
+            yield f" -> default argument {i}", value
+        return
+    if hasattr(obj, "__self__") and hasattr(obj, "__func__"):  # a bound method
+        yield f".{obj.__func__.__name__}'s object", obj.__self__
+        return
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield f"[{key!r}]", value
+        return
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        for i, value in enumerate(obj):
+            yield f"[{i}]", value
+        return
+    for attr in ("func", "args", "keywords"):  # functools.partial
+        if hasattr(obj, attr) and type(obj).__name__ == "partial":
+            yield f".{attr}", getattr(obj, attr)
+    for key, value in getattr(obj, "__dict__", {}).items():
+        yield f".{key}", value
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return f"a {type(obj).__name__}: {text[:80]}" if len(text) <= 80 else f"a {type(obj).__name__}"
+
+
+# ---------------------------------------------------------------------------- parent side
+
+
+@dataclass
+class StartReport:
+    """How one worker's start went, in seconds: launch to ``started``, and its parts."""
+
+    total_s: float = 0.0
+    python_s: float = 0.0  # the interpreter starting and importing stoker
+    settings_s: float = 0.0  # loading the pickled settings (imports the user's modules)
+    imported: list[str] = field(default_factory=list)  # top-level modules that load imported
+
+
+def describe(reports: list[StartReport]) -> tuple[float, str]:
+    """``(seconds, text)``: how long the slowest worker took to start, its parts, and, when it
+    was slow, why."""
+    if not reports:
+        return 0.0, ""
+    slow = max(reports, key=lambda r: r.total_s)
+    text = (f"workers started in {slow.total_s:.2f} s (Python + stoker {slow.python_s:.2f} s, "
+            f"loading the settings {slow.settings_s:.2f} s)")
+    if slow.total_s < SLOW_START_S:
+        return slow.total_s, text
+    why = []
+    heavy = [m for m in slow.imported if m in _HEAVY] or slow.imported[:5]
+    if slow.settings_s >= SLOW_PART_S:
+        what = f"imported {', '.join(heavy)}" if heavy else "took that long"
+        why.append(f"loading your augment {what} in every worker "
+                   f"({slow.settings_s:.1f} s): define it in your script or notebook (it then "
+                   "travels by value) or in a module that imports less")
+    if slow.python_s >= SLOW_PART_S or not why:
+        cores, load = os.cpu_count() or 1, os.getloadavg()[0]
+        why.append(f"starting Python and importing stoker took {slow.python_s:.1f} s: the "
+                   f"machine is busy (load average {load:.1f} on {cores} cores) or its disk is "
+                   "slow")
+    return slow.total_s, f"{text}; slow because " + "; and ".join(why)
+
+
+class Process:
+    """A started worker: the subset of ``multiprocessing.Process`` the pool uses."""
+
+    def __init__(self, popen: subprocess.Popen, name: str) -> None:
+        self.popen, self.name, self.pid = popen, name, popen.pid
+
+    @property
+    def exitcode(self) -> int | None:
+        """None while running; the exit code, or minus the signal that ended it."""
+        return self.popen.poll()
+
+    def is_alive(self) -> bool:
+        """True while the process runs."""
+        return self.popen.poll() is None
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds for the process to end (and reap it)."""
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def terminate(self) -> None:
+        """SIGTERM."""
+        if self.is_alive():
+            self.popen.terminate()
+
+    def kill(self) -> None:
+        """SIGKILL."""
+        if self.is_alive():
+            self.popen.kill()
+
+
+class Launch:
+    """Workers being started: one shared copy of the payload, a process and socket each."""
+
+    def __init__(self, blob: bytes) -> None:
+        self.segment = Segment.create(len(blob), "launch", pick_folder(len(blob)))
+        self.segment.map[: len(blob)] = blob
+        self.size = len(blob)
+        self.launched: dict[int, float] = {}
+
+    def start(self, wid: int) -> tuple[Process, Connection]:
+        """Start worker ``wid``; it loads the payload and then calls ``target(wid, conn, ...)``."""
+        ours, theirs = Pipe(duplex=True)
+        fd = theirs.fileno()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (_STOKER_ROOT, env.get("PYTHONPATH", "")) if p
+        )
+        argv = [sys.executable, "-m", ENTRY, str(fd), self.segment.path, str(self.size),
+                str(wid), repr(time.time())]
+        try:
+            self.launched[wid] = time.monotonic()
+            popen = subprocess.Popen(argv, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        return Process(popen, f"stoker-worker-{wid}"), ours
+
+    def wait_started(self, procs: list[Process], conns: list[Connection], timeout: float
+                     ) -> list[StartReport]:
+        """Wait until every worker said ``started``; raise if one failed, died or hung."""
+        reports: dict[int, StartReport] = {}
+        deadline = time.monotonic() + timeout
+        while len(reports) < len(procs):
+            pending = [c for w, c in enumerate(conns) if w not in reports]
+            for ready in wait(pending, POLL_S):
+                wid = conns.index(ready)  # type: ignore[arg-type]
+                reports[wid] = self._reply(wid, procs[wid], conns[wid])
+            for wid, proc in enumerate(procs):
+                if wid not in reports and proc.exitcode is not None:
+                    self._raise_died(wid, proc)
+            if len(reports) < len(procs) and time.monotonic() > deadline:
+                late = [w for w in range(len(procs)) if w not in reports]
+                raise WorkerHung(
+                    f"worker(s) {late} did not start within {timeout:.0f} s (still loading the "
+                    "loader's settings: a module your augment comes from may import something "
+                    "slow); raise Loader(timeout=...) if that is expected"
+                )
+        self.close()
+        return [reports[w] for w in range(len(procs))]
+
+    def _reply(self, wid: int, proc: Process, conn: Connection) -> StartReport:
+        """The ``started`` report of worker ``wid``, or its start-up exception raised here."""
+        try:
+            kind, payload = conn.recv()
+        except (EOFError, OSError):
+            self._raise_died(wid, proc)
+        if kind == "failed":
+            raise unpack_exception(payload, "while starting")
+        report = StartReport(**payload)
+        report.total_s = time.monotonic() - self.launched[wid]
+        return report
+
+    def _raise_died(self, wid: int, proc: Process) -> NoReturn:
+        proc.join(2.0)
+        raise WorkerDied(
+            f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)} while starting, "
+            "before it could report (its error, if any, is printed above)"
+        )
+
+    def close(self) -> None:
+        """Remove the shared copy of the payload (workers that loaded it keep what they read)."""
+        self.segment.unlink()
+        self.segment.close()
+
+
+# ---------------------------------------------------------------------------- worker side
+
+
+def _load(path: str, size: int) -> tuple[Any, tuple, list[str], float]:
+    """The target and its arguments from the launch file, the modules loading them imported."""
+    with open(path, "rb") as f:
+        data = f.read(size)
+    before = set(sys.modules)
+    t0 = time.perf_counter()
+    path_list, blob = pickle.load(io.BytesIO(data))
+    for entry in reversed(path_list):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    target, args = cloudpickle.loads(blob)
+    seconds = time.perf_counter() - t0
+    new = sorted({m.split(".")[0] for m in set(sys.modules) - before} - {"stoker"})
+    return target, args, new, seconds
+
+
+def main(argv: list[str]) -> None:
+    """Entry point of a worker process: load the payload, say ``started``, run the target."""
+    started = time.time()
+    fd, path, size, wid, launched = int(argv[0]), argv[1], int(argv[2]), int(argv[3]), argv[4]
+    conn = Connection(fd)
+    try:
+        target, args, imported, settings_s = _load(path, size)
+    except BaseException as exc:  # noqa: BLE001 - every start failure goes to the parent
+        conn.send(("failed", pack_exception(exc, wid, None)))
+        sys.exit(1)
+    conn.send(("started", {"python_s": max(0.0, started - float(launched)),
+                           "settings_s": settings_s, "imported": imported}))
+    target(wid, conn, *args)
+
+
+def payload_bytes(target: Any, args: tuple, parts: dict[str, Any]) -> bytes:
+    """What :class:`Launch` sends: this process's ``sys.path`` (so the worker imports the same
+    modules by reference) and the cloudpickled ``(target, args)``."""
+    return pickle.dumps((list(sys.path), pack((target, args), parts)))
