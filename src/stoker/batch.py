@@ -93,3 +93,55 @@ def map_form(form: Form, batch: Any, fn: Callable[..., Any], *others: Any) -> An
 def paths(name: Callable[[int], str], indices: np.ndarray) -> np.ndarray:
     """The ``path`` field: each sample's file path (or ``array[i]``), a numpy string array."""
     return np.asarray([name(int(i)) for i in indices], dtype=np.str_)
+
+
+RESERVED = ("image", "mask", "label", "weight", "index", *DERIVED)
+
+
+def columns(source: Any, sample_weight: Any = None, fields: Any = None) -> dict[str, np.ndarray]:
+    """The per-sample fields carried with each sample, beside the image (and mask): ``label``
+    (the source's targets, any dtype and shape), ``weight`` from ``sample_weight`` (an array of
+    N numbers or a CSV column name; as float32) and the user's ``fields`` (name -> an array
+    ``(N, ...)`` of numbers or a CSV column name), each kept exactly."""
+    out = {"label": source.labels}
+    n = len(source)
+    if sample_weight is not None:
+        weights = _column(source, sample_weight, n, "sample_weight")
+        if weights.shape != (n,):
+            raise ConfigError(
+                f"sample_weight: need one number per sample, shape ({n},); got "
+                f"shape {weights.shape}"
+            )
+        if not np.isfinite(weights).all() or (weights < 0).any():
+            raise ConfigError("sample_weight: weights must be finite and >= 0")
+        out["weight"] = weights.astype(np.float32)
+    if fields is None:
+        return out
+    if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+        raise ConfigError("fields= takes a dict: name -> array (N, ...) or CSV column name")
+    for name, value in fields.items():
+        if name in RESERVED:
+            raise ConfigError(f"fields={{{name!r}: ...}}: {name!r} is a built-in field; rename it")
+        out[name] = _column(source, value, n, f"fields[{name!r}]")
+    return out
+
+
+def _column(source: Any, value: Any, n: int, what: str) -> np.ndarray:
+    """A per-sample numeric column given as an array or a CSV column name."""
+    if isinstance(value, str):
+        named = getattr(source, "named_columns", {})
+        if value not in named:
+            raise ConfigError(f"{what}={value!r}: names a column only for a CSV/TSV source")
+        return named[value]
+    arr = np.asarray(value)
+    if arr.dtype.kind not in "biuf" or arr.ndim == 0 or arr.shape[0] != n:
+        raise ConfigError(
+            f"{what}: need numbers, one row per sample ({n}); got {arr.dtype} of shape {arr.shape}"
+        )
+    return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+
+
+def column_names(sample_weight: Any, fields: Any) -> tuple[str, ...]:
+    """The CSV column names that ``sample_weight`` and ``fields`` ask for."""
+    values = [sample_weight, *(fields.values() if isinstance(fields, dict) else ())]
+    return tuple(v for v in values if isinstance(v, str))

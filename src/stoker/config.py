@@ -7,7 +7,6 @@ import math
 import os
 from typing import Any
 
-import numpy as np
 import psutil
 
 from .errors import ConfigError
@@ -45,29 +44,6 @@ def augment(value: Any, pixels: tuple[int, int] | None) -> Any:
     if isinstance(value, str) and value == "auto":
         return None if pixels is not None else "train"
     return value
-
-
-def columns(source: Any, sample_weight: Any) -> dict[str, Any]:
-    """The per-sample fields carried with each sample: ``label`` (the source's targets, any
-    dtype and shape) and, given ``sample_weight`` (an array of N numbers, or the name of a
-    numeric column of a CSV), ``weight`` as float32."""
-    out = {"label": source.labels}
-    if sample_weight is None:
-        return out
-    n = len(source)
-    if isinstance(sample_weight, str):
-        weights = source.named_columns[sample_weight]
-    else:
-        weights = np.asarray(sample_weight)
-    if weights.dtype.kind not in "biuf" or weights.shape != (n,):
-        raise ConfigError(
-            f"sample_weight: need one number per sample, shape ({n},); got {weights.dtype} of "
-            f"shape {weights.shape}"
-        )
-    if not np.isfinite(weights).all() or (weights < 0).any():
-        raise ConfigError("sample_weight: weights must be finite and >= 0")
-    out["weight"] = weights.astype(np.float32)
-    return out
 
 
 def positive_int(name: str, value: Any) -> int:

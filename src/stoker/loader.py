@@ -127,6 +127,7 @@ class Loader:
         masks: Any = None,
         label_column: Any = None,
         sample_weight: Any = None,
+        fields: Any = None,
         batch_size: int = 64,
         image_size: Any = None,
         augment: Any = "auto",
@@ -144,7 +145,7 @@ class Loader:
         start_method: str = "spawn",
         batch: Any = None,
     ) -> None:
-        named = (sample_weight,) if isinstance(sample_weight, str) else ()
+        named = batch_mod.column_names(sample_weight, fields)
         self.source = open_source(
             source,
             paths=paths,
@@ -184,7 +185,7 @@ class Loader:
             world,
             block_sizes=tuple(int(b) for b in blocks) if blocks else None,
         )
-        self.columns = Columns(config.columns(self.source, sample_weight))
+        self.columns = Columns(batch_mod.columns(self.source, sample_weight, fields))
         self.layout = SlotLayout(self.batch_size, self._field_specs())
         names = [f[0] for f in self.layout.fields]
         self.form = batch_mod.resolve_form(batch, names)
