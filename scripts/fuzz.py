@@ -1,11 +1,13 @@
-"""Fuzz stoker's decoders with mutated real files: only DecodeError may come out, never a crash.
+"""Fuzz stoker's decoders with mutated real files: only stoker's own errors may come out.
 
     python scripts/fuzz.py --seconds 600 [--seed 0] [--data DIR]
 
-Each iteration takes a real image (JPEG from DIR, plus PNG/WebP/BMP/GIF made from it), mutates
-it (bit flips, byte runs, truncation, splices, header field edits), then runs probe() and
-decode() with a random crop box and output size, as the loader does. Any exception other than
-stoker's DecodeError is a finding and is saved under fuzz-findings/. Run it under a process
+Each iteration takes a real image (the JPEGs of DIR, by default stoker's conformance corpus
+tests/corpus/jpeg, plus PNG, APNG, EXIF-oriented WebP, BMP, GIF and TIFF made from them),
+mutates it (bit flips, byte runs, truncation, splices, header field edits), then runs probe(),
+decode() with a random crop box and output size, as the loader does, and decode_mask(). Any
+exception that is not a :class:`stoker.errors.StokerError` is a finding and is saved under
+fuzz-findings/. Run it under a process
 supervisor (it is a plain loop): a segfault or hang shows as the process dying or not
 reporting, and the last input is in fuzz-findings/last.bin.
 """
@@ -23,24 +25,37 @@ import numpy as np
 from PIL import Image
 
 from stoker import decode as dec
-from stoker.errors import DecodeError
+from stoker.errors import StokerError
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "tests", "corpus", "jpeg")
 
 
 def seeds(data: str) -> list[bytes]:
-    files = sorted(glob.glob(os.path.join(data, "**", "*.jpg"), recursive=True))[:40]
-    out = [open(f, "rb").read() for f in files]
+    files = sorted(glob.glob(os.path.join(data, "**", "*.jp*g"), recursive=True))[:40]
+    out = []
+    for name in files:
+        with open(name, "rb") as f:
+            out.append(f.read())
+    exif = Image.Exif()
+    exif[0x0112] = 6
     for f in files[:4]:
         im = Image.open(f).convert("RGB")
         im.thumbnail((160, 160))
-        for fmt, kw in (
-            ("PNG", {}),
-            ("WEBP", {}),
-            ("BMP", {}),
-            ("GIF", {}),
-            ("JPEG", {"progressive": True}),
+        other = Image.new("RGB", im.size, (0, 200, 0))
+        for mode, fmt, kw in (
+            ("RGB", "PNG", {"exif": exif}),
+            ("RGB", "PNG", {"save_all": True, "append_images": [other], "default_image": True}),
+            ("RGB", "WEBP", {"exif": exif}),
+            ("RGB", "BMP", {}),
+            ("P", "BMP", {}),
+            ("RGB", "GIF", {}),
+            ("RGBA", "TIFF", {"compression": "tiff_lzw"}),
+            ("LAB", "TIFF", {}),
+            ("CMYK", "JPEG", {}),
+            ("RGB", "JPEG", {"progressive": True, "exif": exif}),
         ):
             buf = io.BytesIO()
-            im.save(buf, fmt, **kw)
+            im.convert(mode).save(buf, fmt, **kw)
             out.append(buf.getvalue())
     return out
 
@@ -71,8 +86,12 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
 
 def one(data: bytes, rng: random.Random) -> None:
     try:
+        dec.decode_mask(data, max_pixels=50_000_000)
+    except StokerError:
+        pass
+    try:
         info = dec.probe(data, max_pixels=50_000_000)
-    except DecodeError:
+    except StokerError:
         return
     h, w = info.height, info.width
     ch, cw = rng.randint(1, h), rng.randint(1, w)
@@ -80,9 +99,15 @@ def one(data: bytes, rng: random.Random) -> None:
     size = rng.choice([None, (16, 16), (224, 224)])
     try:
         out = dec.decode(
-            data, info, box=box, min_size=size, fast=rng.random() < 0.5, max_pixels=50_000_000
+            data,
+            info,
+            box=box,
+            min_size=size,
+            fast=rng.random() < 0.5,
+            max_pixels=50_000_000,
+            notes=[],
         )
-    except DecodeError:
+    except StokerError:
         return
     assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3, out.shape
 
@@ -91,7 +116,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data", default="/data/imagenet_like")
+    p.add_argument("--data", default=CORPUS)
     args = p.parse_args()
     import cv2
 
@@ -112,7 +137,9 @@ def main() -> None:
                 f.write(data)
             print(f"finding {findings}: {type(exc).__name__}: {exc}", flush=True)
         n += 1
-    print(f"{n} iterations in {time.monotonic() - t0:.0f} s, {findings} findings")
+        if n % 20000 == 0:
+            print(f"{n} iterations, {time.monotonic() - t0:.0f} s, {findings} findings", flush=True)
+    print(f"{n} iterations in {time.monotonic() - t0:.0f} s, {findings} findings", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import struct
 import time
 
@@ -11,8 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from PIL import Image, ImageOps
+from PIL import Image
 
+from reference import encode, pillow_rgb
 from stoker.decode import IMAGE_EXTENSIONS, ImageInfo, decode, probe
 from stoker.errors import DecodeError, DecompressionBombError
 
@@ -25,18 +25,7 @@ def _photo(height: int = 96, width: int = 128) -> np.ndarray:
     return rgb.astype(np.uint8)
 
 
-def _encode(array_or_image: np.ndarray | Image.Image, fmt: str, **kw: object) -> bytes:
-    im = array_or_image
-    if isinstance(im, np.ndarray):
-        im = Image.fromarray(im)
-    buf = io.BytesIO()
-    im.save(buf, fmt, **kw)
-    return buf.getvalue()
-
-
-def _pillow_rgb(data: bytes) -> np.ndarray:
-    with Image.open(io.BytesIO(data)) as im:
-        return np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
+_encode, _pillow_rgb = encode, pillow_rgb
 
 
 def _exif(orientation: int) -> bytes:

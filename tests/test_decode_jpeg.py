@@ -18,9 +18,10 @@ import sys
 import numpy as np
 import pytest
 import simplejpeg
-from PIL import Image, ImageOps
+from PIL import Image
 
 import stoker
+from reference import pillow_rgb
 from stoker.decode import decode, jpeg, probe
 from stoker.errors import DecodeError
 
@@ -32,12 +33,6 @@ NAMES = [os.path.basename(f)[:-4] for f in FILES]
 def _read(name: str) -> bytes:
     with open(os.path.join(CORPUS, f"{name}.jpg"), "rb") as f:
         return f.read()
-
-
-def pillow_rgb(data: bytes) -> np.ndarray:
-    """The reference: Pillow's decode, EXIF/XMP-oriented, as RGB."""
-    with Image.open(io.BytesIO(data)) as im:
-        return np.asarray(ImageOps.exif_transpose(im).convert("RGB"))
 
 
 def assert_close(got: np.ndarray, ref: np.ndarray, mean: float = 0.5, peak: int = 255) -> None:

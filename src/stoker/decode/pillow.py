@@ -3,12 +3,13 @@ fallback for whatever OpenCV rejects or gets wrong), each giving RGB ``uint8``."
 
 from __future__ import annotations
 
+import functools
 import io
 from typing import Any
 
 import cv2
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageCms
 
 from ..errors import DecodeError, DecompressionBombError
 from .common import ImageInfo, stored_size
@@ -68,8 +69,11 @@ def decode_fast(data: bytes | memoryview, info: ImageInfo, cv2_first: bool) -> n
     return decode(data, info) if image is None else image
 
 
-def decode(data: bytes | memoryview, info: ImageInfo, frame: int = 0) -> np.ndarray:
-    """Decode with Pillow (frame ``frame`` of a multi-frame file) to RGB uint8 at stored size."""
+def decode(
+    data: bytes | memoryview, info: ImageInfo, frame: int = 0, oriented: bool = False
+) -> np.ndarray:
+    """Decode with Pillow (frame ``frame`` of a multi-frame file) to RGB uint8 at stored size
+    (at displayed size when ``oriented``: Pillow orients TIFFs itself as it loads them)."""
     try:
         with Image.open(io.BytesIO(data)) as im:
             if frame:
@@ -82,7 +86,7 @@ def decode(data: bytes | memoryview, info: ImageInfo, frame: int = 0) -> np.ndar
         raise
     except Exception as exc:  # Pillow raises many types on bad data
         raise DecodeError(f"cannot decode {info.format} image: {exc}") from None
-    expected = stored_size(info)
+    expected = (info.height, info.width) if oriented else stored_size(info)
     if image.shape[:2] != expected:
         raise DecodeError(f"{info.format} decoded to {image.shape[:2]}, header says {expected}")
     return image
@@ -97,8 +101,14 @@ def to_rgb(im: Image.Image) -> np.ndarray:
     if im.mode == "L":
         return cv2.cvtColor(np.asarray(im), cv2.COLOR_GRAY2RGB)
     if im.mode == "LAB":
-        # Pillow's 8-bit CIELab is OpenCV's: L * 255 / 100, a + 128, b + 128.
-        return cv2.cvtColor(np.asarray(im), cv2.COLOR_Lab2RGB)
+        return np.asarray(ImageCms.applyTransform(im, _lab_to_srgb()))
     if im.mode != "RGB":
         im = im.convert("RGB")
     return np.asarray(im)
+
+
+@functools.cache
+def _lab_to_srgb() -> ImageCms.ImageCmsTransform:
+    """CIELab (D50, as TIFF readers assume it without a WhitePoint tag) to sRGB, by LittleCMS."""
+    lab = ImageCms.createProfile("LAB")
+    return ImageCms.buildTransform(lab, ImageCms.createProfile("sRGB"), "LAB", "RGB")
