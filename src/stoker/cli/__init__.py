@@ -1,33 +1,68 @@
-"""The ``stoker`` command: demo, bench, inspect, doctor, convert."""
+"""The ``stoker`` command: demo, bench, inspect, doctor, convert.
+
+It speaks plainly: a missing path, a bad option or an unreadable file gives one line on stderr
+and a non-zero exit (2 for a bad command line, 1 for a failure, 130 for Ctrl-C), never a
+traceback; ``--debug`` shows the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from ..errors import StokerError, one_line
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a bad command line reported in one line (and where to find help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _workers(value: str) -> int | str:
+    """``--workers``: "auto" or a count >= 0."""
+    if value == "auto":
+        return value
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise argparse.ArgumentTypeError(f"use 'auto' or a count >= 0, not {value!r}")
+    return count
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="stoker", description="Keep an accelerator fed.")
-    sub = p.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="make a small photo dataset, train Keras on it, print stats")
+    common = _Parser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the full traceback of an error")
+    p = _Parser(prog="stoker", description="Keep an accelerator fed.", parents=[common])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def add(name: str, **kw: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
+
+    demo = add("demo", help="make a small photo dataset, train Keras on it, print stats")
     demo.add_argument("--out", default="demo_data", help="folder for the generated dataset")
     demo.add_argument("--epochs", type=int, default=2)
-    demo.add_argument("--workers", default="auto")
-    bench = sub.add_parser("bench", help="measure throughput, the decode ceiling, the bottleneck")
+    demo.add_argument("--workers", type=_workers, default="auto")
+    bench = add("bench", help="measure throughput, the decode ceiling, the bottleneck")
     bench.add_argument("source")
     bench.add_argument("--batch-size", type=int, default=256)
     bench.add_argument("--image-size", type=int, default=224)
     bench.add_argument("--augment", default="train", help="train, eval or none")
-    bench.add_argument("--workers", default="auto")
+    bench.add_argument("--workers", type=_workers, default="auto")
     bench.add_argument("--epochs", type=int, default=3, help="measured epochs after a warm-up")
     bench.add_argument("--max-batches", type=int, default=0, help="cap batches per epoch")
-    inspect = sub.add_parser("inspect", help="counts, classes, image sizes, bad files")
+    inspect = add("inspect", help="counts, classes, image sizes, bad files")
     inspect.add_argument("source")
     inspect.add_argument("--decode", action="store_true", help="fully decode every image")
-    doctor = sub.add_parser("doctor", help="shared memory, leaked segments, decoders")
+    doctor = add("doctor", help="shared memory, leaked segments, decoders")
     doctor.add_argument("--clean", action="store_true", help="remove segments of dead processes")
-    conv = sub.add_parser("convert", help="write a source as Parquet shards (resumable)")
+    conv = add("convert", help="write a source as Parquet shards (resumable)")
     conv.add_argument("src", help="any stoker source: image folder, CSV, .npy, tar, HDF5...")
     conv.add_argument("dst", help="folder for the shards, errors.csv and the manifest")
     conv.add_argument("--max-side", type=int, default=None, help="shrink longer sides above N px")
@@ -49,17 +84,40 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _workers(value: str) -> int | str:
-    return value if value == "auto" else int(value)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``stoker`` console script."""
+    """Entry point of the ``stoker`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
+    try:
+        _run(args)
+    except KeyboardInterrupt:
+        if getattr(args, "debug", False):
+            raise
+        print(f"stoker {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line, unless --debug
+        if getattr(args, "debug", False):
+            raise
+        print(f"stoker {args.command}: error: {_plain(exc)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plain(exc: BaseException) -> str:
+    """The error plainly: stoker's own message as it is (it names the file and the fix), an
+    OS error as its reason and file, anything else in one line with where to see more."""
+    if isinstance(exc, StokerError):
+        return str(exc).strip() or type(exc).__name__
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.strerror or type(exc).__name__}: {exc.filename}"
+    return f"{one_line(exc)} (--debug shows the traceback)"
+
+
+def _run(args: argparse.Namespace) -> None:
+    """Run the subcommand ``args`` names."""
     if args.command == "demo":
         from .demo import run_demo
 
-        run_demo(args.out, epochs=args.epochs, workers=_workers(args.workers))
+        run_demo(args.out, epochs=args.epochs, workers=args.workers)
     elif args.command == "bench":
         from .bench import run_bench
 
@@ -70,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 batch_size=args.batch_size,
                 image_size=args.image_size,
                 augment=augment,
-                workers=_workers(args.workers),
+                workers=args.workers,
+                progress=_progress,
                 epochs=args.epochs,
                 max_batches=args.max_batches,
             )
@@ -106,7 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .doctor import doctor
 
         print(doctor(clean=args.clean))
-    return 0
+
+
+def _progress(line: str) -> None:
+    """Progress of a long measurement, on stderr (stdout keeps only the report)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

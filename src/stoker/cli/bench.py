@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psutil
@@ -92,10 +93,25 @@ def busy_cores_rate(
         return pool.map(_pinned_rate, [(source, options, c, seconds) for c in cores])
 
 
-def _epoch(loader: Loader, max_batches: int) -> tuple[int, float, float]:
+PROGRESS_EVERY_S = 5.0  # a progress line at least this often during a long epoch
+
+
+def _silent(line: str) -> None:
+    """No progress output (the default of :func:`run_bench`)."""
+
+
+def _epoch(loader: Loader, max_batches: int, label: str = "",
+           progress: Callable[[str], None] = _silent) -> tuple[int, float, float]:
     cpu0, t0, n = tree_cpu(), time.perf_counter(), 0
+    total = min(len(loader), max_batches) if max_batches else len(loader)
+    last = t0
     for i, (x, _) in enumerate(loader):
         n += len(x)
+        now = time.perf_counter()
+        if now - last >= PROGRESS_EVERY_S:
+            last = now
+            progress(f"stoker bench: {label}: {i + 1}/{total} batches, "
+                     f"{n / (now - t0):,.0f} img/s so far")
         if max_batches and i + 1 >= max_batches:
             break
     return n, time.perf_counter() - t0, tree_cpu() - cpu0
@@ -110,25 +126,33 @@ def run_bench(
     workers: Any = "auto",
     epochs: int = 3,
     max_batches: int = 0,
+    progress: Callable[[str], None] = _silent,
 ) -> str:
-    """Run the benchmark and return its report."""
+    """Run the benchmark and return its report; ``progress`` gets a line per step (and every
+    few seconds of a long epoch) while it measures."""
     options = {"batch_size": batch_size, "image_size": image_size, "augment": augment}
+    progress("stoker bench: one core's rate, in this process (3 s)")
     with Loader(source, workers=0, **options) as probe:
         one = single_core_rate(probe)
     cores = config.usable_cpus()
     with Loader(
         source, batch_size=batch_size, image_size=image_size, augment=augment, workers=workers
     ) as loader:
-        _epoch(loader, max_batches)  # warm-up: worker start, page cache
+        progress(f"stoker bench: warm-up epoch ({len(loader)} batches; workers start)")
+        _epoch(loader, max_batches, "warm-up", progress)  # worker start, page cache
         runs, peak = [], 0
-        for _ in range(max(1, epochs)):
-            runs.append(_epoch(loader, max_batches))
+        count = max(1, epochs)
+        for k in range(count):
+            runs.append(_epoch(loader, max_batches, f"epoch {k + 1}/{count}", progress))
             peak = max(peak, tree_pss())
+            n, dt, _ = runs[-1]
+            progress(f"stoker bench: epoch {k + 1}/{count}: {n / dt:,.0f} img/s")
         report = loader.stats()
     rates = [n / dt for n, dt, _ in runs]
     rate = statistics.median(rates)
     cpu_ms = 1000 * sum(c for _, _, c in runs) / sum(n for n, _, _ in runs)
     used = min(cores, max(1, loader.workers))
+    progress(f"stoker bench: ceiling, {used} pinned core(s) decoding at once (4 s)")
     busy = busy_cores_rate(source, options, used)
     ceiling = sum(busy)
     stages = {"read": report.read_ms, "decode": report.decode_ms, "transform": report.transform_ms}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.metadata as md
-import multiprocessing as mp
 import os
 
 from .. import config
@@ -32,8 +31,8 @@ def doctor(clean: bool = False) -> str:
         + ("  (small: stoker will fall back to file-backed memory)" if total < 256 << 20 else ""),
         f"stale stoker segments (owner process gone): {len(stale)}",
         *[f"  {p}" for p in stale[:20]],
-        f"usable CPU cores: {config.usable_cpus()}; default start method: "
-        f"{mp.get_start_method(allow_none=True) or 'fork (platform default)'}; stoker uses spawn",
+        f"usable CPU cores: {config.usable_cpus()}; workers start as fresh interpreters "
+        "(python -m stoker.workers), never re-running your script",
         f"decoders: simplejpeg {_version('simplejpeg')}, "
         f"opencv {_version('opencv-python-headless')}, pillow {_version('pillow')}, "
         f"JPEG decoder in use: {decoder_name()}",
