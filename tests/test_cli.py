@@ -20,6 +20,7 @@ def test_bench_reports_throughput_ceiling_ratio_and_bottleneck_with_progress(ima
                  "--workers", "2", "--epochs", "1"]) == 0
     captured = capsys.readouterr()
     for part in ("throughput:", "busy cores decode", "ratio", "CPU per image", "peak PSS",
+                 "JPEG decoder:",
                  "slowest:"):
         assert part in captured.out, captured.out
     progress = captured.err.splitlines()  # progress goes to stderr, the report to stdout

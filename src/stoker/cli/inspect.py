@@ -9,10 +9,15 @@ import numpy as np
 
 from .. import decode as dec
 from ..assemble import DATA_ERRORS
+from ..decode.survey import Survey
 from ..sources import open_source
 
 
-def _probe_all(src: Any, full: bool) -> tuple[list[tuple[int, int]], Counter, list[str]]:
+def _probe_all(
+    src: Any, survey: Survey | None
+) -> tuple[list[tuple[int, int]], Counter, list[str]]:
+    """Sizes, formats and bad files of every sample; with a ``survey``, each is also decoded
+    and classed (kind, outcome) in it."""
     sizes: list[tuple[int, int]] = []
     formats: Counter = Counter()
     bad: list[str] = []
@@ -23,9 +28,10 @@ def _probe_all(src: Any, full: bool) -> tuple[list[tuple[int, int]], Counter, li
                 sizes.append(data.shape[:2])
                 formats["array"] += 1
                 continue
+            result = "" if survey is None else survey.add(src.name(i), bytes(data))[1]
             info = dec.probe(data)
-            if full:
-                dec.decode(data, info)
+            if result.startswith("refused"):
+                dec.decode(data, info)  # raises the reason, listed below
         except DATA_ERRORS as exc:
             bad.append(f"{src.name(i)}: {type(exc).__name__}: {exc}")
             continue
@@ -43,7 +49,8 @@ def inspect_source(source: Any, decode: bool = False) -> str:
     if len(counts):
         shown = ", ".join(f"{n}: {c}" for n, c in zip(names, counts, strict=False))
         lines.append(f"classes ({len(counts)}): {shown[:400]}")
-    sizes, formats, bad = _probe_all(src, decode)
+    survey = Survey() if decode else None
+    sizes, formats, bad = _probe_all(src, survey)
     if sizes:
         hw = np.asarray(sizes)
         h, w = hw[:, 0], hw[:, 1]
@@ -56,4 +63,6 @@ def inspect_source(source: Any, decode: bool = False) -> str:
         f"bad files: {len(bad)}" + ("" if decode else " (headers checked; --decode for all)")
     )
     lines += [f"  {b}" for b in bad[:50]]
+    if survey is not None:
+        lines += ["classes (kind | outcome):", *survey.lines()[1:]]
     return "\n".join(lines)
