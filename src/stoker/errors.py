@@ -41,6 +41,11 @@ class WorkerHung(StokerError):
     """A worker made no progress within the loader's ``timeout``."""
 
 
+class StokerWarning(UserWarning):
+    """Warnings about the data (a skipped bad file, a link loop) or the machine (a small
+    /dev/shm, more workers than cores)."""
+
+
 class RemoteTraceback(Exception):
     """Carries a worker's formatted traceback; set as ``__cause__`` of a re-raised error."""
 

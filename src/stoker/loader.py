@@ -14,7 +14,7 @@ from . import config
 from . import order as order_mod
 from .assemble import Assembler, Columns, Plan, Report
 from .decode import decoder_name, jpegcrop
-from .errors import ConfigError, StokerError, TooManyErrors
+from .errors import ConfigError, StokerError, StokerWarning, TooManyErrors
 from .sources import open_source
 from .sources.targets import class_ids
 from .stats import Stats, StatsReport
@@ -29,10 +29,6 @@ from .workers.slots import FieldSpec, SlotLayout, clean_stale, pick_folder
 STATE_VERSION = 1
 Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
 Fields = dict[str, np.ndarray]
-
-
-class StokerWarning(UserWarning):
-    """Warnings about the data (a skipped bad file) or the machine (a small /dev/shm)."""
 
 
 PROBE_SAMPLES = 8

@@ -10,23 +10,61 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from ..decode import IMAGE_EXTENSIONS
-from ..errors import SourceError
+from ..errors import SourceError, StokerWarning
 from .base import FileListSource, PathIndex
 
 CACHE_VERSION = 1
 MIN_CACHED = 2000  # smaller folders scan faster than a cache check is worth writing
 
 
-def _scan_class(folder: Path, dirs: list[str]) -> list[str]:
-    """Relative paths (``class/…/file``) of the image files under one class folder, sorted."""
+def _unreadable(path: str, exc: OSError) -> SourceError:
+    return SourceError(
+        f"{path}: cannot list this folder ({exc.strerror or exc}); its images would be missing "
+        "from the dataset. Fix its permissions (chmod a+rx) or move it out of the dataset"
+    )
+
+
+def _real_dir(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
+
+
+def _scan_class(folder: Path, dirs: list[str], seen: set[tuple[int, int]]) -> list[str]:
+    """Relative paths (``class/…/file``) of the image files under one class folder, sorted.
+
+    Links are followed, but every real directory is walked once: a link back up the tree (a
+    loop) or to a folder already walked is skipped with a warning naming it. A folder that
+    cannot be listed is an error naming it, never a silent gap."""
+
+    def fail(exc: OSError) -> None:
+        raise _unreadable(exc.filename or str(folder), exc)
+
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames.sort()
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True, onerror=fail):
+        kept = []
+        for name in sorted(dirnames):
+            sub = os.path.join(dirpath, name)
+            try:
+                key = _real_dir(sub)
+            except OSError as exc:
+                raise _unreadable(sub, exc) from None
+            if key in seen:
+                warnings.warn(
+                    f"{sub} leads to {os.path.realpath(sub)}, a folder already walked (a link "
+                    "loop or a second link to it); it was skipped, not counted twice",
+                    StokerWarning,
+                    stacklevel=7,
+                )
+                continue
+            seen.add(key)
+            kept.append(name)
+        dirnames[:] = kept
         dirs.append(dirpath)
         rel = os.path.relpath(dirpath, folder.parent)
         for fname in sorted(filenames):
@@ -63,17 +101,35 @@ class FolderSource(FileListSource):
 
     def _scan(self) -> None:
         """Walk the folder; cache the result when it is big enough to matter."""
-        self.classes = sorted(
-            e.name for e in os.scandir(self.root) if e.is_dir() and not e.name.startswith(".")
-        )
+        try:
+            entries = list(os.scandir(self.root))
+        except OSError as exc:
+            raise _unreadable(str(self.root), exc) from None
+        self.classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
         if not self.classes:
             raise SourceError(
                 f"{self.root}: no class subfolders; an image folder needs one subfolder per class "
                 "(root/cat/1.jpg, root/dog/2.jpg), or pass a CSV file or paths=[...]"
             )
         dirs, rel, labels = [str(self.root)], [], []
+        seen = {_real_dir(str(self.root))}
         for label, cls in enumerate(self.classes):
-            files = _scan_class(self.root / cls, dirs)
+            folder = self.root / cls
+            if _real_dir(str(folder)) in seen:
+                raise SourceError(
+                    f"{folder} is a link to a folder already in the dataset ("
+                    f"{os.path.realpath(folder)}): its images would get two labels. Remove the "
+                    "link or copy the images"
+                )
+            seen.add(_real_dir(str(folder)))
+            files = _scan_class(folder, dirs, seen)
+            if not files:
+                warnings.warn(
+                    f"{folder}: class folder {cls!r} (label {label}) has no image files "
+                    f"({', '.join(IMAGE_EXTENSIONS)}); the class gets no samples",
+                    StokerWarning,
+                    stacklevel=6,
+                )
             rel.extend(files)
             labels.extend([label] * len(files))
         self.index = PathIndex(self.root, rel)
