@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any
 
+import numpy as np
 import psutil
 
-from .errors import ConfigError
+from .errors import ConfigError, StokerWarning
 
 DEFAULT_MAX_PIXELS = 178_956_970  # as Pillow: twice its warning limit
 START_METHODS = ("spawn",)
@@ -48,9 +50,9 @@ def augment(value: Any, pixels: tuple[int, int] | None) -> Any:
 
 def positive_int(name: str, value: Any) -> int:
     """A positive int, or a ConfigError naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ConfigError(f"{name}={value!r}: must be a positive integer")
-    return value
+    return int(value)
 
 
 def fast_decode(value: Any, augment: Any) -> bool:
@@ -80,9 +82,71 @@ def workers(value: Any) -> tuple[int, str]:
         cpus = usable_cpus()
         count = max(1, min(cpus, 32))
         return count, f"auto: one per usable CPU core ({cpus})"
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(f"workers={value!r}: use 'auto', 0 (load in this process) or a count")
+    value, cpus = int(value), usable_cpus()
+    if value > MAX_WORKERS_PER_CORE * cpus:
+        raise ConfigError(
+            f"workers={value}: more than {MAX_WORKERS_PER_CORE} per usable CPU core ({cpus} here, "
+            f"so at most {MAX_WORKERS_PER_CORE * cpus}); each worker is a process of its own "
+            f"(~{WORKER_MIB} MiB and a start-up), and past the cores they add no speed. "
+            "Use workers='auto'"
+        )
+    if value > cpus:
+        warnings.warn(
+            f"workers={value} is more than the {cpus} usable CPU cores: the extra "
+            f"{value - cpus} workers add no decoding speed but cost about {WORKER_MIB} MiB of "
+            f"memory each ({(value - cpus) * WORKER_MIB} MiB) and a slower start; use "
+            "workers='auto' unless your samples wait on slow storage",
+            StokerWarning,
+            stacklevel=3,
+        )
     return value, "set by you" if value else "in the calling process (workers=0)"
+
+
+MAX_WORKERS_PER_CORE = 4
+WORKER_MIB = 45  # typical resident memory of one idle worker (numpy + OpenCV imported)
+
+
+def seed(value: Any) -> int:
+    """A non-negative integer seed (numpy integers too); never truncated or parsed."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ConfigError(
+            f"seed={value!r}: give a non-negative integer (seed=0); the same seed gives the same "
+            "batches"
+        )
+    return int(value)
+
+
+def timeout(value: Any) -> float:
+    """Seconds to wait for a batch before WorkerHung: a positive number (inf: no limit)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not value > 0
+    ):
+        raise ConfigError(
+            f"timeout={value!r}: give the seconds to wait for a batch before a worker counts as "
+            "hung, a number > 0 (timeout=300; float('inf') for no limit)"
+        )
+    return float(value)
+
+
+def flag(name: str, value: Any, allow_none: bool = False) -> Any:
+    """A True/False argument (numpy bools too); ``None`` where it means "the default"."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    fix = "True, False or None (the default)" if allow_none else "True or False"
+    raise ConfigError(f"{name}={value!r}: give {fix}")
+
+
+def prefetch_arg(value: Any) -> Any:
+    """``"auto"`` or a positive int, checked before anything starts."""
+    if not (isinstance(value, str) and value == "auto"):
+        positive_int("prefetch", value)
+    return value
 
 
 CHEAP_BATCH_S = 0.02  # below this much work per batch, worker processes cost more than they give

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from . import batch as batch_mod
 from . import config
 from . import order as order_mod
 from .assemble import Assembler, Columns, Plan, Report
+from .consumer import Guard
 from .decode import decoder_name, jpegcrop
 from .errors import ConfigError, StokerError, StokerWarning, TooManyErrors
 from .sources import open_source
@@ -89,15 +91,21 @@ class _Running:
     def __init__(self) -> None:
         self.pool: WorkerPool | None = None
         self.engine: Engine | _Inline | None = None
+        self.pid = os.getpid()
 
     def close(self, fast: bool = False) -> None:
         """Stop the workers (``fast``: without waiting for them to finish a batch) and unlink
-        every segment; safe to call again, or from a signal handler in the middle of a close."""
+        every segment; safe to call again, or from a signal handler in the middle of a close.
+        In a forked child it only forgets them: they are the parent's."""
         engine, pool = self.engine, self.pool
         self.engine = self.pool = None
         shutdown.unregister(self)
+        if os.getpid() != self.pid:
+            if pool is not None:
+                pool.forget()
+            return
         if pool is not None:
-            pool.close(0.5 if fast else 5.0)
+            pool.close(0.2 if fast else 5.0)
         if engine is not None:
             engine.close()
 
@@ -141,6 +149,16 @@ class Loader:
         start_method: str = "spawn",
         batch: Any = None,
     ) -> None:
+        self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+        # the plain arguments first, before a source is opened or anything is started
+        self.batch_size = config.positive_int("batch_size", batch_size)
+        self.seed, self.timeout = config.seed(seed), config.timeout(timeout)
+        self.shuffle = config.flag("shuffle", shuffle)
+        drop_last = config.flag("drop_last", drop_last, allow_none=True)
+        self.workers, self._workers_reason = config.workers(workers)
+        self._prefetch_arg = config.prefetch_arg(prefetch)
+        max_pixels = config.positive_int("max_pixels", max_pixels)
+        self.start_method = config.start_method(start_method)
         named = batch_mod.column_names(sample_weight, fields)
         self.source = open_source(
             source,
@@ -150,7 +168,6 @@ class Loader:
             label_column=label_column,
             columns=named,
         )
-        self.batch_size = config.positive_int("batch_size", batch_size)
         pixels = self.source.pixel_size()
         self.image_size = config.image_size(image_size, pixels)
         augment = config.augment(augment, pixels)
@@ -162,13 +179,10 @@ class Loader:
                 f"augment={augment!r}: a callable or a list of ops cannot be applied to masks "
                 "(not supported); use augment='train', 'eval' or None with masks"
             )
-        self.augment, self.shuffle, self.seed = augment, bool(shuffle), int(seed)
-        self.drop_last = self.shuffle if drop_last is None else bool(drop_last)
-        self.workers, self._workers_reason = config.workers(workers)
-        self._auto_workers = workers == "auto"
+        self.augment = augment
+        self.drop_last = self.shuffle if drop_last is None else drop_last
+        self._auto_workers = isinstance(workers, str) and workers == "auto"
         self.max_errors = config.max_errors(max_errors, len(self.source))
-        self._prefetch_arg, self.timeout = prefetch, float(timeout)
-        self.start_method = config.start_method(start_method)
         rank, world = config.rank_world(rank, world_size)
         blocks = getattr(self.source, "block_sizes", None)
         self.plan = Plan(
@@ -198,6 +212,7 @@ class Loader:
         self._run = _Running()
         self._prefetch_reason, self._folder = "not started", "-"
         self._started: list[StartReport] = []  # kept for stats() after close()
+        self._guard = Guard()
         self._finalizer = weakref.finalize(self, _Running.close, self._run)
         _warn_if_slow_decoder()
 
@@ -233,15 +248,26 @@ class Loader:
             yield from self._epoch_batches()
 
     def _epoch_batches(self) -> Iterator[Batch]:
+        self._guard.check_process()
         if self.position >= self._batches:
             self.epoch, self.position = self.epoch + 1, 0
         epoch = self.epoch
-        while self.position < self._batches and self.epoch == epoch:
-            out = self._next((epoch, self.position))
-            self.position += 1
+        while True:
+            out = self._take(epoch)
+            if out is None:
+                break
             yield out
         if self.epoch == epoch and self.position >= self._batches:
             self.epoch, self.position = epoch + 1, 0
+
+    def _take(self, epoch: int) -> Batch | None:
+        """The next batch of ``epoch`` (None at its end); position moves under the guard."""
+        with self._guard.taking():
+            if self.position >= self._batches or self.epoch != epoch:
+                return None
+            out = self._next((epoch, self.position))
+            self.position += 1
+            return out
 
     def _next(self, key: tuple[int, int]) -> Batch:
         t0 = self._stats.begin_wait()  # the first wait includes the workers' start-up
@@ -251,7 +277,7 @@ class Loader:
         except BaseException as exc:
             if isinstance(exc, TooManyErrors):  # a batch where no sample loads: count them
                 self._stats.add(Report(bad=getattr(exc, "bad", [])))
-            self._run.close()
+            self._run.close(fast=True)  # the error is not delayed by waiting on the workers
             raise
         self._stats.end_wait(t0, report.count)
         if report.count < self.batch_size:
@@ -262,10 +288,12 @@ class Loader:
 
     def _account(self, report: Report) -> None:
         """Fold a batch's report into the stats; warn about new bad files; enforce the budget."""
-        for _, name, reason in self._stats.add(report):
+        new = self._stats.add(report)
+        before = len(self._stats.bad) - len(new)
+        for k, (_, name, reason) in enumerate(new, start=1):
             warnings.warn(
                 f"stoker skipped {name} ({reason}); a good sample took its place "
-                f"({len(self._stats.bad)} of max_errors={self.max_errors} used)",
+                f"({before + k} of max_errors={self.max_errors} used)",
                 StokerWarning,
                 stacklevel=4,
             )
@@ -279,6 +307,7 @@ class Loader:
     # ------------------------------------------------------------------ workers
 
     def _engine(self) -> Engine | _Inline:
+        self._guard.check_process()
         if self._run.engine is None:
             if self._finalizer.alive is False:
                 raise StokerError("this Loader is closed; create a new one")
@@ -498,6 +527,11 @@ class Loader:
         self.columns.close()
         self.source.close()
 
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], dict[str, Any]]]:
+        """``copy``, ``deepcopy`` and ``pickle`` give a new, unstarted Loader with the same
+        arguments at the same position (workers and memory are never shared or copied)."""
+        return (_rebuild, (self._args, self.state_dict()))
+
     def __enter__(self) -> Loader:
         return self
 
@@ -509,3 +543,10 @@ class Loader:
             f"Loader({len(self.source)} samples, batch_size={self.batch_size}, "
             f"image_size={self.image_size}, augment={self.augment!r}, workers={self.workers})"
         )
+
+
+def _rebuild(args: dict[str, Any], state: dict[str, Any]) -> Loader:
+    """A copy of a loader: made from its arguments, moved to its position."""
+    loader = Loader(**args)
+    loader.load_state_dict(state)
+    return loader

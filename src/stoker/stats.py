@@ -127,9 +127,11 @@ class Stats:
         self.loaded += report.count
         for index, name, message in report.warned:
             self.warned.setdefault(index, (name, message))
-        new = [b for b in report.bad if b[0] not in self.bad]
-        for index, name, reason in new:
-            self.bad[index] = (name, reason)
+        new = []
+        for index, name, reason in report.bad:
+            if index not in self.bad:  # once each, even when a batch lists a sample twice
+                self.bad[index] = (name, reason)
+                new.append((index, name, reason))
         return new
 
     def report(self, **config: object) -> StatsReport:

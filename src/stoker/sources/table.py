@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..decode import IMAGE_EXTENSIONS
 from ..errors import SourceError
 from .base import FileListSource, PathIndex
 from .targets import as_targets, parse_column, stack_columns, unlabeled
@@ -124,8 +125,22 @@ class _Rows:
             "label_column= (and sample_weight=) with names from the header"
         )
 
-    def no_header(self) -> None:
-        """A table without a header: ``path,label``; named columns cannot be found."""
+    def no_header(self, row: list[str]) -> None:
+        """A table without a header: ``path,label`` (or paths alone, when the first row has
+        one cell); named columns cannot be found, and a first row that is neither a file nor
+        a known header is refused rather than read as a sample."""
+        first = row[0].strip()
+        if (
+            os.path.splitext(first)[1].lower() not in IMAGE_EXTENSIONS
+            and not (self.table.parent / first).exists()
+        ):
+            raise SourceError(
+                f"{self.table}: row 1 ({','.join(row)}) is neither a known header nor an image "
+                f"file. Name the columns in the header: the image as one of {', '.join(PATH_NAMES)}"
+                ", the target as label (or pass label_column='<name>')"
+            )
+        if len(row) < 2:
+            self.label_cols, self.label_names, self.cells = [], [], []
         if self.wanted is not None or self.extra:
             asked = self.wanted if self.wanted is not None else self.extra[0]
             raise SourceError(
@@ -150,10 +165,20 @@ class _Rows:
             mask = self._cell(row, self.mask_col, number, "mask path")
             self.mask_blob += mask.encode("utf-8", "surrogateescape")
             self.mask_offsets.append(len(self.mask_blob))
-        for col, cells in zip(self.label_cols, self.cells, strict=True):
-            cells.add(row[col].strip() if len(row) > col else "")
+        for col, cells, name in zip(self.label_cols, self.cells, self.label_names, strict=True):
+            cells.add(self._value(row, col, number, name))
         for name, col in self.extra_cols.items():
-            self.extra_cells[name].add(row[col].strip() if len(row) > col else "")
+            self.extra_cells[name].add(self._value(row, col, number, name))
+
+    def _value(self, row: list[str], col: int, number: int, name: str) -> str:
+        """A target cell; an empty or missing one is an error, never a silent -1."""
+        cell = row[col].strip() if len(row) > col else ""
+        if not cell:
+            raise SourceError(
+                f"{self.table}: row {number} has no {name} (column {col + 1}); give every row "
+                "one, or drop the column for an unlabeled dataset"
+            )
+        return cell
 
     def labels(self) -> tuple[np.ndarray, list[str] | None]:
         """The target: one column as parsed, several stacked into ``(N, K)``; -1 if none."""
@@ -209,7 +234,7 @@ def _read_rows(path: Path, label_column: Any = None, extra: tuple[str, ...] = ()
                 rows.header(row)
             else:
                 if first_row:
-                    rows.no_header()
+                    rows.no_header(row)
                 rows.add(row, number)
             first_row = False
     if len(rows.offsets) == 1:

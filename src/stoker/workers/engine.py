@@ -138,7 +138,7 @@ class Engine:
             self.pool.check_alive(self._context(wid, key))
             if time.monotonic() > deadline:
                 raise WorkerHung(
-                    f"no batch arrived in {self.timeout:.0f} s; worker {wid} is still on "
+                    f"no batch arrived in {self.timeout:g} s; worker {wid} is still on "
                     f"{self._sample(wid)}. Raise Loader(timeout=...) if samples are that slow."
                 )
 

@@ -205,9 +205,21 @@ class WorkerPool:
         index = self.current_sample(wid)
         if not context and index >= 0:
             context = f" while loading {self.name(index)}"
+        elif index < 0 and proc.exitcode is not None and proc.exitcode < 0:
+            context += " during its start-up, before loading any sample"
         elif index < 0:
             context += " before loading any sample (its error, if any, is printed above)"
         raise WorkerDied(f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)}{context}")
+
+    def forget(self) -> None:
+        """In a forked child: drop the parent's workers without stopping them; only this
+        process's copies of their socket ends are closed (the parent keeps its own)."""
+        for conn in self.conns:
+            try:
+                conn.close()
+            except OSError:
+                pass
+        self.procs, self.conns = [], []
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop every worker: ask, then terminate, then kill; never waits longer than needed."""

@@ -47,6 +47,19 @@ def register(run: Closable) -> None:
         pass
 
 
+def _after_fork_in_child() -> None:
+    """A forked child forgets the parent's running loaders (never stops or unlinks them)."""
+    for run in list(_running):
+        try:
+            run.close()  # in a child, close() only forgets
+        except BaseException:  # noqa: BLE001 - never break the user's fork
+            pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def unregister(run: Closable) -> None:
     """The loader closed: nothing to do for it at SIGTERM."""
     _running.discard(run)

@@ -103,7 +103,10 @@ def _reserve(fd: int, size: int, path: str) -> None:
         os.ftruncate(fd, size)
 
 
-def _unlink_quietly(path: str) -> None:
+def _unlink_quietly(path: str, creator: int | None = None) -> None:
+    """Remove a segment file, unless this is a forked child of the process that made it."""
+    if creator is not None and creator != os.getpid():
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -201,7 +204,8 @@ class Segment:
         finally:
             os.close(fd)
         # the owner's segment goes when its Segment object does (or at exit), even unclosed
-        self._unlink = weakref.finalize(self, _unlink_quietly, path) if owner else None
+        # (never in a forked child of its creator: the segment is the parent's)
+        self._unlink = weakref.finalize(self, _unlink_quietly, path, os.getpid()) if owner else None
 
     @classmethod
     def create(cls, size: int, tag: str, folder: str | None = None) -> Segment:
