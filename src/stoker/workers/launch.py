@@ -201,7 +201,8 @@ class Launch:
     """Workers being started: one shared copy of the payload, a process and socket each."""
 
     def __init__(self, blob: bytes) -> None:
-        self.segment = Segment.create(len(blob), "launch", pick_folder(len(blob)))
+        folder = pick_folder(len(blob), "the workers' settings")
+        self.segment = Segment.create(len(blob), "launch", folder)
         self.segment.map[: len(blob)] = blob
         self.size = len(blob)
         self.launched: dict[int, float] = {}
