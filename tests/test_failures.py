@@ -45,13 +45,13 @@ def test_worker_exception_is_reraised_as_the_same_type_with_its_traceback_and_sa
     ],
 )
 def test_dead_worker_is_reported_quickly_naming_worker_and_sample(augment, how):
-    with marked_loader(augment, n=200, marked=199) as loader:
+    # timeout=600 s, ten times the test's own limit: passing proves the death was noticed by
+    # the liveness check, not by waiting for a batch (no wall-clock bound on a busy machine)
+    with marked_loader(augment, n=200, marked=199, timeout=600.0) as loader:
         it = iter(loader)
         next(it)  # workers are up; the poisoned sample is in the last batch
-        t0 = time.monotonic()
         with pytest.raises(WorkerDied, match=how) as info:
             list(it)
-        assert time.monotonic() - t0 < 5
     assert "array[199]" in str(info.value) and "worker" in str(info.value)
 
 
@@ -69,14 +69,15 @@ def test_hung_transform_times_out_and_close_is_bounded():
     with marked_loader(helpers.hang_on_mark, timeout=2.0) as loader:
         with pytest.raises(WorkerHung, match="array\\[17\\]"):
             list(loader)
-    t0 = time.monotonic()
-    loader = marked_loader(helpers.hang_on_mark, timeout=60.0)
+    loader = marked_loader(helpers.hang_on_mark, timeout=600.0)
     it = iter(loader)
     for _ in range(3):
         next(it)
+    pids = [proc.pid for proc in loader._run.pool.procs]
     time.sleep(0.5)  # a worker is now stuck in batch 4
-    loader.close()
-    assert time.monotonic() - t0 < 20
+    loader.close()  # bounded by the test's limit: it must not wait for the stuck batch
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.mark.timeout(60)

@@ -25,6 +25,7 @@ from stoker.sources.remote import RemoteShardSource  # noqa: E402
 from stoker.sources.shards import ShardSource  # noqa: E402
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
+GATE_S = 3.0  # how long a gated GET waits for the others (a sequential client waits it out)
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -53,6 +54,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         with srv.lock:
             srv.inflight += 1
             srv.max_inflight = max(srv.max_inflight, srv.inflight)
+            srv.arrived.notify_all()
+            # with a gate, hold GETs until `gate` are in flight at once (or GATE_S passed); then
+            # it stays open. Overlapping requests open it; one-after-the-other ones never do
+            if srv.gate and not srv.arrived.wait_for(srv.gate_reached, GATE_S):
+                srv.gate_missed += 1
         try:
             time.sleep(srv.delay)
             path = self._file()
@@ -89,6 +95,9 @@ class _Server(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.root, self.delay = str(root), 0.0
         self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
+        self.gate = self.gate_missed = 0
+        self.gate_open = False
         self.requests: list[tuple[str, str, str | None]] = []
         self.inflight = self.max_inflight = 0
 
@@ -96,10 +105,16 @@ class _Server(http.server.ThreadingHTTPServer):
         with self.lock:
             self.requests.append((handler.command, handler.path, rng))
 
+    def gate_reached(self) -> bool:
+        """True once ``gate`` GETs were in flight at the same time (call with the lock held)."""
+        self.gate_open = self.gate_open or self.inflight >= self.gate
+        return self.gate_open
+
     def reset(self):
         with self.lock:
+            self.gate_open = False
             self.requests.clear()
-            self.max_inflight = 0
+            self.max_inflight = self.gate_missed = 0
 
 
 @pytest.fixture(scope="module")
@@ -252,23 +267,25 @@ def test_assembler_announces_each_batch_once():
 
 @pytest.mark.timeout(60)
 def test_read_ahead_issues_a_batch_of_ranged_reads_concurrently(server, shard_dir):
+    """Concurrency is counted (requests in flight at once at the server), not timed."""
     url = _serve(server, shard_dir)
     src = RemoteShardSource(url)
-    server.delay = 0.05
     server.reset()
-    t0 = time.perf_counter()
+    server.gate = 4  # each GET waits until 4 are in flight together
     indices = np.arange(12)
-    src.prefetch(indices)
-    data = [src.read(i) for i in indices]
-    elapsed = time.perf_counter() - t0
+    try:
+        src.prefetch(indices)
+        data = [src.read(i) for i in indices]
+    finally:
+        server.gate = 0
     gets = [r for r in server.requests if r[0] == "GET"]
     assert len(gets) == 12  # one ranged read per image, none repeated by read()
-    assert server.max_inflight >= 4  # concurrent, not one after the other
-    assert elapsed < 12 * 0.05  # faster than sequential reads
+    assert server.max_inflight >= 4 and server.gate_missed == 0  # concurrent, not one by one
     assert not src._ahead  # read() consumed the read-ahead: memory bounded to one batch
     server.reset()
     assert [src.read(i) for i in indices] == data  # without read-ahead: one request each
     assert len([r for r in server.requests if r[0] == "GET"]) == 12
+    assert server.max_inflight == 1  # plain reads, one after the other
     src.close()
 
 
