@@ -15,13 +15,15 @@ from .errors import (
     WorkerHung,
 )
 from .loader import Loader, StokerWarning
-from .stats import StatsReport
+from .stats import Figures, StatsReport, WaitMeter
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Loader",
     "StatsReport",
+    "WaitMeter",
+    "Figures",
     "StokerWarning",
     "ops",
     "StokerError",

@@ -19,7 +19,7 @@ from .decode import decoder_name, jpegcrop
 from .errors import ConfigError, StokerError, StokerWarning, TooManyErrors
 from .sources import open_source
 from .sources.targets import class_ids
-from .stats import Stats, StatsReport
+from .stats import Stats, StatsReport, WaitMeter
 from .transforms import CustomPipeline, make_pipeline
 from .workers import shutdown
 from .workers.engine import HELD, Engine
@@ -252,13 +252,11 @@ class Loader:
         if self.position >= self._batches:
             self.epoch, self.position = self.epoch + 1, 0
         epoch = self.epoch
-        while True:
-            out = self._take(epoch)
-            if out is None:
-                break
-            yield out
+        # iter(callable, None) keeps no reference to a batch while the consumer has it
+        yield from iter(lambda: self._take(epoch), None)
         if self.epoch == epoch and self.position >= self._batches:
             self.epoch, self.position = epoch + 1, 0
+            self._stats.pause()  # the epoch's loop is over: validation etc. is not counted
 
     def _take(self, epoch: int) -> Batch | None:
         """The next batch of ``epoch`` (None at its end); position moves under the guard."""
@@ -493,6 +491,20 @@ class Loader:
         from .adapters.keras import to_keras
 
         return to_keras(self)
+
+    def wait_meter(self, every: int = 100) -> WaitMeter:
+        """The wait report for a hand-written loop: call ``meter.step()`` after each training
+        step; every ``every`` steps it returns those steps' ``data_wait``, ``input_img_s`` (and
+        ``device_wait``, the GPU's own share, with ``torch(device="cuda")``), else ``None``."""
+        return WaitMeter(self._stats, config.positive_int("every", every))
+
+    def keras_report(self) -> Any:
+        """A Keras callback that puts each epoch's ``data_wait`` and ``input_img_s`` into
+        ``logs`` (History, the progress bar, CSVLogger, TensorBoard), counting only training
+        steps; list it before CSVLogger/TensorBoard in ``callbacks=``."""
+        from .adapters.keras import WaitReport
+
+        return WaitReport(self)
 
     def keras_checkpoint(self, path: Any, save_freq: Any = "epoch") -> Any:
         """A Keras callback that saves this loader's position to ``path`` (JSON) as training

@@ -1,4 +1,11 @@
-"""Wait-time and per-stage accounting, and the report that answers "is my GPU waiting?"."""
+"""Wait-time and per-stage accounting, and the report that answers "is my GPU waiting?".
+
+Time is split three ways: the first batch (worker start-up), the training loop (from a batch
+request to the last batch delivered, or the step's end when an adapter says so), and time
+outside it (validation, checkpoints, between epochs: the loader is paused at the end of an
+epoch and by the Keras callback while validation runs). Wait share and img/s describe the
+training loop only. ``Window`` gives the same figures over a stretch of steps.
+"""
 
 from __future__ import annotations
 
@@ -41,6 +48,14 @@ class StatsReport:
     #: Seconds the slowest worker took to start (0 without workers), and the parts of it.
     startup_s: float = 0.0
     startup: str = ""
+    #: seconds in the training loop after the first batch (the base of wait share and img/s)
+    train_s: float = 0.0
+    #: seconds outside the training loop: validation, checkpoints, between epochs
+    outside_s: float = 0.0
+    #: seconds the GPU waited for data by its own clock (CUDA events), None where not measured
+    device_wait_s: float | None = None
+    #: how batches reach the device, and why that way (``torch(device="cuda")``)
+    transfer: str = ""
 
     @property
     def bottleneck(self) -> str:
@@ -52,11 +67,13 @@ class StatsReport:
     def __str__(self) -> str:
         lines = [
             f"stoker: {self.images} images in {self.batches} batches, {self.elapsed_s:.2f} s; "
-            f"{self.images_per_s:,.0f} img/s after the first batch",
+            f"{self.images_per_s:,.0f} img/s in the training loop after the first batch",
             f"  first batch after {self.first_batch_s:.2f} s; after it, waited "
-            f"for data {self.wait_s:.2f} s = {self.wait_share:.1%} of the time"
-            f" -> bottleneck: {self.bottleneck}",
+            f"for data {self.wait_s:.2f} s = {self.wait_share:.1%} of the training loop's "
+            f"{self.train_s:.2f} s -> bottleneck: {self.bottleneck}",
             *([f"  {self.startup}"] if self.startup else []),
+            f"  outside the training loop (validation, checkpoints, between epochs): "
+            f"{self.outside_s:.2f} s, not counted",
             f"  per image (worker time): read {self.read_ms:.2f} ms, decode {self.decode_ms:.2f} "
             f"ms, transform {self.transform_ms:.2f} ms",
             f"  workers: {self.workers} ({self.workers_reason}); prefetch: {self.prefetch} "
@@ -72,6 +89,14 @@ class StatsReport:
             lines += _listed(self.warned_files)
         if self.decoder:
             lines.append(f"  JPEG decoder: {self.decoder}")
+        if self.device_wait_s is not None:
+            share = self.device_wait_s / self.train_s if self.train_s > 0 else 0.0
+            lines.append(
+                f"  GPU waited for data {self.device_wait_s:.2f} s = {share:.1%} by its own "
+                "clock (CUDA events around each wait)"
+            )
+        if self.transfer:
+            lines.append(f"  host -> device: {self.transfer}")
         if self.kept_batches:
             lines.append(f"  batches kept by the consumer past reuse: {self.kept_batches}")
         lines += [f"  note: {n}" for n in self.notes]
@@ -100,12 +125,20 @@ class Stats:
         self.bad: dict[int, tuple[str, str]] = {}
         self.warned: dict[int, tuple[str, str]] = {}
         self.loaded = 0
+        self.run_from: float | None = None  # start of the current stretch of training loop
+        self.closed_s = 0.0  # training-loop seconds of stretches already ended
+        self.outside_s = 0.0
+        self.device_wait_s: float | None = None
+        self.transfer = ""
 
     def begin_wait(self) -> float:
         """Mark that the consumer asked for a batch; returns the start time."""
         now = time.perf_counter()
         if self.started is None:
             self.started = now
+        elif self.run_from is None and self.first_at is not None:
+            self.outside_s += now - self.last  # paused since ``last``: back in the loop
+            self.run_from = now
         return now
 
     def end_wait(self, t0: float, images: int) -> None:
@@ -114,10 +147,38 @@ class Stats:
         if self.first_at is None:
             self.first_at, self.first_wait = self.last, self.last - t0
             self.first_images = images
+            self.run_from = self.last
         else:
             self.wait_s += self.last - t0
         self.images += images
         self.batches += 1
+
+    def tick(self) -> None:
+        """A training step ended: the training loop's time runs at least to now."""
+        if self.run_from is not None:
+            self.last = time.perf_counter()
+
+    def pause(self) -> None:
+        """The training loop stopped (end of epoch, validation): time until the next batch
+        request is counted outside it."""
+        if self.run_from is not None:
+            self.last = time.perf_counter()
+            self.closed_s += self.last - self.run_from
+            self.run_from = None
+
+    def add_device_wait(self, seconds: float) -> None:
+        """Add time the device waited for data, measured by its own clock."""
+        self.device_wait_s = (self.device_wait_s or 0.0) + seconds
+
+    def train_s(self) -> float:
+        """Seconds in the training loop after the first batch."""
+        open_s = self.last - self.run_from if self.run_from is not None else 0.0
+        return self.closed_s + max(0.0, open_s)
+
+    def window(self) -> Window:
+        """The counters now, to subtract from a later ``window()`` (see ``Window``)."""
+        steady = self.images - (self.first_images if self.batches else 0)
+        return Window(steady, self.batches, self.wait_s, self.train_s(), self.device_wait_s)
 
     def add(self, report: Report) -> list[tuple[int, str, str]]:
         """Fold in a batch's report; returns bad samples not seen before."""
@@ -138,12 +199,12 @@ class Stats:
         """A snapshot with per-image stage times in ms.
 
         The first batch's wait (worker start-up, cold caches) is reported on its own; the wait
-        share and img/s describe the steady state after it.
+        share and img/s describe the training loop after it (time outside it not counted).
         """
         # Until a batch arrives (or when none ever does: the first one failed) the time so far.
         end = self.last if self.first_at is not None else time.perf_counter()
         elapsed = max(0.0, end - self.started) if self.started is not None else 0.0
-        steady = (self.last - self.first_at) if self.first_at is not None else 0.0
+        train = self.train_s()
         per = 1000.0 / max(1, self.loaded)
         steady_images = self.images - (self.first_images if self.batches else 0)
         return StatsReport(
@@ -152,13 +213,89 @@ class Stats:
             elapsed_s=elapsed,
             first_batch_s=self.first_wait,
             wait_s=self.wait_s,
-            wait_share=self.wait_s / steady if steady > 0 else 0.0,
-            images_per_s=steady_images / steady if steady > 0 else 0.0,
+            wait_share=self.wait_s / train if train > 0 else 0.0,
+            images_per_s=steady_images / train if train > 0 else 0.0,
             read_ms=self.read_s * per,
             decode_ms=self.decode_s * per,
             transform_ms=self.transform_s * per,
             skipped=len(self.bad),
             bad_files=list(self.bad.values()),
             warned_files=list(self.warned.values()),
+            train_s=train,
+            outside_s=self.outside_s,
+            device_wait_s=self.device_wait_s,
+            transfer=self.transfer,
             **config,  # type: ignore[arg-type]
         )
+
+
+@dataclass(frozen=True)
+class Window:
+    """Counters at one moment; ``later - earlier`` gives the figures of the steps between."""
+
+    images: int
+    batches: int
+    wait_s: float
+    train_s: float
+    device_wait_s: float | None
+
+    def __sub__(self, earlier: Window) -> Figures:
+        train = self.train_s - earlier.train_s
+        figures = Figures(
+            data_wait=(self.wait_s - earlier.wait_s) / train if train > 0 else 0.0,
+            input_img_s=(self.images - earlier.images) / train if train > 0 else 0.0,
+            steps=self.batches - earlier.batches,
+        )
+        if self.device_wait_s is not None:
+            before = earlier.device_wait_s or 0.0
+            figures["device_wait"] = (self.device_wait_s - before) / train if train > 0 else 0.0
+        return figures
+
+
+class Figures(dict):
+    """This stretch's ``data_wait`` (share of the training loop spent waiting for data),
+    ``input_img_s`` (images per second the loop received) and ``steps``, plus ``device_wait``
+    (the GPU's own share) where measured. A dict, ready for any logger; prints as a line."""
+
+    def __init__(self, **figures: float) -> None:
+        super().__init__(figures)
+
+    def __str__(self) -> str:
+        line = (
+            f"stoker: {self['steps']} steps, waited for data {self['data_wait']:.1%}, "
+            f"input {self['input_img_s']:,.0f} img/s"
+        )
+        if "device_wait" in self:
+            line += f", GPU waited {self['device_wait']:.1%}"
+        return line
+
+
+class WaitMeter:
+    """The wait report every ``every`` steps of a hand-written loop (PyTorch, JAX).
+
+    ``step()`` after each training step: it returns ``None``, or every ``every`` steps the
+    ``Figures`` of those steps (``data_wait``, ``input_img_s``, ``steps``, and ``device_wait``
+    when ``torch(device="cuda")`` measured the GPU's wait with CUDA events).
+    """
+
+    def __init__(self, stats: Stats, every: int) -> None:
+        self.stats, self.every = stats, every
+        self.count = 0
+        self.since = stats.window()
+
+    def step(self) -> Figures | None:
+        """Count one training step; the figures of the last ``every`` steps, or None."""
+        self.stats.tick()
+        self.count += 1
+        return None if self.count % self.every else self.figures()
+
+    def figures(self) -> Figures:
+        """The figures since the last ``figures()`` (or the meter's start); starts a new
+        stretch."""
+        now = self.stats.window()
+        figures, self.since = now - self.since, now
+        return figures
+
+    def pause(self) -> None:
+        """The training loop stops (validation): time until the next batch is not counted."""
+        self.stats.pause()

@@ -10,8 +10,16 @@ batch it handed out (any index order works, so ``fit(shuffle=True)`` is fine), n
 second loader batch for an index it still holds, and keeps only what a restart can ask again:
 
 - the batch pulled last, as the loader's zero-copy view (the loader allows one held batch);
-- batches handed out by a peek or an interrupted pass, copied once when the loader is about to
-  reuse their memory (at most a couple of copies per ``fit``, none in a steady epoch).
+- the first batch, and batches handed out by a peek (outside an epoch), are copies from the
+  start (Keras keeps the first one while it builds the step), and batches of an
+  interrupted pass are copied once when the loader is about to reuse their memory (at most a
+  couple of copies per ``fit``, none in a steady epoch).
+
+On the TensorFlow backend, and on JAX's CPU backend, Keras keeps the host arrays it is given
+longer than the loader's ring allows (its ``tf.data`` wrapper aliases and prefetches them; JAX
+aliases them and Keras puts two batches ahead), so there every batch is handed over as a copy
+Keras may keep: no slot is ever replaced under it. On PyTorch and JAX on an accelerator batches
+stay zero-copy views.
 
 A Keras epoch ends when every index was asked for inside ``on_epoch_begin``/``on_epoch_end``.
 Limits: if Keras abandons a pass after more batches than were kept (a custom loop, a
@@ -31,7 +39,7 @@ import keras
 
 from .base import owned_batch
 
-__all__ = ["LoaderCheckpoint", "StokerPyDataset", "to_keras"]
+__all__ = ["LoaderCheckpoint", "StokerPyDataset", "WaitReport", "to_keras"]
 
 Batch = Any  # the loader's batch structure: (x, y), (x, y, sample_weight), dicts...
 
@@ -43,6 +51,20 @@ class _Entry:
 
     def __init__(self, batch: Batch, pending: bool) -> None:
         self.batch, self.pending, self.copied = batch, pending, False
+
+
+def _backend_keeps_batches() -> bool:
+    """True when Keras' backend keeps the host arrays it is given past the loader's reuse of
+    their slot: TensorFlow (its ``tf.data`` wrapper aliases them and prefetches), and JAX on
+    CPU (``device_put`` aliases them and Keras puts two batches ahead). Those get copies."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        return True
+    if backend == "jax":
+        import jax
+
+        return bool(jax.default_backend() == "cpu")
+    return False
 
 
 class StokerPyDataset(keras.utils.PyDataset):
@@ -65,6 +87,8 @@ class StokerPyDataset(keras.utils.PyDataset):
         self._seen: set[int] = set()  # indices asked for inside on_epoch_begin/on_epoch_end
         self._in_epoch = False
         self._last: int | None = None  # index of the batch pulled last (may stay a view)
+        self._keeps = _backend_keeps_batches()
+        self._assigned_ever = False
 
     def __len__(self) -> int:
         """Batches per Keras epoch: ``len(loader)``."""
@@ -99,10 +123,15 @@ class StokerPyDataset(keras.utils.PyDataset):
                 if self._in_epoch:
                     self._seen.add(index)
             batch = self._pull()
+            entry = _Entry(batch, pending=not self._in_epoch)
+            if self._keeps or entry.pending or not self._assigned_ever:
+                # Keras keeps it (a peek; the first batch, which it builds with): own memory
+                entry.batch, entry.copied = owned_batch(batch), True
+            self._assigned_ever = True
             self._assigned.add(index)
-            self._entries[index] = _Entry(batch, pending=not self._in_epoch)
+            self._entries[index] = entry
             self._last = index
-            return batch
+            return entry.batch
 
     def _pull(self) -> Batch:
         """Take the loader's next batch; first free or copy what the loader is about to reuse."""
@@ -195,3 +224,44 @@ class LoaderCheckpoint(keras.callbacks.Callback):
         """Save at the end of each epoch (``save_freq="epoch"``)."""
         if self.save_freq == "epoch":
             self.save()
+
+
+class WaitReport(keras.callbacks.Callback):
+    """Puts the epoch's wait report into Keras' ``logs``: ``data_wait`` (the share of the
+    training loop's time spent waiting for the loader) and ``input_img_s`` (images per second
+    it received), so History, the progress bar's end-of-epoch line, CSVLogger and TensorBoard
+    show them. ``fit(..., callbacks=[train.keras_report(), CSVLogger(...)])``: Keras runs
+    callbacks in list order (History and the progress bar last), so list it before the loggers.
+
+    Only training steps count: the loader is paused while validation runs and between epochs.
+    On the TensorFlow backend Keras pulls batches on a ``tf.data`` prefetch thread, so the
+    figure is that thread's wait; on JAX and PyTorch it is the training loop's own.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        super().__init__()
+        self.loader = loader
+        self.meter = loader.wait_meter(every=1 << 62)
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        """Start the epoch's stretch."""
+        self.meter.figures()
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        """The step ended: the training loop's time runs to here."""
+        self.meter.step()
+
+    def on_test_begin(self, logs: Any = None) -> None:
+        """Validation starts: the training loader's clock stops."""
+        self.meter.pause()
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        """Add this epoch's ``data_wait`` and ``input_img_s`` to ``logs``."""
+        self.meter.pause()
+        if logs is None:
+            return
+        figures = self.meter.figures()
+        logs["data_wait"] = figures["data_wait"]
+        logs["input_img_s"] = figures["input_img_s"]
+        if "device_wait" in figures:
+            logs["device_wait"] = figures["device_wait"]

@@ -134,10 +134,11 @@ class TorchLoader(LoaderView):
 
     def _plain(self, batches: Iterable[Any], dev: torch.device | None) -> Iterator[Any]:
         form = self.loader.form
-        for batch in batches:
-            out = map_form(form, batch, lambda name, v: self._leaf(name, v, dev))
-            del batch
-            yield out
+
+        def convert(batch: Any) -> Any:
+            return map_form(form, batch, lambda name, v: self._leaf(name, v, dev))
+
+        yield from map(convert, batches)  # map keeps no reference to a batch handed over
 
     def _cuda(self, dev: torch.device) -> Iterator[Tensors]:
         side = torch.cuda.Stream(dev)
