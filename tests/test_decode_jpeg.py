@@ -152,6 +152,11 @@ def _warning_cases() -> dict[str, tuple[bytes, str | None]]:
     bad_exif = _segment(0xE1, b"Exif\x00\x00MM\x00*\x00\x00\x00\x08\xff\xff" + b"\x01" * 40)
     icc = _segment(0xE2, b"ICC_PROFILE\x00\x01\x01" + b"\x00" * 200)
     jfif = base.index(b"JFIF\x00")
+    se = sos + 5 + 2 * base[sos + 4] + 1  # the SOS's Se byte (63 in a sequential file)
+    progressive = _read("progressive")
+    scans = [i for i in range(len(progressive) - 1) if progressive[i : i + 2] == b"\xff\xda"]
+    # The second scan's Ah/Al byte (Ah=0, Al=2): Ah=3 is legal, but not what came before.
+    ahal = scans[1] + 5 + 2 * progressive[scans[1] + 4] + 2
     no_jfif = base[:2] + base[4 + struct.unpack_from(">H", base, 4)[0] :]  # APP0 dropped
     adobe = _segment(0xEE, b"Adobe\x00\x64\x00\x00\x00\x00\x07")  # transform 7: unknown
     return {
@@ -163,6 +168,12 @@ def _warning_cases() -> dict[str, tuple[bytes, str | None]]:
         "jfif_major_version_2": (base[: jfif + 5] + b"\x02" + base[jfif + 6 :], "jfif"),
         "marker_inside_scan": (base[:scan_mid] + b"\xff\xd3" + base[scan_mid:], "corrupt"),
         "wrong_restart_number": (restart[: rst + 1] + b"\xd5" + restart[rst + 2 :], "corrupt"),
+        "bad_huffman_code": (base[:scan_mid] + b"\xff\x00" * 6 + base[scan_mid:], "huffman"),
+        "sequential_sos_parameters": (base[:se] + b"\x3e" + base[se + 1 :], "sos parameters"),
+        "bogus_progression": (
+            progressive[:ahal] + b"\x32" + progressive[ahal + 1 :],
+            "progression",
+        ),
     }
 
 

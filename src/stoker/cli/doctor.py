@@ -34,7 +34,7 @@ def doctor(clean: bool = False) -> str:
         f"usable CPU cores: {config.usable_cpus()}; workers start as fresh interpreters "
         "(python -m stoker.workers), never re-running your script",
         f"decoders: simplejpeg {_version('simplejpeg')}, "
-        f"opencv {_version('opencv-python-headless')}, pillow {_version('pillow')}, "
+        f"opencv {_version('opencv-python-headless')}, pillow {_version('pillow')}",
         f"JPEG decoder in use: {decoder_name()}",
         *([] if jpegcrop.AVAILABLE else [f"  {jpegcrop.missing_message()}"]),
         "frameworks: "

@@ -248,7 +248,7 @@ def _reference(data, info: ImageInfo, message: str, box: Box) -> np.ndarray:
     try:
         image = pillow.decode(data, info)
     except DecodeError:
-        raise DecodeError(f"corrupt or unsupported JPEG: {message}") from None
+        raise DecodeError(message) from None  # libjpeg's reason: "corrupt or unsupported ..."
     return crop_oriented(image, box, info)
 
 

@@ -30,7 +30,14 @@ _SAMPLING = {
     (4, 2): "4:1:0",
     (1, 4): "4:4:1",
 }
-_REASONS = ("truncated", "decompression bomb", "unsupported", "not an image", "corrupt")
+_REASONS = (
+    "decompression bomb",
+    "not an image",
+    "unsupported",
+    "corrupt or truncated",
+    "truncated",
+    "corrupt",
+)
 
 
 def kind(data: bytes) -> str:
