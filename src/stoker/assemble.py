@@ -12,6 +12,7 @@ import numpy as np
 from . import order as order_mod
 from .errors import DecodeError, SourceError, TooManyErrors, one_line
 from .sources.base import Source
+from .sources.readahead import ReadAhead, ReadSettings, size_of
 from .transforms import Pipeline
 from .workers.slots import SharedArrays
 
@@ -114,19 +115,28 @@ class Report:
     #: (index, name, message) of samples that decoded despite recoverable corrupt data
     #: (libjpeg warnings): kept, not replaced, and reported apart from the bad ones.
     warned: list[tuple[int, str, str]] = field(default_factory=list)
+    #: Seconds waiting for a sample's bytes (with read-ahead: only what the window did not hide).
     read_s: float = 0.0
     decode_s: float = 0.0
     transform_s: float = 0.0
+    #: Bytes read from the source (images and masks).
+    read_bytes: int = 0
 
 
 class Assembler:
     """Fills batches for one process; keeps the current epoch's order cached."""
 
     def __init__(
-        self, source: Source, pipeline: Pipeline, plan: Plan, columns: Columns | None = None
+        self,
+        source: Source,
+        pipeline: Pipeline,
+        plan: Plan,
+        columns: Columns | None = None,
+        reads: ReadSettings | None = None,
     ) -> None:
         self.source, self.pipeline, self.plan = source, pipeline, plan
         self.columns = columns if columns is not None else Columns({"label": source.labels})
+        self.reads = ReadAhead(source, reads)
         self._epoch = -1
         self._order = np.zeros(0, dtype=np.int64)
         self.current = -1  # index of the sample being loaded, for crash reports
@@ -156,6 +166,7 @@ class Assembler:
         u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
         report = Report(count=len(indices))
         self.source.prefetch(indices)  # remote sources fetch the batch's bytes concurrently
+        self.reads.start(indices)  # local sources: a window of reads ahead of decoding
         masks = arrays.get("mask")
         columns = self.columns.items()
         for slot, pos in enumerate(positions):
@@ -197,9 +208,7 @@ class Assembler:
         notes: list[str] = []
         t0 = time.perf_counter()
         try:
-            data = self.source.read(index)
-            if mask_out is not None:
-                mask = self.source.read_mask(index)
+            data, mask = self.reads.take(index)
             t1 = time.perf_counter()
             if mask_out is not None:
                 region, mask_region = self.pipeline.load_pair(data, mask, u, notes)
@@ -219,6 +228,7 @@ class Assembler:
         if mask_out is not None:
             self.pipeline.finish_mask(mask_region, u, mask_out)
         report.read_s += t1 - t0
+        report.read_bytes += size_of(data) + (size_of(mask) if mask_out is not None else 0)
         report.decode_s += t2 - t1
         report.transform_s += time.perf_counter() - t2
         return True

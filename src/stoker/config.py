@@ -12,6 +12,7 @@ import numpy as np
 import psutil
 
 from .errors import ConfigError, StokerWarning
+from .sources.readahead import PAGE_CACHE, ReadSettings
 
 DEFAULT_MAX_PIXELS = 178_956_970  # as Pillow: twice its warning limit
 START_METHODS = ("spawn",)
@@ -202,6 +203,25 @@ def prefetch(value: Any, count: int, held: int, slot_bytes: int) -> tuple[int, i
         f"a batch takes {slot_bytes / 2**20:.0f} MiB and {count + held} of them do not fit in a "
         f"quarter of available memory ({budget / 2**20:.0f} MiB): lower batch_size or workers"
     )
+
+
+def read_settings(read_ahead: Any, page_cache: Any, timeout: float) -> ReadSettings:
+    """Validate ``read_ahead`` ("auto", or reads in flight per worker, 0 = off) and
+    ``page_cache`` ("auto", "keep", "drop"); each read's deadline is a quarter of ``timeout``
+    (at most 60 s), so a file that never answers is a bad sample, not a hung worker."""
+    if read_ahead != "auto" and (
+        isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 0
+    ):
+        raise ConfigError(
+            f"read_ahead={read_ahead!r}: give 'auto', a number of reads in flight per worker "
+            "(8), or 0 to read each sample only when it is decoded"
+        )
+    if page_cache not in PAGE_CACHE:
+        raise ConfigError(
+            f"page_cache={page_cache!r}: give 'auto' (drop the pages of files already read "
+            "when the dataset does not fit in RAM), 'keep' or 'drop'"
+        )
+    return ReadSettings(window=read_ahead, timeout=min(60.0, timeout / 4), page_cache=page_cache)
 
 
 def start_method(value: Any) -> str:

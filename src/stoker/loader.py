@@ -148,6 +148,8 @@ class Loader:
         world_size: int | None = None,
         start_method: str = "spawn",
         batch: Any = None,
+        read_ahead: Any = "auto",
+        page_cache: str = "auto",
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         # the plain arguments first, before a source is opened or anything is started
@@ -159,6 +161,7 @@ class Loader:
         self._prefetch_arg = config.prefetch_arg(prefetch)
         max_pixels = config.positive_int("max_pixels", max_pixels)
         self.start_method = config.start_method(start_method)
+        self.reads = config.read_settings(read_ahead, page_cache, self.timeout)
         named = batch_mod.column_names(sample_weight, fields)
         self.source = open_source(
             source,
@@ -314,7 +317,7 @@ class Loader:
         return self._run.engine
 
     def _start(self) -> None:
-        assembler = Assembler(self.source, self.pipeline, self.plan, self.columns)
+        assembler = Assembler(self.source, self.pipeline, self.plan, self.columns, self.reads)
         if self.workers and self._auto_workers:
             cost = _probe_cost(assembler, self.layout)
             self.workers, self._workers_reason = config.auto_workers(
@@ -346,6 +349,7 @@ class Loader:
             "plan": self.plan,
             "layout": self.layout,
             "columns": self.columns,
+            "reads": self.reads,
         }
         self._run.pool = WorkerPool(self.workers, spec, self.timeout)
         self._started = self._run.pool.started

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import SourceError
 from ..workers.slots import SharedArrays
-from .base import Source, file_fingerprint
+from .base import Source, drop_pages, file_fingerprint
 from .targets import as_targets
 
 
@@ -133,6 +133,8 @@ class ArraySource(Source):
 class NpySource(Source):
     """A ``.npy`` file of images, memory-mapped in every process and never read whole."""
 
+    read_ahead = True
+
     def __init__(self, path: str | os.PathLike, labels: Any = None) -> None:
         self.path = Path(path)
         try:
@@ -162,6 +164,12 @@ class NpySource(Source):
     def read(self, index: int) -> np.ndarray:
         """The image, read from the mapping."""
         return np.asarray(self._images()[index])
+
+    def forget(self, index: int) -> None:
+        """Drop the image's rows of the file from the page cache."""
+        images = self._images()
+        row = int(images.nbytes // max(1, images.shape[0]))
+        drop_pages(str(self.path), int(getattr(images, "offset", 0)) + index * row, row)
 
     def name(self, index: int) -> str:
         """``file.npy[index]``."""

@@ -22,6 +22,9 @@ class Source:
     has_masks: bool = False
     #: Extra numeric columns read by name (a CSV's ``columns=``), one value per sample.
     named_columns: dict[str, np.ndarray] = {}
+    #: ``read`` may run on several threads at once and waits on storage (files, not memory):
+    #: the loader then reads upcoming samples ahead of decoding (see ``sources.readahead``).
+    read_ahead: bool = False
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -48,6 +51,10 @@ class Source:
     def prefetch(self, indices: np.ndarray) -> None:
         """Hint: ``read`` is about to be called for ``indices`` (one batch). Remote sources
         start fetching them concurrently; the default does nothing. Must not raise."""
+
+    def forget(self, index: int) -> None:
+        """Hint: sample ``index``'s bytes were read and will not be needed again soon; drop
+        them from the page cache if the storage allows it (default: nothing). Must not raise."""
 
     def name(self, index: int) -> str:
         """A human-readable name of sample ``index`` (its file path, or ``array[i]``)."""
@@ -129,6 +136,7 @@ class FileListSource(Source):
     index: PathIndex
     #: The mask files, one per image (segmentation sources only).
     mask_index: PathIndex | None = None
+    read_ahead = True
 
     @property
     def has_masks(self) -> bool:  # type: ignore[override]
@@ -143,6 +151,12 @@ class FileListSource(Source):
         if self.mask_index is None:
             raise NotImplementedError(f"{type(self).__name__} has no masks")
         return read_file(self.mask_index.path(index))
+
+    def forget(self, index: int) -> None:
+        """Drop the file's (and its mask's) pages from the page cache."""
+        drop_pages(self.index.path(index))
+        if self.mask_index is not None:
+            drop_pages(self.mask_index.path(index))
 
     def name(self, index: int) -> str:
         """The file's path."""
@@ -181,3 +195,19 @@ def read_file(path: str) -> bytes:
     """Read a whole file; OSError propagates (the loader counts it as a bad sample)."""
     with open(path, "rb") as f:
         return f.read()
+
+
+def drop_pages(path: str, offset: int = 0, length: int = 0, fd: int = -1) -> None:
+    """``posix_fadvise(DONTNEED)`` on ``length`` bytes at ``offset`` of a file (0: to the end),
+    given by path or by an open ``fd``: its clean pages leave the page cache. Never raises."""
+    try:
+        if fd >= 0:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+            return
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass

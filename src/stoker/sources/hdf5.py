@@ -8,6 +8,7 @@ cross a process boundary), so the source pickles as a path and a labels array.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,13 @@ from .arrays import check_images, check_labels
 from .base import Source, file_fingerprint
 from .targets import unlabeled
 
+_OPEN_LOCK = threading.Lock()  # read-ahead threads: one handle per process, opened once
+
 
 class HDF5Source(Source):
     """Images from ``path[images_key]``, labels from ``path[labels_key]`` (-1 if absent)."""
+
+    read_ahead = True
 
     def __init__(
         self, path: str | os.PathLike, images_key: str = "images", labels_key: str = "labels"
@@ -71,9 +76,12 @@ class HDF5Source(Source):
         return {**self.__dict__, "_file": None, "_images": None}
 
     def _dataset(self) -> Any:
-        if self._images is None:
-            self._file = h5py.File(self.path, "r")
-            self._images = self._file[self.images_key]
+        if self._images is not None:
+            return self._images
+        with _OPEN_LOCK:
+            if self._images is None:
+                self._file = h5py.File(self.path, "r")
+                self._images = self._file[self.images_key]
         return self._images
 
     def pixel_size(self) -> tuple[int, int] | None:

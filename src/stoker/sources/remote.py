@@ -58,6 +58,10 @@ def is_url(spec: Any) -> bool:
 class RemoteShardSource(ShardSource):
     """Parquet shards behind an fsspec URL; see the module docstring."""
 
+    #: Reads run ahead through this source's own per-batch ``prefetch`` (network requests
+    #: with their own timeouts), not the local read-ahead window.
+    read_ahead = False  # type: ignore[assignment]
+
     def __init__(
         self,
         url: str,

@@ -24,6 +24,7 @@ import json
 import mmap
 import os
 import struct
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError
-from .base import Source
+from .base import Source, drop_pages
 from .targets import parse_column, unlabeled
 
 MAGIC = 0x5354_4B49_4458  # "STKIDX"
@@ -182,10 +183,19 @@ class ShardSource(Source):
         self._maps: OrderedDict[int, tuple[Any, np.ndarray]] = OrderedDict()
         self._readers: OrderedDict[int, pq.ParquetFile] = OrderedDict()
         self._group: tuple[int, int, pa.Array | None] = (-1, -1, None)
+        # Read-ahead threads share the handles: one in use is closed only when its last
+        # reader lets go (a closed, reused descriptor would read another file's bytes).
+        self._lock = threading.Lock()
+        self._busy: dict[int, list[Any]] = {}  # id(entry) -> [entry, readers]
+
+    @property
+    def read_ahead(self) -> bool:  # type: ignore[override]
+        """True when every shard's images are stored verbatim (one positioned read each)."""
+        return all(m == 0 for m in self.modes)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        for key in ("_maps", "_readers", "_group"):
+        for key in ("_maps", "_readers", "_group", "_lock", "_busy"):
             state.pop(key, None)
         return state
 
@@ -215,14 +225,18 @@ class ShardSource(Source):
         """The encoded image bytes of sample ``index``."""
         shard, row = self.locate(index)
         if self.modes[shard] == 0:
-            handle, table = self._open(shard)
-            offset, length = (int(v) for v in table[row + 2])
-            if offset < 0:
-                raise DecodeError(f"{self.name(index)}: no image bytes (null)")
-            if isinstance(handle, int):
-                data = os.pread(handle, length, offset)
-            else:
-                data = handle[offset : offset + length]
+            entry = self._acquire(shard)
+            try:
+                handle, table = entry
+                offset, length = (int(v) for v in table[row + 2])
+                if offset < 0:
+                    raise DecodeError(f"{self.name(index)}: no image bytes (null)")
+                if isinstance(handle, int):
+                    data = os.pread(handle, length, offset)
+                else:
+                    data = handle[offset : offset + length]
+            finally:
+                self._let_go(shard, entry)
             if len(data) != length:
                 raise OSError(
                     f"{self.name(index)}: short read ({len(data)} of {length} bytes); "
@@ -230,6 +244,36 @@ class ShardSource(Source):
                 )
             return data
         return self._read_group(shard, row, index)
+
+    def forget(self, index: int) -> None:
+        """Drop the image's byte range of its shard from the page cache."""
+        shard, row = self.locate(index)
+        if self.modes[shard] != 0:
+            return
+        entry = self._acquire(shard)
+        try:
+            handle, table = entry
+            offset, length = (int(v) for v in table[row + 2])
+            if isinstance(handle, int) and offset >= 0:
+                drop_pages("", offset, length, fd=handle)
+        finally:
+            self._let_go(shard, entry)
+
+    def _acquire(self, shard: int) -> tuple[Any, np.ndarray]:
+        """This process's open entry for ``shard``, marked in use until ``_let_go``."""
+        with self._lock:
+            entry = self._open(shard)
+            self._busy.setdefault(id(entry), [entry, 0])[1] += 1
+            return entry
+
+    def _let_go(self, shard: int, entry: tuple[Any, np.ndarray]) -> None:
+        with self._lock:
+            held = self._busy[id(entry)]
+            held[1] -= 1
+            if held[1] == 0:
+                del self._busy[id(entry)]
+                if self._maps.get(shard) is not entry:
+                    _close(entry[0])  # evicted while in use: closed now
 
     def _open(self, shard: int) -> tuple[Any, np.ndarray]:
         """This process's handle on ``shard`` (a descriptor or a map) and its offset table."""
@@ -245,10 +289,12 @@ class ShardSource(Source):
                 handle = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
             finally:
                 os.close(fd)
-        self._maps[shard] = (handle, table)
+        entry = self._maps[shard] = (handle, table)
         if len(self._maps) > _OPEN_MAPS:
-            _close(self._maps.popitem(last=False)[1][0])
-        return handle, table
+            old = self._maps.popitem(last=False)[1]
+            if id(old) not in self._busy:
+                _close(old[0])
+        return entry
 
     def _read_group(self, shard: int, row: int, index: int) -> bytes:
         starts = self._group_starts[shard]

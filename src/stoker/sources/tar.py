@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from .base import PathIndex, Source
+from .base import PathIndex, Source, drop_pages
 from .targets import parse_column
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
@@ -45,6 +45,8 @@ def split_key(name: str) -> tuple[str, str]:
 
 class TarSource(Source):
     """WebDataset-style ``.tar`` shards (a folder of them, one file, or a list)."""
+
+    read_ahead = True
 
     def __init__(self, tars: str | os.PathLike | list[str | os.PathLike]) -> None:
         self.tars = _list_tars(tars)
@@ -120,15 +122,28 @@ class TarSource(Source):
 
     def read(self, index: int) -> bytes:
         """The image member's bytes: one positioned read."""
-        t = int(self.tar_ids[index])
-        fd = self._fds.get(t)
-        if fd is None:
-            fd = self._fds[t] = os.open(self.tars[t], os.O_RDONLY)
         size = int(self.sizes[index])
-        data = os.pread(fd, size, int(self.offsets[index]))
+        data = os.pread(self._fd(index), size, int(self.offsets[index]))
         if len(data) != size:
             raise OSError(f"{self.name(index)}: short read ({len(data)} of {size} bytes)")
         return data
+
+    def forget(self, index: int) -> None:
+        """Drop the member's byte range of its tar from the page cache."""
+        size, offset = int(self.sizes[index]), int(self.offsets[index])
+        drop_pages("", offset, size, fd=self._fd(index))
+
+    def _fd(self, index: int) -> int:
+        """This process's descriptor of sample ``index``'s tar (safe from several threads)."""
+        t = int(self.tar_ids[index])
+        fd = self._fds.get(t)
+        if fd is None:
+            fd = os.open(self.tars[t], os.O_RDONLY)
+            kept = self._fds.setdefault(t, fd)
+            if kept != fd:  # another thread opened it first
+                os.close(fd)
+                fd = kept
+        return fd
 
     def name(self, index: int) -> str:
         """``shard.tar:member/name.jpg``."""

@@ -18,6 +18,7 @@ import numpy as np
 from ..assemble import Assembler, Columns, Plan
 from ..errors import WorkerDied
 from ..sources.base import Source
+from ..sources.readahead import ReadSettings
 from ..transforms import Pipeline
 from . import reaper
 from .errors import describe_exit, pack_exception
@@ -38,6 +39,7 @@ class WorkerSpec:
     columns: Columns
     status: tuple[str, int]
     workers: int
+    reads: ReadSettings | None = None
 
 
 def _parent_alive(parent: int) -> bool:
@@ -77,7 +79,9 @@ class _Worker:
 
     def __init__(self, wid: int, conn: Connection, spec: WorkerSpec) -> None:
         self.wid, self.conn, self.spec = wid, conn, spec
-        self.assembler = Assembler(spec.source, spec.pipeline, spec.plan, spec.columns)
+        self.assembler = Assembler(
+            spec.source, spec.pipeline, spec.plan, spec.columns, spec.reads
+        )
         self.status_seg = Segment.attach(*spec.status)
         self.status = self.status_seg.array(np.int64, (spec.workers, STATUS_FIELDS))[wid]
         self.slots: dict[int, tuple[str, Segment, dict[str, np.ndarray]]] = {}

@@ -1,0 +1,272 @@
+"""Reads that run ahead of decoding: a bounded window of upcoming samples' reads in flight.
+
+A worker decodes one sample while the next few are being read, so the disk's queue stays full
+while the core decodes (cold data: each read waits ~0.5 ms on the disk, one decode takes ~1 ms).
+``ReadAhead.start(indices)`` is told a batch's samples in order; up to ``window`` of them are
+read at once on threads (file reads release the GIL), and ``take(index)`` hands each one's bytes
+over as it is needed. Nothing about the batch changes: the same samples, read by the same
+``Source.read``, decoded in the same order.
+
+The window sizes itself (``window="auto"``): from the measured read latency and the time the
+caller spends between two ``take`` calls (decoding), enough reads are kept in flight to cover a
+read's latency twice over, between ``MIN_WINDOW`` and ``MAX_WINDOW``, and never more completed
+bytes held than ``max_bytes``. Every read has a deadline (``timeout``): a file that never answers
+(a FIFO, a hung mount) becomes an ``OSError`` for that sample (a bad sample, replaced as usual)
+and its stuck thread is replaced, so it never blocks the other samples.
+
+Page-cache citizenship (``page_cache``): ``"drop"`` tells the kernel to drop a sample's file pages
+once its bytes are read (``Source.forget``: ``posix_fadvise(DONTNEED)``); ``"keep"`` never does;
+``"auto"`` drops only once the dataset is known not to fit in RAM (mean bytes per sample read so
+far x samples > the machine's memory), where keeping them would only evict everything else.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import math
+import os
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .base import Source
+
+MIN_WINDOW = 2
+MAX_WINDOW = 16
+START_WINDOW = 4
+DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
+MAX_LOST_THREADS = 32  # threads stuck on dead files before read-ahead gives up
+SIZE_AFTER = 64  # samples read before "auto" judges whether the dataset fits in RAM
+PAGE_CACHE = ("auto", "keep", "drop")
+
+
+@dataclass(frozen=True)
+class ReadSettings:
+    """How a worker reads: read-ahead window (``"auto"``, a count, or 0 for plain reads),
+    the cap on bytes held ahead, the per-read deadline in seconds, and the page-cache policy."""
+
+    window: int | str = "auto"
+    max_bytes: int = DEFAULT_MAX_BYTES
+    timeout: float = 60.0
+    page_cache: str = "auto"
+
+
+@dataclass
+class ReadCounters:
+    """What reading cost so far: bytes, reads, seconds the reads took on their threads, and the
+    largest sample read."""
+
+    nbytes: int = 0
+    reads: int = 0
+    latency_s: float = 0.0
+    largest: int = 0
+
+
+def memory_bytes() -> int:
+    """The machine's physical memory in bytes (0 if unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+class ReadAhead:
+    """One process's read-ahead window over a source; see the module docstring."""
+
+    def __init__(self, source: Source, settings: ReadSettings | None = None) -> None:
+        self.source = source
+        self.settings = settings or ReadSettings()
+        fixed = self.settings.window
+        self.auto = fixed == "auto"
+        self.window = START_WINDOW if self.auto else int(fixed)  # type: ignore[arg-type]
+        self.enabled = bool(source.read_ahead) and self.window > 0
+        self.masks = bool(source.has_masks)
+        self.counters = ReadCounters()
+        self.held = self.peak_held = 0  # completed bytes not yet taken
+        self.lost = 0  # threads abandoned on reads past their deadline
+        self._drop = self.settings.page_cache == "drop"
+        self._lock = threading.Lock()
+        self._tasks: queue.SimpleQueue[tuple[int, cf.Future] | None] = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._todo: deque[int] = deque()
+        self._ahead: deque[tuple[int, cf.Future]] = deque()
+        self._last_take = 0.0
+        self._gap_s = 0.0  # smoothed time between takes (the caller's decode time)
+        self._pid = os.getpid()
+
+    # ------------------------------------------------------------------ caller side
+
+    def start(self, indices: np.ndarray) -> None:
+        """The samples about to be taken, in order (one batch); replaces any earlier window."""
+        self._discard()
+        if not self.enabled:
+            return
+        self._todo = deque(int(i) for i in indices)
+        self._last_take = 0.0
+        self._refill()
+
+    def take(self, index: int) -> tuple[Any, Any]:
+        """Sample ``index``'s data and mask (None without masks): from the window when it was
+        read ahead, else read now (with the same deadline). Raises what the read raised."""
+        if not self.enabled:
+            return self._plain(index)
+        future = self._pop(index)
+        if future is None:
+            future = self._submit(index)
+        try:
+            result, nbytes = future.result(timeout=self.settings.timeout)
+        except cf.TimeoutError:
+            future.add_done_callback(self._release)
+            self._abandon()
+            raise OSError(
+                f"{self.source.name(index)}: no bytes after {self.settings.timeout:.0f} s (a "
+                "file that never answers: a FIFO, a hung network mount?); counted as bad"
+            ) from None
+        finally:
+            self._pace()
+        with self._lock:
+            self.held -= nbytes
+        self._refill()
+        return result
+
+    def close(self) -> None:
+        """Drop the window and stop the threads."""
+        self._discard()
+        if os.getpid() == self._pid:
+            for _ in self._threads:
+                self._tasks.put(None)
+        self._threads = []
+
+    # ------------------------------------------------------------------ window
+
+    def _pop(self, index: int) -> cf.Future | None:
+        for k, (i, future) in enumerate(self._ahead):
+            if i == index:
+                del self._ahead[k]
+                return future
+        return None
+
+    def _discard(self) -> None:
+        for _, future in self._ahead:
+            if not future.cancel():
+                future.add_done_callback(self._release)
+        self._ahead.clear()
+        self._todo.clear()
+
+    def _release(self, future: cf.Future) -> None:
+        """A discarded read finished anyway: its bytes are no longer held."""
+        if not future.cancelled() and future.exception() is None:
+            with self._lock:
+                self.held -= future.result()[1]
+
+    def _refill(self) -> None:
+        """Start reads while the window has room and the bytes held stay under the cap."""
+        largest = self.counters.largest  # a read's size is judged by the largest seen so far
+        while self._todo and len(self._ahead) < self.window:
+            pending = sum(1 for _, f in self._ahead if not f.done())
+            if pending and not largest:
+                return  # no size known yet: one read first
+            if self._ahead and self.held + (pending + 1) * largest > self.settings.max_bytes:
+                return
+            index = self._todo.popleft()
+            self._ahead.append((index, self._submit(index)))
+
+    def _submit(self, index: int) -> cf.Future:
+        future: cf.Future = cf.Future()
+        if len(self._threads) < self.window + 1 or os.getpid() != self._pid:
+            self._spawn()
+        self._tasks.put((index, future))
+        return future
+
+    def _spawn(self) -> None:
+        if os.getpid() != self._pid:  # forked: this process has none of the parent's threads
+            self._pid, self._threads = os.getpid(), []
+            self._tasks = queue.SimpleQueue()
+        thread = threading.Thread(target=self._serve, daemon=True, name="stoker-read")
+        thread.start()
+        self._threads.append(thread)
+
+    def _abandon(self) -> None:
+        """A read passed its deadline: its thread is stuck; start another in its place."""
+        self.lost += 1
+        if self.lost > MAX_LOST_THREADS:
+            self.enabled = False  # too many dead files: read plainly from now on
+            self._discard()
+            return
+        self._spawn()
+
+    def _pace(self) -> None:
+        """Re-size an auto window from the read latency and the time between takes."""
+        now = time.perf_counter()
+        if self._last_take:
+            gap = now - self._last_take
+            self._gap_s = gap if not self._gap_s else 0.9 * self._gap_s + 0.1 * gap
+        self._last_take = now
+        c = self.counters
+        if self.auto and c.reads >= 8 and self._gap_s > 0:
+            latency = c.latency_s / c.reads
+            need = math.ceil(2 * latency / self._gap_s) + 1
+            self.window = max(MIN_WINDOW, min(MAX_WINDOW, need))
+
+    # ------------------------------------------------------------------ reading threads
+
+    def _serve(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            index, future = task
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                t0 = time.perf_counter()
+                data = _owned(self.source.read(index))
+                mask = _owned(self.source.read_mask(index)) if self.masks else None
+                nbytes = self._count(index, data, mask, time.perf_counter() - t0)
+            except BaseException as exc:  # noqa: BLE001 - handed to take(), raised there
+                future.set_exception(exc)
+            else:
+                with self._lock:
+                    self.held += nbytes
+                    self.peak_held = max(self.peak_held, self.held)
+                future.set_result(((data, mask), nbytes))
+
+    def _plain(self, index: int) -> tuple[Any, Any]:
+        """Read sample ``index`` (and its mask) here and now: no window, no deadline."""
+        t0 = time.perf_counter()
+        data = self.source.read(index)
+        mask = self.source.read_mask(index) if self.masks else None
+        self._count(index, data, mask, time.perf_counter() - t0)
+        return data, mask
+
+    def _count(self, index: int, data: Any, mask: Any, seconds: float) -> int:
+        """Account one read (its size in bytes is returned); drop its pages if asked to."""
+        nbytes = size_of(data) + (size_of(mask) if mask is not None else 0)
+        with self._lock:
+            c = self.counters
+            c.nbytes, c.reads, c.latency_s = c.nbytes + nbytes, c.reads + 1, c.latency_s + seconds
+            c.largest = max(c.largest, nbytes)
+            if self.settings.page_cache == "auto" and c.reads == SIZE_AFTER:
+                ram = memory_bytes()
+                self._drop = bool(ram) and c.nbytes / c.reads * len(self.source) > ram
+        if self._drop:
+            self.source.forget(index)
+        return nbytes
+
+
+def _owned(data: Any) -> Any:
+    """The sample's data held in memory: an array that views a memory map is copied here, on
+    the reading thread (where its page faults belong), so decoding never waits on the disk."""
+    if isinstance(data, np.ndarray) and data.base is not None:
+        return np.array(data)
+    return data
+
+
+def size_of(data: Any) -> int:
+    """Bytes of a sample's data (encoded bytes or a decoded array)."""
+    return int(data.nbytes) if isinstance(data, np.ndarray) else len(data)

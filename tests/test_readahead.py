@@ -1,0 +1,223 @@
+"""Reads that run ahead of decoding (sources/readahead.py): the same batches as plain reads for
+every local source, bytes held bounded, files deleted/truncated mid-epoch still counted as bad,
+a file that never answers (a FIFO) costs only its own deadline, page-cache dropping."""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import mmap
+import os
+import tarfile
+
+import h5py
+import numpy as np
+import pytest
+
+import stoker
+from stoker.cli.convert import convert
+from stoker.sources import open_source
+from stoker.sources.readahead import ReadAhead, ReadSettings
+
+
+def _files(folder):
+    return sorted(folder.glob("*/*.jpg"))
+
+
+def _batches(spec, read_ahead, workers=0, **kw):
+    kw = {"batch_size": 5, "image_size": 24, "seed": 3, "augment": "train", **kw}
+    with stoker.Loader(spec, workers=workers, read_ahead=read_ahead, **kw) as loader:
+        out = [(x.copy(), y.copy()) for x, y in loader]
+        return out, loader.stats()
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+
+
+@pytest.fixture(scope="module")
+def sources(image_folder, tmp_path_factory):
+    """The image folder stored every local way: a path list, npy, HDF5, a tar, Parquet shards."""
+    root = tmp_path_factory.mktemp("kinds")
+    files = _files(image_folder)
+    labels = [int(f.parent.name[-1]) for f in files]
+    pixels = np.stack([np.full((20, 20, 3), k * 7 % 255, np.uint8) for k in range(len(files))])
+    np.save(root / "images.npy", pixels)
+    with h5py.File(root / "images.h5", "w") as f:
+        dt = h5py.vlen_dtype(np.uint8)
+        ds = f.create_dataset("images", (len(files),), dtype=dt)
+        for k, path in enumerate(files):
+            ds[k] = np.frombuffer(path.read_bytes(), np.uint8)
+        f["labels"] = np.array(labels)
+    with tarfile.open(root / "shard.tar", "w") as tar:
+        for k, path in enumerate(files):
+            members = ((f"{k:05d}.jpg", path.read_bytes()), (f"{k:05d}.cls", b"%d" % labels[k]))
+            for name, data in members:
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    convert(image_folder, root / "shards", shard_bytes=60_000, row_group_bytes=12_000,
+            progress=False)
+    return {
+        "folder": (str(image_folder), {}),
+        "list": (None, {"paths": [str(f) for f in files], "labels": labels}),
+        "npy": (str(root / "images.npy"), {"labels": np.array(labels)}),
+        "hdf5": (str(root / "images.h5"), {}),
+        "tar": (str(root / "shard.tar"), {}),
+        "parquet": (str(root / "shards"), {}),
+    }
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("kind", ["folder", "list", "npy", "hdf5", "tar", "parquet"])
+def test_read_ahead_gives_the_plain_batches(sources, kind):
+    spec, kw = sources[kind]
+    plain, _ = _batches(spec, 0, **kw)
+    ahead, stats = _batches(spec, 6, **kw)
+    _same(plain, ahead)
+    assert stats.skipped == 0
+    assert open_source(spec, **kw).read_ahead  # the window really was used for this kind
+
+
+@pytest.mark.timeout(240)
+def test_read_ahead_in_workers_and_on_resume(image_folder):
+    plain, _ = _batches(str(image_folder), 0)
+    ahead, _ = _batches(str(image_folder), "auto", workers=2)
+    _same(plain, ahead)
+    with stoker.Loader(str(image_folder), batch_size=5, image_size=24, seed=3, workers=0,
+                       read_ahead=0) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        state = loader.state_dict()
+    with stoker.Loader(str(image_folder), batch_size=5, image_size=24, seed=3, workers=2) as again:
+        again.load_state_dict(state)
+        rest = [(x.copy(), y.copy()) for x, y in again]
+    _same(plain[2:], rest)
+
+
+@pytest.mark.timeout(60)
+def test_bytes_held_ahead_stay_under_the_cap(image_folder):
+    source = open_source(str(image_folder))
+    sizes = [len(source.read(i)) for i in range(len(source))]
+    cap = 3 * max(sizes)
+    reads = ReadAhead(source, ReadSettings(window=16, max_bytes=cap))
+    order = np.arange(len(source))[::-1]
+    reads.start(order)
+    for index in order:
+        data, mask = reads.take(int(index))
+        assert data == source.read(int(index)) and mask is None
+        assert reads.held <= cap + max(sizes)
+    assert 0 < reads.peak_held <= cap + max(sizes)
+    assert reads.counters.reads == len(source) and reads.counters.nbytes == sum(sizes)
+    assert reads.held == 0
+    reads.close()
+
+
+@pytest.mark.timeout(120)
+def test_files_deleted_or_truncated_mid_epoch_are_bad_samples(image_folder, tmp_path):
+    files = _files(image_folder)[:20]
+    paths = []
+    for k, f in enumerate(files):
+        paths.append(tmp_path / f"{k:02d}.jpg")
+        paths[-1].write_bytes(f.read_bytes())
+    with stoker.Loader(paths=[str(p) for p in paths], labels=list(range(20)), batch_size=5,
+                       image_size=16, shuffle=False, workers=0, read_ahead=8,
+                       max_errors=5) as loader:
+        it = iter(loader)
+        next(it)
+        paths[7].unlink()  # batch 1: deleted after the epoch started
+        with open(paths[13], "r+b") as f:  # batch 2: cut to a few bytes
+            f.truncate(10)
+        with pytest.warns(stoker.StokerWarning):
+            rest = [y.copy() for _, y in it]
+        stats = loader.stats()
+    assert stats.skipped == 2
+    bad = dict(stats.bad_files)
+    assert str(paths[7]) in bad and str(paths[13]) in bad
+    seen = np.concatenate(rest)
+    assert 7 not in seen and 13 not in seen and len(seen) == 15
+
+
+@pytest.mark.timeout(120)
+def test_a_file_that_never_answers_blocks_only_itself(image_folder, tmp_path):
+    files = _files(image_folder)[:8]
+    fifo = tmp_path / "stuck.jpg"
+    os.mkfifo(fifo)
+    paths = [str(f) for f in files[:2]] + [str(fifo)] + [str(f) for f in files[2:]]
+    try:
+        source = open_source(None, paths=paths, labels=list(range(len(paths))))
+        reads = ReadAhead(source, ReadSettings(window=4, timeout=3.0))
+        reads.start(np.arange(len(paths)))
+        # samples behind the stuck one arrive while its read is still blocked in open()
+        for index in (3, 4, 5, 6):
+            assert reads.take(index)[0] == files[index - 1].read_bytes()
+        with pytest.raises(OSError, match="no bytes after"):
+            reads.take(2)
+        assert reads.lost == 1
+        assert reads.take(8)[0] == files[7].read_bytes()  # a fresh thread took its place
+        reads.close()
+        with stoker.Loader(paths=paths, labels=list(range(len(paths))), batch_size=3,
+                           image_size=16, shuffle=False, workers=0, timeout=8.0,
+                           max_errors=2) as loader, pytest.warns(stoker.StokerWarning):
+            labels = np.concatenate([y for _, y in loader])
+            stats = loader.stats()
+        assert stats.skipped == 1 and "no bytes after" in dict(stats.bad_files)[str(fifo)]
+        assert sorted(labels.tolist()) == sorted([0, 1, 3, 3, 4, 5, 6, 7, 8])
+    finally:
+        _release(fifo)
+
+
+def _release(fifo):
+    """Let the threads blocked opening ``fifo`` go: open and close its writing end."""
+    for _ in range(4):
+        try:
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            break
+
+
+def _resident(path) -> int:
+    """Pages of ``path`` in the page cache (mincore on a private mapping of it)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.path.getsize(path)
+    vec = (ctypes.c_ubyte * ((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+        view = ctypes.c_char.from_buffer(mm)
+        rc = libc.mincore(ctypes.c_void_p(ctypes.addressof(view)), ctypes.c_size_t(size), vec)
+        del view
+        mm.close()
+    assert rc == 0, os.strerror(ctypes.get_errno())
+    return sum(v & 1 for v in vec)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("policy", ["drop", "keep"])
+def test_page_cache_policy(image_folder, tmp_path, policy):
+    files = []
+    for k, f in enumerate(_files(image_folder)[:6]):
+        files.append(tmp_path / f"{k}.jpg")
+        files[-1].write_bytes(f.read_bytes() * 20)  # a few pages each
+    os.sync()  # clean pages: only those can leave the cache
+    source = open_source(None, paths=[str(p) for p in files], labels=list(range(6)))
+    reads = ReadAhead(source, ReadSettings(window=3, page_cache=policy))
+    reads.start(np.arange(6))
+    for k in range(6):
+        reads.take(k)
+    reads.close()
+    resident = sum(_resident(p) for p in files)
+    if policy == "drop":
+        assert resident == 0
+    else:
+        assert resident > 0
+
+
+def test_read_settings_are_validated():
+    for bad in (-1, 1.5, True, "lots"):
+        with pytest.raises(stoker.ConfigError, match="read_ahead"):
+            stoker.Loader(np.zeros((4, 8, 8, 3), np.uint8), read_ahead=bad)
+    with pytest.raises(stoker.ConfigError, match="page_cache"):
+        stoker.Loader(np.zeros((4, 8, 8, 3), np.uint8), page_cache="sometimes")
