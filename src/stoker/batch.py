@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ConfigError
+from .sources import targets
 
 #: Fields computed in the parent from the sample indices, not carried in shared memory.
 DERIVED = ("path",)
@@ -27,6 +28,8 @@ def default_form(names: Sequence[str]) -> Form:
     segmentation source, ``(image, label, weight)`` with sample weights."""
     if "mask" in names:
         return ("image", "mask", "weight") if "weight" in names else ("image", "mask")
+    if "label" not in names:  # label_mode=None: images only, as Keras gives them
+        return "image"
     return ("image", "label", "weight") if "weight" in names else ("image", "label")
 
 
@@ -98,12 +101,15 @@ def paths(name: Callable[[int], str], indices: np.ndarray) -> np.ndarray:
 RESERVED = ("image", "mask", "label", "weight", "index", *DERIVED)
 
 
-def columns(source: Any, sample_weight: Any = None, fields: Any = None) -> dict[str, np.ndarray]:
+def columns(
+    source: Any, sample_weight: Any = None, fields: Any = None, label_mode: Any = "auto"
+) -> dict[str, np.ndarray]:
     """The per-sample fields carried with each sample, beside the image (and mask): ``label``
     (the source's targets, any dtype and shape), ``weight`` from ``sample_weight`` (an array of
     N numbers or a CSV column name; as float32) and the user's ``fields`` (name -> an array
     ``(N, ...)`` of numbers or a CSV column name), each kept exactly."""
-    out = {"label": source.labels}
+    labels = targets.label_mode(source.labels, source.classes, label_mode)
+    out = {} if labels is None else {"label": labels}
     n = len(source)
     if sample_weight is not None:
         weights = _column(source, sample_weight, n, "sample_weight")

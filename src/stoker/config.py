@@ -40,12 +40,15 @@ def image_size(value: Any, pixels: tuple[int, int] | None = None) -> tuple[int, 
     )
 
 
-def augment(value: Any, pixels: tuple[int, int] | None) -> Any:
+def augment(value: Any, pixels: tuple[int, int] | None, subset: Any = None) -> Any:
     """``augment="auto"`` (the default): ``"train"`` (random crop + flip) for image files,
-    None (no random change) for a source of decoded arrays, which are usually the model's
-    input as they are (and a flip would be wrong for positional targets)."""
+    ``"eval"`` for their ``subset="validation"``, None (no random change) for a source of
+    decoded arrays, which are usually the model's input as they are (and a flip would be
+    wrong for positional targets)."""
     if isinstance(value, str) and value == "auto":
-        return None if pixels is not None else "train"
+        if pixels is not None:
+            return None
+        return "eval" if subset == "validation" else "train"
     return value
 
 

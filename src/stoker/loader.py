@@ -13,10 +13,12 @@ import numpy as np
 from . import batch as batch_mod
 from . import config
 from . import order as order_mod
+from . import pixels as pixels_mod
 from .assemble import Assembler, Columns, Plan, Report
 from .consumer import Guard
 from .decode import decoder_name, jpegcrop
 from .errors import ConfigError, StokerError, StokerWarning, TooManyErrors
+from .selection import check_split, select
 from .sources import open_source
 from .sources.targets import class_ids
 from .stats import Stats, StatsReport, WaitMeter
@@ -132,6 +134,15 @@ class Loader:
         label_column: Any = None,
         sample_weight: Any = None,
         fields: Any = None,
+        validation_split: float | None = None,
+        subset: str | None = None,
+        stratify: bool = False,
+        label_mode: Any = "auto",
+        class_names: Any = None,
+        color_mode: str | None = None,
+        interpolation: str = "auto",
+        crop_to_aspect_ratio: bool = False,
+        pad_to_aspect_ratio: bool = False,
         batch_size: int = 64,
         image_size: Any = None,
         augment: Any = "auto",
@@ -163,19 +174,40 @@ class Loader:
         self.start_method = config.start_method(start_method)
         self.reads = config.read_settings(read_ahead, page_cache, self.timeout)
         named = batch_mod.column_names(sample_weight, fields)
-        self.source = open_source(
-            source,
-            paths=paths,
-            labels=labels,
-            masks=masks,
-            label_column=label_column,
-            columns=named,
+        split = check_split(validation_split, subset)
+        self.source = select(
+            open_source(
+                source,
+                paths=paths,
+                labels=labels,
+                masks=masks,
+                label_column=label_column,
+                columns=named,
+            ),
+            class_names=class_names,
+            validation_split=split,
+            subset=subset,
+            seed=self.seed,
+            stratify=config.flag("stratify", stratify),
         )
+        self.subset = subset
         pixels = self.source.pixel_size()
         self.image_size = config.image_size(image_size, pixels)
-        augment = config.augment(augment, pixels)
+        augment = config.augment(augment, pixels, subset)
         fast = config.fast_decode(fast_decode, augment)
-        self.pipeline = make_pipeline(augment, self.image_size, fast, max_pixels)
+        if crop_to_aspect_ratio and pad_to_aspect_ratio:
+            raise ConfigError(
+                "pass crop_to_aspect_ratio=True or pad_to_aspect_ratio=True, not both"
+            )
+        self.pipeline = make_pipeline(
+            augment,
+            self.image_size,
+            fast,
+            max_pixels,
+            channels=pixels_mod.channels(color_mode, self.source.pixel_channels()),
+            interpolation=pixels_mod.interpolation(interpolation),
+            fit="crop" if crop_to_aspect_ratio else "pad" if pad_to_aspect_ratio else None,
+        )
         self.has_masks = bool(self.source.has_masks)
         if self.has_masks and isinstance(self.pipeline, CustomPipeline):
             raise ConfigError(
@@ -198,7 +230,7 @@ class Loader:
             world,
             block_sizes=tuple(int(b) for b in blocks) if blocks else None,
         )
-        self.columns = Columns(batch_mod.columns(self.source, sample_weight, fields))
+        self.columns = Columns(batch_mod.columns(self.source, sample_weight, fields, label_mode))
         self.layout = SlotLayout(self.batch_size, self._field_specs())
         names = [f[0] for f in self.layout.fields]
         self.form = batch_mod.resolve_form(batch, names)
@@ -222,7 +254,7 @@ class Loader:
     def _field_specs(self) -> tuple[FieldSpec, ...]:
         """The batch's fields: image, mask (segmentation), every column, the sample index."""
         height, width = self.image_size
-        specs: list[FieldSpec] = [("image", "|u1", (height, width, 3))]
+        specs: list[FieldSpec] = [("image", "|u1", (height, width, self.pipeline.channels))]
         if self.has_masks:
             specs.append(("mask", "|u1", (height, width)))
         for name, column in self.columns.items():
@@ -236,10 +268,32 @@ class Loader:
         """Batches per epoch (for this rank)."""
         return self._batches
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """``subset="both"`` (with ``validation_split``) gives two loaders, ``(training,
+        validation)``, as Keras' ``image_dataset_from_directory`` does."""
+        if kwargs.get("subset") == "both":
+            kwargs.pop("subset")
+            return (
+                cls(*args, subset="training", **kwargs),
+                cls(*args, subset="validation", **kwargs),
+            )
+        return super().__new__(cls)
+
     @property
     def classes(self) -> list[str] | None:
         """Class names, when the source has them (folder names, text labels)."""
         return self.source.classes
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """Class names (Keras' ``class_names``): class id ``k`` is ``class_names[k]``."""
+        return self.source.classes
+
+    @property
+    def file_paths(self) -> list[str]:
+        """Every sample's file path (or ``array[i]``), in the source's order (Keras'
+        ``file_paths``); batches carry theirs with ``batch=`` field ``path``."""
+        return [self.source.name(i) for i in range(len(self.source))]
 
     def __iter__(self) -> Iterator[Batch]:
         """The rest of the current epoch (all of it, unless resumed or broken off mid-way)."""
@@ -490,11 +544,12 @@ class Loader:
             "position": position % per_epoch,
         }
 
-    def keras(self) -> Any:
-        """A ``keras.utils.PyDataset`` over this loader, for ``model.fit`` on any backend."""
+    def keras(self, dtype: Any = None, mean: Any = None, std: Any = None) -> Any:
+        """A ``keras.utils.PyDataset`` over this loader, for ``model.fit`` on any backend;
+        ``dtype``/``mean``/``std`` convert the images (``mean=0, std=1``: [0, 1])."""
         from .adapters.keras import to_keras
 
-        return to_keras(self)
+        return to_keras(self, dtype=dtype, mean=mean, std=std)
 
     def wait_meter(self, every: int = 100) -> WaitMeter:
         """The wait report for a hand-written loop: call ``meter.step()`` after each training
@@ -523,17 +578,19 @@ class Loader:
 
         return to_torch(self, device=device, **kwargs)
 
-    def jax(self, sharding: Any = None) -> Any:
-        """An iterable of jax arrays, put on the device(s) ahead of use."""
+    def jax(self, sharding: Any = None, **kwargs: Any) -> Any:
+        """An iterable of jax arrays, put on the device(s) ahead of use (``dtype``, ``mean``,
+        ``std`` convert the images there)."""
         from .adapters.jax import to_jax
 
-        return to_jax(self, sharding=sharding)
+        return to_jax(self, sharding=sharding, **kwargs)
 
-    def tf(self) -> Any:
-        """A ``tf.data.Dataset`` of this loader's batches (one epoch per iteration)."""
+    def tf(self, **kwargs: Any) -> Any:
+        """A ``tf.data.Dataset`` of this loader's batches (one epoch per iteration;
+        ``dtype``, ``mean``, ``std`` convert the images)."""
         from .adapters.tf import to_tf
 
-        return to_tf(self)
+        return to_tf(self, **kwargs)
 
     # ------------------------------------------------------------------ lifetime
 

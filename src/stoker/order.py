@@ -175,3 +175,31 @@ def sample_uniforms(seed: int, epoch: int, indices: np.ndarray, count: int) -> n
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """A numpy Generator for one sample (user transforms): SeedSequence([seed, epoch, index])."""
     return np.random.default_rng(np.random.SeedSequence([seed, epoch, int(index)]))
+
+
+SPLIT_KEY = 0x5917  # keeps the split's permutation apart from every epoch's
+
+
+def split(
+    n: int, fraction: float, seed: int, labels: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(training, validation)`` sample indices (sorted, disjoint, covering ``n``): a pure
+    function of ``(n, fraction, seed)``, the same in every process and run.
+
+    The validation part is ``int(fraction * n)`` samples of a seeded permutation, as Keras
+    counts it; with ``labels`` (class ids) it is stratified: ``int(fraction * count)`` of each
+    class, so both parts keep the class balance."""
+    gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, SPLIT_KEY])))
+    perm = gen.permutation(n).astype(np.int64)
+    if labels is None:
+        val = perm[: int(fraction * n)]
+    else:
+        shuffled = np.asarray(labels)[perm]
+        parts = [
+            perm[shuffled == c][: int(fraction * int((shuffled == c).sum()))]
+            for c in np.unique(shuffled)
+        ]
+        val = np.concatenate(parts) if parts else perm[:0]
+    mask = np.zeros(n, dtype=bool)
+    mask[val] = True
+    return np.flatnonzero(~mask), np.flatnonzero(mask)

@@ -17,31 +17,16 @@ import cv2
 import numpy as np
 
 from . import decode as dec
+from . import pixels
 from .errors import ConfigError, DecodeError
+from .pixels import resize_into
 
 Box = tuple[int, int, int, int]  # top, left, height, width
 
 
 def as_rgb(image: np.ndarray) -> np.ndarray:
     """A (h, w, 3) view or copy of a gray, RGB or RGBA uint8 image."""
-    if image.ndim == 2:
-        return np.repeat(image[:, :, None], 3, axis=2)
-    if image.shape[2] == 3:
-        return image
-    if image.shape[2] == 1:
-        return np.repeat(image, 3, axis=2)
-    return image[:, :, :3]
-
-
-def resize_into(region: np.ndarray, out: np.ndarray) -> None:
-    """Resize ``region`` into ``out`` in place: bilinear, or area averaging past 2x shrink."""
-    h, w = out.shape[:2]
-    shrink = min(region.shape[0] / h, region.shape[1] / w)
-    interp = cv2.INTER_AREA if shrink > 2.0 else cv2.INTER_LINEAR
-    if region.shape[:2] == (h, w):
-        out[...] = region
-        return
-    cv2.resize(region, (w, h), dst=out, interpolation=interp)
+    return pixels.to_channels(image, 3)
 
 
 def resize_mask_into(mask: np.ndarray, out: np.ndarray) -> None:
@@ -102,6 +87,8 @@ class Pipeline:
     uniforms = 0
     needs_rng = False
     reduce = True  # may the decoder shrink the region (DCT scaling) down to the output size?
+    channels = 3  # of the output: 1 (grayscale), 3 (RGB) or 4 (RGBA); set by make_pipeline
+    interpolation = "auto"  # the resize filter (see pixels.INTERPOLATIONS)
 
     def __init__(self, size: tuple[int, int], fast: bool, max_pixels: int) -> None:
         self.size, self.fast, self.max_pixels = size, fast, max_pixels
@@ -122,12 +109,14 @@ class Pipeline:
     ) -> tuple[np.ndarray, tuple[int, int], Box | None]:
         """The region, the full image's (height, width) and the box the region was cut from."""
         if isinstance(data, np.ndarray):
-            img = as_rgb(data)
+            img = data
             size = (img.shape[0], img.shape[1])
             box = self.box(*size, u)
             return (img if box is None else _cut(img, box)), size, box
         info = dec.probe(data, max_pixels=self.max_pixels)
         box = self.box(info.height, info.width, u)
+        if self.channels == 4:  # alpha: decoded with Pillow (the fast decoders drop it)
+            return pixels.decode_rgba(bytes(data), box), (info.height, info.width), box
         region = dec.decode(
             data,
             info,
@@ -141,7 +130,7 @@ class Pipeline:
 
     def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
         """Write the loaded region into ``out``."""
-        resize_into(region, out)
+        resize_into(pixels.to_channels(region, self.channels), out, self.interpolation)
 
     # segmentation: the image's box and flip, applied to its mask with nearest-neighbour resizing
 
@@ -182,7 +171,7 @@ class TrainPipeline(Pipeline):
         return random_resized_crop_box(h, w, u, self.scale, self.ratio)
 
     def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
-        resize_into(region, out)
+        super().finish(region, u, rng, out)
         _flip_if(u, out)
 
     def finish_mask(self, mask: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
@@ -202,7 +191,23 @@ class EvalPipeline(Pipeline):
 
 
 class ResizePipeline(Pipeline):
-    """A plain resize of the whole image to ``size`` (aspect ratio not kept)."""
+    """A plain resize of the whole image to ``size``: aspect ratio not kept, unless ``fit`` is
+    "crop" (the centred box of the output's aspect ratio, decoded alone: Keras'
+    ``crop_to_aspect_ratio``) or "pad" (resized whole into the middle, black borders:
+    ``pad_to_aspect_ratio``)."""
+
+    fit: str | None = None
+
+    def box(self, h: int, w: int, u: np.ndarray) -> Box | None:
+        if self.fit == "crop":
+            return pixels.aspect_box(h, w, self.size[0], self.size[1])
+        return None
+
+    def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
+        if self.fit == "pad":
+            pixels.pad_into(pixels.to_channels(region, self.channels), out, self.interpolation)
+        else:
+            super().finish(region, u, rng, out)
 
 
 class CustomPipeline(Pipeline):
@@ -216,11 +221,11 @@ class CustomPipeline(Pipeline):
         self.ops = list(ops)
 
     def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
-        image = region
+        image = as_rgb(region) if self.channels == 3 else region
         for op in self.ops:
             image = op(image, rng)
         image = _check_user_image(image, self.ops)
-        resize_into(image, out)
+        resize_into(pixels.to_channels(image, self.channels), out, self.interpolation)
 
 
 def _check_user_image(image: Any, ops: list[Any]) -> np.ndarray:
@@ -236,7 +241,7 @@ def _check_user_image(image: Any, ops: list[Any]) -> np.ndarray:
             f"augment transform ({names}) returned {arr.dtype} array of shape {arr.shape}; it must "
             "return a uint8 image of shape (h, w, 3)"
         )
-    return as_rgb(arr)
+    return arr
 
 
 # ---------------------------------------------------------------------------- stock ops
@@ -303,8 +308,32 @@ class ColorJitter:
         return np.clip((img - mean) * c + mean * b, 0, 255).astype(np.uint8)
 
 
-def make_pipeline(augment: Any, size: tuple[int, int], fast: bool, max_pixels: int) -> Pipeline:
-    """Build the pipeline that ``augment=`` names: "train", "eval", None, a callable or a list."""
+def make_pipeline(
+    augment: Any,
+    size: tuple[int, int],
+    fast: bool,
+    max_pixels: int,
+    *,
+    channels: int = 3,
+    interpolation: str = "auto",
+    fit: str | None = None,
+) -> Pipeline:
+    """Build the pipeline that ``augment=`` names: "train", "eval", None, a callable or a list;
+    ``channels``, ``interpolation`` and ``fit`` ("crop"/"pad" to the output's aspect ratio,
+    with ``augment=None`` only) shape how its output is written."""
+    pipeline = _pipeline(augment, size, fast, max_pixels)
+    if fit is not None and type(pipeline) is not ResizePipeline:
+        raise ConfigError(
+            f"crop_to_aspect_ratio / pad_to_aspect_ratio resize the whole image and go with "
+            f"augment=None (not augment={augment!r}, which chooses its own crop)"
+        )
+    pipeline.channels, pipeline.interpolation = channels, interpolation
+    if isinstance(pipeline, ResizePipeline):
+        pipeline.fit = fit
+    return pipeline
+
+
+def _pipeline(augment: Any, size: tuple[int, int], fast: bool, max_pixels: int) -> Pipeline:
     if augment == "train":
         return TrainPipeline(size, fast, max_pixels)
     if augment == "eval":

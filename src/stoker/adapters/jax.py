@@ -20,9 +20,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from ..batch import DERIVED, leaves, map_form
 from .base import LoaderView, look_ahead, owned_batch
+from .scaling import ImageOptions, channels_of
 
 __all__ = ["JaxLoader", "to_jax"]
 
@@ -43,15 +45,28 @@ def _on_cpu(target: Any) -> bool:
 class JaxLoader(LoaderView):
     """Iterable of ``(images, labels)`` ``jax.Array`` pairs over a Loader; one epoch per ``iter()``.
 
-    ``images`` is ``uint8`` ``(B, H, W, 3)``, ``labels`` ``int32`` or ``int64`` ``(B,)`` (JAX
-    turns ``int64`` into ``int32`` unless ``jax_enable_x64`` is on). A loader with masks gives
-    ``(images, masks)``, masks ``uint8`` ``(B, H, W)``.
+    ``images`` is ``uint8`` ``(B, H, W, C)`` or ``dtype`` with optional ``mean``/``std``
+    (converted on the device, after the copy: see ``adapters.scaling``); labels and other
+    fields keep the loader's dtype and shape (JAX turns 64-bit arrays into 32-bit ones unless
+    ``jax_enable_x64`` is on). A loader with masks gives ``(images, masks)``.
     """
 
-    def __init__(self, loader: Any, sharding: Any = None) -> None:
+    def __init__(self, loader: Any, sharding: Any = None, **image: Any) -> None:
         self.loader = loader
         self.sharding = sharding
         self._copy = _on_cpu(sharding)
+        self.image = ImageOptions(channels_of(loader), **image)  # dtype, mean, std
+        self._convert = jax.jit(self._image) if self.image.active else None
+
+    def _image(self, x: Any) -> Any:
+        """The image batch -> ``dtype`` (and ``mean``/``std``), on the device."""
+        opts = self.image
+        assert opts.dtype is not None
+        work = jnp.float32 if opts.dtype.itemsize < 4 else opts.dtype
+        x = x.astype(work)
+        if opts.norm is not None:
+            x = (x - jnp.asarray(opts.norm[0], work)) / jnp.asarray(opts.norm[1], work)
+        return x.astype(opts.dtype)
 
     def __iter__(self) -> Iterator[Any]:
         """The rest of the loader's current epoch, put on ``sharding`` (or the default device)."""
@@ -62,11 +77,16 @@ class JaxLoader(LoaderView):
         numpy (the structure is kept)."""
         batch = owned_batch(batch) if self._copy else batch
         form = self.loader.form
-        if not any(n in DERIVED for n in leaves(form)):
-            return jax.device_put(batch, self.sharding)
-        arrays = map_form(form, batch, lambda n, v: None if n in DERIVED else v)
-        put = jax.device_put(arrays, self.sharding)
-        return map_form(form, put, lambda n, v, orig: orig if n in DERIVED else v, batch)
+        if any(n in DERIVED for n in leaves(form)):
+            arrays = map_form(form, batch, lambda n, v: None if n in DERIVED else v)
+            put = jax.device_put(arrays, self.sharding)
+            put = map_form(form, put, lambda n, v, orig: orig if n in DERIVED else v, batch)
+        else:
+            put = jax.device_put(batch, self.sharding)
+        if self._convert is None:
+            return put
+        convert = self._convert
+        return map_form(form, put, lambda n, v: convert(v) if n == "image" else v)
 
     def __repr__(self) -> str:
         return f"JaxLoader({self.loader!r}, sharding={self.sharding!r})"
@@ -76,7 +96,9 @@ def _same(put: Any) -> Any:
     return put
 
 
-def to_jax(loader: Any, sharding: Any = None) -> JaxLoader:
+def to_jax(
+    loader: Any, sharding: Any = None, dtype: Any = None, mean: Any = None, std: Any = None
+) -> JaxLoader:
     """Wrap ``loader`` for JAX: ``for x, y in to_jax(train, sharding=...): step(state, x, y)``.
 
     ``sharding``: ``None`` (the default device), a ``jax.Device``, a ``jax.sharding.Sharding``
@@ -85,4 +107,4 @@ def to_jax(loader: Any, sharding: Any = None) -> JaxLoader:
     In a multi-process job each process holds its own rank's batch (``Loader(rank=...,
     world_size=...)``); build global arrays with ``jax.make_array_from_process_local_data``.
     """
-    return JaxLoader(loader, sharding=sharding)
+    return JaxLoader(loader, sharding=sharding, dtype=dtype, mean=mean, std=std)

@@ -37,7 +37,10 @@ from typing import Any
 
 import keras
 
+from ..batch import map_form
 from .base import owned_batch
+from .scaling import ImageOptions
+from .scaling import channels_of as _channels
 
 __all__ = ["LoaderCheckpoint", "StokerPyDataset", "WaitReport", "to_keras"]
 
@@ -77,9 +80,11 @@ class StokerPyDataset(keras.utils.PyDataset):
     ``tf.data`` generator with its own prefetch; that thread then does the pulling.)
     """
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, dtype: Any = None, mean: Any = None, std: Any = None) -> None:
         super().__init__(workers=1, use_multiprocessing=False, max_queue_size=1)
         self.loader = loader
+        first = keras.config.image_data_format() == "channels_first"
+        self.image = ImageOptions(_channels(loader), dtype, mean, std, channels_first=first)
         self._stream: Any = None
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}  # index -> batch, for indices Keras may ask again
@@ -145,7 +150,12 @@ class StokerPyDataset(keras.utils.PyDataset):
                 entry.copied = True
         if self._stream is None:
             self._stream = self.loader.stream()
-        return next(self._stream)
+        batch = next(self._stream)
+        if not self.image.active:
+            return batch
+        return map_form(
+            self.loader.form, batch, lambda n, v: self.image.numpy(v) if n == "image" else v
+        )
 
     def _reset(self) -> None:
         self._entries.clear()
@@ -172,14 +182,18 @@ class StokerPyDataset(keras.utils.PyDataset):
         return f"StokerPyDataset({self.loader!r}, {len(self)} batches)"
 
 
-def to_keras(loader: Any) -> StokerPyDataset:
+def to_keras(loader: Any, dtype: Any = None, mean: Any = None, std: Any = None) -> StokerPyDataset:
     """Wrap ``loader`` for Keras 3: ``model.fit(to_keras(train), validation_data=to_keras(val))``.
 
-    Images come as ``uint8`` ``(B, H, W, 3)`` (put a ``Rescaling`` layer in the model), labels
-    as ``int64`` ``(B,)`` (use ``sparse_categorical_crossentropy``). A loader with masks gives
+    Images come as ``uint8`` ``(B, H, W, C)`` (put a ``Rescaling`` layer in the model), or
+    ``dtype`` (``"float32"``) with optional ``mean``/``std`` (see ``adapters.scaling``;
+    ``mean=0, std=1`` scales to [0, 1]); ``(B, C, H, W)`` when
+    ``keras.config.image_data_format()`` is ``"channels_first"``. Labels come as the loader
+    holds them (``int64`` ``(B,)`` class ids for ``sparse_categorical_crossentropy``, one-hot
+    with ``label_mode="categorical"``, numeric targets as they are). A loader with masks gives
     ``(x, y=masks)``, masks ``uint8`` ``(B, H, W)``: per-pixel sparse targets.
     """
-    return StokerPyDataset(loader)
+    return StokerPyDataset(loader, dtype=dtype, mean=mean, std=std)
 
 
 class LoaderCheckpoint(keras.callbacks.Callback):

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 from ..batch import map_form
 from .base import owned_batch
+from .scaling import ImageOptions, channels_of
 
 __all__ = ["to_tf"]
 
@@ -67,22 +68,45 @@ def _spec(loader: Any, name: str, batch: int | None) -> tf.TensorSpec:
     return tf.TensorSpec((batch, *spec[2]), tf.as_dtype(np.dtype(spec[1])), name=name)
 
 
-def to_tf(loader: Any) -> tf.data.Dataset:
+def to_tf(loader: Any, dtype: Any = None, mean: Any = None, std: Any = None) -> tf.data.Dataset:
     """Wrap ``loader`` as a ``tf.data.Dataset``: ``for images, labels in to_tf(train): ...``.
 
     The output signature is exact: the loader's batch structure (``Loader(batch=...)``), each
     field with its own dtype and shape: images ``tf.uint8`` ``(B, H, W, C)`` (batch axis ``None``
-    when the last batch of an epoch can be short), labels as the source holds them (``tf.int64``
-    ``(B,)`` class ids, or numeric targets of any dtype and shape), masks ``tf.uint8``
-    ``(B, H, W)``, ``path`` ``tf.string``. Also usable as ``model.fit(to_tf(train), epochs=...)``
-    on Keras' TensorFlow backend.
+    when the last batch of an epoch can be short), or ``dtype`` with optional ``mean``/``std``
+    (see ``adapters.scaling``), labels as the source holds them (``tf.int64`` ``(B,)`` class
+    ids, or numeric targets of any dtype and shape), masks ``tf.uint8`` ``(B, H, W)``, ``path``
+    ``tf.string``. Also usable as ``model.fit(to_tf(train), epochs=...)`` on Keras' TensorFlow
+    backend.
     """
     batch = loader.batch_size if _always_full(loader) else None
     signature = map_form(loader.form, loader.form, lambda name, _: _spec(loader, name, batch))
     dataset = tf.data.Dataset.from_generator(_Epochs(loader), output_signature=signature)
+    image = ImageOptions(channels_of(loader), dtype, mean, std)
+    if image.dtype is not None:
+        dataset = dataset.map(_converter(loader.form, image))
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
     options = tf.data.Options()
     # tf.data would add a prefetch of its own, pulling batches ahead of the training step on a
     # background thread: the loader's state would then count batches the step never received.
     options.experimental_optimization.inject_prefetch = False
     return dataset.with_options(options)
+
+
+def _converter(form: Any, image: ImageOptions) -> Any:
+    """A ``Dataset.map`` function converting the image leaf to ``image``'s dtype/scaling."""
+    assert image.dtype is not None
+    target = tf.as_dtype(image.dtype)
+    norm = None if image.norm is None else [tf.constant(v, tf.float32) for v in image.norm]
+
+    def convert(x: Any) -> Any:
+        x = tf.cast(x, tf.float32)
+        if norm is not None:
+            x = (x - norm[0]) / norm[1]
+        return tf.cast(x, target)
+
+    def apply(*args: Any) -> Any:
+        batch = args if isinstance(form, tuple) else args[0]
+        return map_form(form, batch, lambda n, v: convert(v) if n == "image" else v)
+
+    return apply

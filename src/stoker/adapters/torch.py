@@ -24,21 +24,11 @@ import torch
 from ..batch import map_form
 from ..errors import ConfigError
 from .base import LoaderView, look_ahead
+from .scaling import channels_of, units
 
 __all__ = ["TorchLoader", "to_torch"]
 
 Tensors = Any  # the loader's batch structure, with tensors for arrays
-
-
-def _units(mean: Any, std: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``mean``/``std`` (scalars or 3 per-channel values) in 0-255 units, as float64 arrays."""
-    m = np.broadcast_to(np.asarray(mean, dtype=np.float64), (3,)).copy()
-    s = np.broadcast_to(np.asarray(std, dtype=np.float64), (3,)).copy()
-    if not (np.isfinite(m).all() and np.isfinite(s).all() and (s > 0).all()):
-        raise ConfigError(f"mean={mean!r}, std={std!r}: need finite values and std > 0")
-    if m.max() <= 1.0 and s.max() <= 1.0:  # 0-1 units, as torchvision's Normalize
-        m, s = m * 255.0, s * 255.0
-    return m, s
 
 
 class _Pinned:
@@ -90,7 +80,7 @@ class TorchLoader(LoaderView):
         if mean is not None and (dtype is None or not dtype.is_floating_point):
             raise ConfigError("mean/std need a floating dtype: pass dtype=torch.float32 too")
         self.dtype = dtype
-        self._norm = None if mean is None else _units(mean, std)
+        self._norm = None if mean is None else units(mean, std, channels_of(loader))
         self._consts: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __iter__(self) -> Iterator[Tensors]:
@@ -118,7 +108,8 @@ class TorchLoader(LoaderView):
         key = (device, dtype)
         if key not in self._consts:
             assert self._norm is not None
-            shape = (3,) if self.channels_last else (3, 1, 1)
+            count = len(self._norm[0])
+            shape = (count,) if self.channels_last else (count, 1, 1)
             mean, std = (torch.tensor(v, dtype=dtype).reshape(shape).to(device) for v in self._norm)
             self._consts[key] = (mean, std)
         return self._consts[key]

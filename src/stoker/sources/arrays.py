@@ -56,7 +56,21 @@ def check_masks(masks: Any, image_shape: tuple[int, ...], where: str) -> np.ndar
     return arr
 
 
-class ArraySource(Source):
+class DecodedArrays(Source):
+    """A source of decoded images of one shape ``self.shape`` = (N, H, W[, C])."""
+
+    shape: tuple[int, ...]
+
+    def pixel_size(self) -> tuple[int, int] | None:
+        """The images' own ``(height, width)``."""
+        return (int(self.shape[1]), int(self.shape[2]))
+
+    def pixel_channels(self) -> int | None:
+        """The images' own channel count (1 for (N, H, W))."""
+        return int(self.shape[3]) if len(self.shape) == 4 else 1
+
+
+class ArraySource(DecodedArrays):
     """An in-memory array of images; copied once into shared memory that workers map."""
 
     def __init__(self, images: np.ndarray, labels: Any = None, masks: Any = None) -> None:
@@ -94,10 +108,6 @@ class ArraySource(Source):
         if self.mask_shape is not None:
             self._masks = self._shared["masks"]
 
-    def pixel_size(self) -> tuple[int, int]:
-        """The arrays' own ``(height, width)``."""
-        return (int(self.shape[1]), int(self.shape[2]))
-
     def read(self, index: int) -> np.ndarray:
         """The image as a view (no copy)."""
         return self._array[index]
@@ -130,7 +140,7 @@ class ArraySource(Source):
             self._shared.unlink()
 
 
-class NpySource(Source):
+class NpySource(DecodedArrays):
     """A ``.npy`` file of images, memory-mapped in every process and never read whole."""
 
     read_ahead = True
@@ -156,10 +166,6 @@ class NpySource(Source):
         if self._array is None:
             self._array = np.load(self.path, mmap_mode="r", allow_pickle=False)
         return self._array
-
-    def pixel_size(self) -> tuple[int, int]:
-        """The array's own ``(height, width)``."""
-        return (int(self.shape[1]), int(self.shape[2]))
 
     def read(self, index: int) -> np.ndarray:
         """The image, read from the mapping."""

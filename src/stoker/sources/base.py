@@ -48,6 +48,11 @@ class Source:
         defaults."""
         return None
 
+    def pixel_channels(self) -> int | None:
+        """Channels of a source of decoded arrays (sets the ``color_mode=None`` default);
+        None for encoded files."""
+        return None
+
     def prefetch(self, indices: np.ndarray) -> None:
         """Hint: ``read`` is about to be called for ``indices`` (one batch). Remote sources
         start fetching them concurrently; the default does nothing. Must not raise."""

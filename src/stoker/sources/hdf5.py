@@ -16,14 +16,14 @@ import h5py
 import numpy as np
 
 from ..errors import SourceError
-from .arrays import check_images, check_labels
-from .base import Source, file_fingerprint
+from .arrays import DecodedArrays, check_images, check_labels
+from .base import file_fingerprint
 from .targets import unlabeled
 
 _OPEN_LOCK = threading.Lock()  # read-ahead threads: one handle per process, opened once
 
 
-class HDF5Source(Source):
+class HDF5Source(DecodedArrays):
     """Images from ``path[images_key]``, labels from ``path[labels_key]`` (-1 if absent)."""
 
     read_ahead = True
@@ -86,7 +86,11 @@ class HDF5Source(Source):
 
     def pixel_size(self) -> tuple[int, int] | None:
         """The images' own ``(height, width)`` for decoded pixels; None for encoded files."""
-        return None if self.encoded else (int(self.shape[1]), int(self.shape[2]))
+        return None if self.encoded else super().pixel_size()
+
+    def pixel_channels(self) -> int | None:
+        """The images' own channel count for decoded pixels; None for encoded files."""
+        return None if self.encoded else super().pixel_channels()
 
     def read(self, index: int) -> bytes | np.ndarray:
         """Encoded bytes (vlen layout) or the decoded ``uint8`` image (array layout)."""

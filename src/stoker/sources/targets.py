@@ -151,3 +151,36 @@ def class_ids(labels: np.ndarray) -> np.ndarray | None:
     if labels.ndim == 1 and labels.dtype.kind in "iu":
         return labels
     return None
+
+
+LABEL_MODES = ("auto", "int", "categorical", "binary", None)
+
+
+def label_mode(labels: np.ndarray, classes: list[str] | None, mode: Any) -> np.ndarray | None:
+    """Labels in Keras' ``label_mode``: "auto" as stored; "int" ``int64`` class ids;
+    "categorical" one-hot ``float32`` ``(N, classes)``; "binary" ``float32`` ``(N, 1)`` (two
+    classes); None: no labels (batches are images only)."""
+    if mode not in LABEL_MODES:
+        raise SourceError(
+            f"label_mode={mode!r}: use 'int', 'categorical', 'binary', None or 'auto' (as stored)"
+        )
+    if mode == "auto":
+        return labels
+    if mode is None:
+        return None
+    ids = class_ids(labels)
+    if ids is None or (ids < 0).any():
+        raise SourceError(
+            f"label_mode={mode!r} needs a class id for every sample; these labels are "
+            f"{labels.dtype} of shape {labels.shape[1:]} per sample"
+            + (" with unlabeled (-1) samples" if ids is not None else "")
+            + ": use label_mode='auto' to keep numeric targets as they are"
+        )
+    count = len(classes) if classes else int(ids.max()) + 1
+    if mode == "int":
+        return ids.astype(np.int64)
+    if mode == "binary":
+        if count != 2:
+            raise SourceError(f"label_mode='binary' needs exactly 2 classes, not {count}")
+        return ids.astype(np.float32).reshape(-1, 1)
+    return np.eye(count, dtype=np.float32)[ids]

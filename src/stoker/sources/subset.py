@@ -1,0 +1,99 @@
+"""A subset of another source, relabelled: what ``validation_split``/``subset`` and
+``class_names`` (a chosen subset of classes, in a chosen order) give. Sample ``i`` of the
+subset is sample ``indices[i]`` of the base source; everything else passes through."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import numpy as np
+
+from ..errors import SourceError
+from .base import Source
+
+
+class SubsetSource(Source):
+    """Samples ``indices`` of ``base``, with ``labels`` (the base's, or relabelled)."""
+
+    def __init__(
+        self,
+        base: Source,
+        indices: np.ndarray,
+        labels: np.ndarray | None = None,
+        classes: list[str] | None = None,
+        tag: str = "",
+    ) -> None:
+        self.base = base
+        self.indices = np.ascontiguousarray(indices, dtype=np.int64)
+        self.labels = base.labels[self.indices] if labels is None else labels
+        self.classes = base.classes if classes is None else classes
+        self.has_masks = base.has_masks
+        self.named_columns = {k: v[self.indices] for k, v in base.named_columns.items()}
+        self.tag = tag
+
+    def read(self, index: int) -> bytes | np.ndarray:
+        """The base's sample ``indices[index]``."""
+        return self.base.read(int(self.indices[index]))
+
+    def read_mask(self, index: int) -> bytes | np.ndarray:
+        """The base's mask ``indices[index]``."""
+        return self.base.read_mask(int(self.indices[index]))
+
+    def name(self, index: int) -> str:
+        """The base's name of the sample."""
+        return self.base.name(int(self.indices[index]))
+
+    def mask_name(self, index: int) -> str:
+        """The base's name of the mask."""
+        return self.base.mask_name(int(self.indices[index]))
+
+    def prefetch(self, indices: np.ndarray) -> None:
+        """Passed to the base, in its indices."""
+        self.base.prefetch(self.indices[indices])
+
+    def pixel_size(self) -> tuple[int, int] | None:
+        """The base's."""
+        return self.base.pixel_size()
+
+    def pixel_channels(self) -> int | None:
+        """The base's."""
+        return self.base.pixel_channels()
+
+    def open_in_worker(self) -> None:
+        """Reopen the base's handles."""
+        self.base.open_in_worker()
+
+    def close(self) -> None:
+        """Close the base."""
+        self.base.close()
+
+    def fingerprint(self) -> str:
+        """The base's, with the subset's samples, labels and classes."""
+        h = hashlib.blake2b(self.base.fingerprint().encode(), digest_size=12)
+        h.update(self.tag.encode() + self.indices.tobytes() + self.labels.tobytes())
+        h.update("\0".join(self.classes or []).encode())
+        return h.hexdigest()
+
+
+def pick_classes(source: Source, names: Any) -> Source:
+    """Keep only the classes ``names`` (in that order: class ``k`` is ``names[k]``)."""
+    if source.classes is None:
+        raise SourceError(
+            "class_names= picks classes by name, but this source has no class names (its "
+            "labels are numbers); give labels as names, or a folder of class subfolders"
+        )
+    wanted = [str(n) for n in names]
+    missing = [n for n in wanted if n not in source.classes]
+    if missing or len(set(wanted)) != len(wanted) or not wanted:
+        raise SourceError(
+            f"class_names={wanted!r}: each must be one of the source's classes, once "
+            f"({', '.join(source.classes)}); missing: {', '.join(missing) or '-'}"
+        )
+    old = {source.classes.index(n): k for k, n in enumerate(wanted)}
+    mapping = np.full(len(source.classes), -1, dtype=np.int64)
+    for before, after in old.items():
+        mapping[before] = after
+    labels = np.asarray(source.labels, dtype=np.int64)
+    keep = np.flatnonzero((labels >= 0) & (mapping[np.clip(labels, 0, None)] >= 0))
+    return SubsetSource(source, keep, mapping[labels[keep]], wanted, tag="classes")
