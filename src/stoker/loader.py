@@ -87,6 +87,11 @@ class _Inline:
         """Nothing to release."""
 
 
+def _boxed(batch: Any) -> list[Any] | None:
+    """``[batch]``, or None at the end of the epoch."""
+    return None if batch is None else [batch]
+
+
 class _Running:
     """What a started loader owns: pool and engine; closed by close() or the finalizer."""
 
@@ -309,8 +314,10 @@ class Loader:
         if self.position >= self._batches:
             self.epoch, self.position = self.epoch + 1, 0
         epoch = self.epoch
-        # iter(callable, None) keeps no reference to a batch while the consumer has it
-        yield from iter(lambda: self._take(epoch), None)
+        # iter(callable, None) keeps no reference to a batch while the consumer has it; the
+        # batch travels in a one-item list (a bare array batch cannot be compared with None)
+        for box in iter(lambda: _boxed(self._take(epoch)), None):
+            yield box.pop()
         if self.epoch == epoch and self.position >= self._batches:
             self.epoch, self.position = epoch + 1, 0
             self._stats.pause()  # the epoch's loop is over: validation etc. is not counted
