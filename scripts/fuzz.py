@@ -1,6 +1,6 @@
 """Fuzz stoker's decoders with mutated real files: only stoker's own errors may come out.
 
-    python scripts/fuzz.py --seconds 600 [--seed 0] [--data DIR]
+    python scripts/fuzz.py --seconds 600 [--seed 0] [--data DIR] [--no-extension]
 
 Each iteration takes a real image (the JPEGs of DIR, by default stoker's conformance corpus
 tests/corpus/jpeg, plus PNG, APNG, EXIF-oriented WebP, BMP, GIF and TIFF made from them),
@@ -19,13 +19,17 @@ import glob
 import io
 import os
 import random
+import sys
 import time
 
 import numpy as np
 from PIL import Image
 
-from stoker import decode as dec
-from stoker.errors import StokerError
+if "--no-extension" in sys.argv:  # decode as where the C extension is not built
+    sys.modules["stoker.decode._jpeg"] = None  # type: ignore[assignment]
+
+from stoker import decode as dec  # noqa: E402
+from stoker.errors import StokerError  # noqa: E402
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "tests", "corpus", "jpeg")
 
@@ -117,12 +121,16 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", default=CORPUS)
+    p.add_argument(
+        "--no-extension", action="store_true", help="fuzz the path without the C extension"
+    )
     args = p.parse_args()
     import cv2
 
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     rng = random.Random(args.seed)
     pool = seeds(args.data)
+    print(f"JPEG decoder: {dec.decoder_name()}; {len(pool)} seed files", flush=True)
     os.makedirs("fuzz-findings", exist_ok=True)
     t0, n, findings = time.monotonic(), 0, 0
     while time.monotonic() - t0 < args.seconds:

@@ -207,6 +207,21 @@ def test_tiff_unassociated_alpha_is_not_premultiplied() -> None:
     _check(data)
 
 
+def test_tiff_associated_alpha_is_unpremultiplied() -> None:
+    """ExtraSamples = 1 (associated alpha): the stored colours are premultiplied; Pillow (and
+    stoker) give them back un-premultiplied."""
+    rgba = np.zeros((12, 20, 4), np.uint8)
+    rgba[..., :3] = (100, 50, 25)
+    rgba[..., 3] = 128
+    data = bytearray(encode(Image.fromarray(rgba, "RGBA"), "TIFF"))
+    ifd = struct.unpack_from("<I", data, 4)[0]
+    for entry in range(ifd + 2, ifd + 2 + 12 * struct.unpack_from("<H", data, ifd)[0], 12):
+        if struct.unpack_from("<H", data, entry)[0] == 338:  # ExtraSamples: 2 -> 1
+            struct.pack_into("<H", data, entry + 8, 1)
+    assert decode(bytes(data))[0, 0].tolist() == [199, 99, 49]
+    _check(bytes(data))
+
+
 @pytest.mark.parametrize("compression", [None, "tiff_lzw", "tiff_adobe_deflate", "packbits"])
 @pytest.mark.parametrize("mode", ["RGB", "RGBA", "L", "LA", "P", "CMYK"])
 def test_tiff_kinds_match_pillow(mode: str, compression: str | None) -> None:
