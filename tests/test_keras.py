@@ -218,7 +218,7 @@ SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
 def test_fit_evaluate_predict(backend: str, image_folder: pathlib.Path,
                               tmp_path: pathlib.Path) -> None:
@@ -231,7 +231,7 @@ def test_fit_evaluate_predict(backend: str, image_folder: pathlib.Path,
            "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, str(script), str(image_folder)], env=env,
-                          capture_output=True, text=True, timeout=150, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=270, cwd=tmp_path)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads(lines[-1][len("RESULT "):])
@@ -294,14 +294,14 @@ RESUME_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_checkpoint_callback_resumes_at_the_trained_batch(image_folder, tmp_path) -> None:
     script = tmp_path / "resume_script.py"
     script.write_text(RESUME_SCRIPT)
     env = {**os.environ, "KERAS_BACKEND": "torch", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
         [sys.executable, str(script), str(image_folder), str(tmp_path / "ckpt" / "loader.json")],
-        env=env, capture_output=True, text=True, timeout=100, cwd=tmp_path,
+        env=env, capture_output=True, text=True, timeout=210, cwd=tmp_path,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
