@@ -221,3 +221,36 @@ def test_read_settings_are_validated():
             stoker.Loader(np.zeros((4, 8, 8, 3), np.uint8), read_ahead=bad)
     with pytest.raises(stoker.ConfigError, match="page_cache"):
         stoker.Loader(np.zeros((4, 8, 8, 3), np.uint8), page_cache="sometimes")
+
+
+@pytest.mark.timeout(120)
+def test_stats_count_bytes_read_and_tell_reading_from_decoding(image_folder):
+    files = _files(image_folder)
+    with stoker.Loader(str(image_folder), batch_size=6, image_size=16, shuffle=False,
+                       drop_last=False, workers=2) as loader:
+        list(loader)
+        report = loader.stats()
+    assert report.read_bytes == sum(f.stat().st_size for f in files)
+    assert report.read_mb_s > 0 and 0 <= report.read_share < 1
+    assert "reading: " in str(report) and "MB/s" in str(report)
+
+
+def test_stats_hint_when_the_disk_is_the_bottleneck():
+    from stoker.assemble import Report
+    from stoker.stats import Stats
+
+    def run(read_s):
+        stats = Stats()
+        for _ in range(3):
+            t0 = stats.begin_wait()
+            stats.add(Report(count=4, read_s=read_s, decode_s=0.01, read_bytes=4_000_000))
+            stats.wait_s += 0.5  # the consumer waited half of each step
+            stats.end_wait(t0 - 1.0, 4)
+        return stats.report(workers=2, workers_reason="", prefetch=2, prefetch_reason="",
+                            kept_batches=0, memory_folder="/dev/shm")
+
+    slow_disk, slow_decode = run(0.2), run(0.001)
+    assert slow_disk.bottleneck == slow_decode.bottleneck == "input"
+    assert slow_disk.disk_bound and "reading from disk limits you at" in str(slow_disk)
+    assert not slow_decode.disk_bound and "hint: reading" not in str(slow_decode)
+    assert slow_disk.read_bytes == 12_000_000

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from .assemble import Report
 
 INPUT_BOUND = 0.10  # waiting more than this share of wall time means the input is the bottleneck
+DISK_BOUND = 0.30  # workers waiting for bytes this share of their time: the disk limits
 
 
 @dataclass
@@ -56,6 +57,20 @@ class StatsReport:
     device_wait_s: float | None = None
     #: how batches reach the device, and why that way (``torch(device="cuda")``)
     transfer: str = ""
+    #: bytes read from the source for the batches delivered, and per second of the run
+    read_bytes: int = 0
+    read_mb_s: float = 0.0
+
+    @property
+    def read_share(self) -> float:
+        """Share of the workers' time spent waiting for bytes (vs decoding, transforming)."""
+        total = self.read_ms + self.decode_ms + self.transform_ms
+        return self.read_ms / total if total > 0 else 0.0
+
+    @property
+    def disk_bound(self) -> bool:
+        """True when the consumer waits for data and the workers mostly wait for the disk."""
+        return self.bottleneck == "input" and self.read_share >= DISK_BOUND
 
     @property
     def bottleneck(self) -> str:
@@ -76,6 +91,18 @@ class StatsReport:
             f"{self.outside_s:.2f} s, not counted",
             f"  per image (worker time): read {self.read_ms:.2f} ms, decode {self.decode_ms:.2f} "
             f"ms, transform {self.transform_ms:.2f} ms",
+            f"  reading: {self.read_mb_s:,.1f} MB/s ({self.read_bytes / 1e6:,.1f} MB); workers "
+            f"waited for bytes {self.read_share:.0%} of their time, decoded and transformed "
+            f"{1 - self.read_share:.0%}" if self.read_bytes else "  reading: nothing read yet",
+            *(
+                [
+                    f"  hint: reading from disk limits you at {self.read_mb_s:,.0f} MB/s: "
+                    "convert to shards on local SSD (stoker convert), or raise read-ahead "
+                    "(Loader(read_ahead=16))"
+                ]
+                if self.disk_bound
+                else []
+            ),
             f"  workers: {self.workers} ({self.workers_reason}); prefetch: {self.prefetch} "
             f"batches ({self.prefetch_reason}); memory in {self.memory_folder}",
             f"  skipped samples: {self.skipped}",
@@ -122,6 +149,7 @@ class Stats:
         self.last = 0.0
         self.images = self.batches = 0
         self.wait_s = self.read_s = self.decode_s = self.transform_s = 0.0
+        self.read_bytes = 0
         self.bad: dict[int, tuple[str, str]] = {}
         self.warned: dict[int, tuple[str, str]] = {}
         self.loaded = 0
@@ -183,6 +211,7 @@ class Stats:
     def add(self, report: Report) -> list[tuple[int, str, str]]:
         """Fold in a batch's report; returns bad samples not seen before."""
         self.read_s += report.read_s
+        self.read_bytes += report.read_bytes
         self.decode_s += report.decode_s
         self.transform_s += report.transform_s
         self.loaded += report.count
@@ -225,6 +254,8 @@ class Stats:
             outside_s=self.outside_s,
             device_wait_s=self.device_wait_s,
             transfer=self.transfer,
+            read_bytes=self.read_bytes,
+            read_mb_s=self.read_bytes / 1e6 / elapsed if elapsed > 0 else 0.0,
             **config,  # type: ignore[arg-type]
         )
 
