@@ -1,4 +1,6 @@
-"""Ranks of a real torch.distributed job (gloo, 2 processes) get disjoint samples, equal counts."""
+"""Ranks of a real torch.distributed job (gloo, 2 processes) get disjoint samples, equal counts;
+the rank split (pad / drop / once) matches DistributedSampler and is independent of the batch-level
+drop_last; set_epoch picks the epoch's order."""
 
 import json
 import os
@@ -21,10 +23,30 @@ SCRIPT = textwrap.dedent(
 
     dist.init_process_group("gloo", rank=int(sys.argv[2]), world_size=2,
                             init_method="tcp://127.0.0.1:" + sys.argv[3])
+    import numpy as np
+    from torch.utils.data import DistributedSampler
+
     with stoker.Loader(sys.argv[1], batch_size=5, image_size=16, workers=0) as loader:
         order = loader.plan.order(0)
-        print("RESULT " + json.dumps({{"rank": loader.plan.rank, "world": loader.plan.world_size,
-                                     "batches": len(loader), "samples": order.tolist()}}))
+        out = {{"rank": loader.plan.rank, "world": loader.plan.world_size,
+               "batches": len(loader), "samples": order.tolist()}}
+    images, ids = np.zeros((37, 4, 4, 3), np.uint8), np.arange(37)  # label = sample id
+    for split in ("pad", "drop", "once"):
+        with stoker.Loader(images, labels=ids, batch_size=4, workers=0, shuffle=True,
+                           drop_last=True, rank_split=split) as loader:
+            out[split] = {{"per_rank": loader.plan.per_rank(), "batches": len(loader),
+                          "got": [int(v) for _, y in loader for v in y]}}
+        sampler = DistributedSampler(range(37), drop_last=split == "drop", shuffle=False)
+        out[split]["sampler"] = len(sampler)
+    with stoker.Loader(images, labels=ids, batch_size=4, workers=0, shuffle=False,
+                       rank_split="once") as loader:  # evaluation: every sample once
+        out["eval"] = [int(v) for _, y in loader for v in y]
+    with stoker.Loader(images, labels=ids, batch_size=4, workers=0, seed=1) as loader:
+        loader.set_epoch(3)
+        out["epoch3"] = [int(v) for _, y in loader for v in y]
+        out["epoch3_order"] = loader.plan.order(3)[: len(out["epoch3"])].tolist()
+        out["after"] = loader.state_dict()["epoch"]
+    print("RESULT " + json.dumps(out))
     dist.destroy_process_group()
     """
 )
@@ -57,3 +79,13 @@ def test_rank_and_world_size_come_from_torch_distributed(tmp_path, image_folder)
     assert sorted(o["rank"] for o in outs) == [0, 1] and {o["world"] for o in outs} == {2}
     assert outs[0]["batches"] == outs[1]["batches"] == 3  # 36 samples / 2 ranks, batches of 5
     assert not set(outs[0]["samples"]) & set(outs[1]["samples"])
+    for o in outs:  # 37 samples, 2 ranks, batches of 4 with drop_last=True
+        assert o["pad"]["per_rank"] == o["pad"]["sampler"] == 19  # DistributedSampler's count
+        assert o["drop"]["per_rank"] == o["drop"]["sampler"] == 18
+        assert o["pad"]["batches"] == o["drop"]["batches"] == 4  # the ragged batch dropped
+        assert len(o["pad"]["got"]) == len(o["drop"]["got"]) == 16
+        assert o["epoch3"] == o["epoch3_order"] and o["after"] == 4
+    assert {len(o["once"]["got"]) for o in outs} == {16}  # 19 and 18 samples: 4 full batches
+    assert not set(outs[0]["drop"]["got"]) & set(outs[1]["drop"]["got"])
+    assert sorted(outs[0]["eval"] + outs[1]["eval"]) == list(range(37))  # each exactly once
+    assert outs[0]["epoch3"] != outs[0]["pad"]["got"]

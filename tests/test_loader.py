@@ -181,6 +181,7 @@ def test_closed_loader_refuses_to_iterate_and_close_is_idempotent(image_folder):
         (dict(rank=1), "rank= and world_size="),
         (dict(batch_size=100), "no full batch"),
         (dict(fast_decode="yes"), "fast_decode"),
+        (dict(rank_split="even"), "rank_split='even'.*'once'"),
     ],
 )
 def test_bad_arguments_say_how_to_fix_them(image_folder, kwargs, match):

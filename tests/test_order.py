@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from stoker.order import epoch_order, sample_uniforms
+from stoker.order import epoch_order, per_rank_count, sample_uniforms
 
 
 def test_shuffled_order_is_a_permutation_and_repeats_for_a_seed():
@@ -24,19 +24,25 @@ def test_unshuffled_order_is_sequential():
     assert np.array_equal(epoch_order(7, seed=0, epoch=5, shuffle=False), np.arange(7))
 
 
-@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("split", ["pad", "drop", "once"])
 @pytest.mark.parametrize("n,world", [(10, 3), (12, 4), (7, 2), (5, 5)])
-def test_ranks_get_equal_counts_and_cover_the_data(n, world, drop_last):
+def test_ranks_split_the_data_as_asked(n, world, split):
     parts = [
-        epoch_order(n, seed=0, epoch=0, shuffle=True, rank=r, world_size=world, drop_last=drop_last)
+        epoch_order(n, seed=0, epoch=0, shuffle=True, rank=r, world_size=world, split=split)
         for r in range(world)
     ]
-    assert len({len(p) for p in parts}) == 1
     joined = np.concatenate(parts)
-    if drop_last:
+    for r, part in enumerate(parts):
+        assert len(part) == per_rank_count(n, world, split, r)
+    if split == "once":  # every sample on exactly one rank; counts differ by at most one
+        assert sorted(joined.tolist()) == list(range(n))
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1
+        return
+    assert len({len(p) for p in parts}) == 1
+    if split == "drop":
         assert len(set(joined.tolist())) == len(joined) == (n // world) * world
     else:
-        assert set(joined.tolist()) == set(range(n))
+        assert set(joined.tolist()) == set(range(n)) and len(parts[0]) == -(-n // world)
 
 
 def test_uniforms_depend_only_on_the_sample_not_its_batch():

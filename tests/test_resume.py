@@ -146,3 +146,21 @@ def test_no_slot_is_kept_past_reuse(name: str, image_folder: pathlib.Path) -> No
         report = loader.stats()
     assert total == 3 * len(loader) * KW["batch_size"]
     assert report.kept_batches == 0, f"{name}: {report.kept_batches} slots replaced"
+
+
+@pytest.mark.timeout(60)
+def test_set_epoch_starts_that_epoch(image_folder: pathlib.Path) -> None:
+    with stoker.Loader(image_folder, workers=0, **KW) as plain:
+        for _ in range(3 * len(plain)):  # epochs 0, 1 and 2
+            next(iter(plain))
+        expected = [_arrays(b) for b in plain]  # epoch 3
+    with stoker.Loader(image_folder, workers=0, **KW) as loader:
+        next(iter(loader))
+        view = loader.jax() if importlib.util.find_spec("jax") else loader
+        view.set_epoch(3)
+        assert (loader.state_dict()["epoch"], loader.state_dict()["position"]) == (3, 0)
+        got = [_arrays(b) for b in view]
+        with pytest.raises(stoker.ConfigError, match="set_epoch"):
+            loader.set_epoch(-1)
+    for g, e in zip(got, expected, strict=True):
+        assert all(np.array_equal(a, b) for a, b in zip(g, e, strict=True))

@@ -72,6 +72,8 @@ class Plan:
     #: set and ``shuffle`` is on, epochs use the quasi-random ``block_order`` so a dataset
     #: larger than RAM is read a few blocks at a time.
     block_sizes: tuple[int, ...] | None = None
+    #: How the epoch is split across ranks: "pad", "drop" or "once" (``order.SPLITS``).
+    split: str = "pad"
 
     def __post_init__(self) -> None:
         if self.shuffle and self.block_sizes and sum(self.block_sizes) != self.n:
@@ -87,7 +89,7 @@ class Plan:
                 order_mod.block_order(self.block_sizes, seed=self.seed, epoch=epoch),
                 rank=self.rank,
                 world_size=self.world_size,
-                drop_last=self.drop_last,
+                split=self.split,
             )
         return order_mod.epoch_order(
             self.n,
@@ -96,12 +98,16 @@ class Plan:
             shuffle=self.shuffle,
             rank=self.rank,
             world_size=self.world_size,
-            drop_last=self.drop_last,
+            split=self.split,
         )
+
+    def per_rank(self) -> int:
+        """Samples this rank visits per epoch."""
+        return order_mod.per_rank_count(self.n, self.world_size, self.split, self.rank)
 
     def batches(self) -> int:
         """Batches per epoch for this rank (counted, not by building an epoch's order)."""
-        per_rank = order_mod.per_rank_count(self.n, self.world_size, self.drop_last)
+        per_rank = self.per_rank()
         full, rest = divmod(per_rank, self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
 

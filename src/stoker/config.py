@@ -12,6 +12,7 @@ import numpy as np
 import psutil
 
 from .errors import ConfigError, StokerWarning
+from .order import SPLITS
 from .sources.readahead import PAGE_CACHE, ReadSettings
 
 DEFAULT_MAX_PIXELS = 178_956_970  # as Pillow: twice its warning limit
@@ -251,6 +252,17 @@ def rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
     if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
         raise ConfigError(f"rank={rank!r}: must be an int in [0, world_size={world})")
     return rank, world
+
+
+def rank_split(value: Any) -> str:
+    """``rank_split``: "pad", "drop" or "once" (see ``order.SPLITS``)."""
+    if not isinstance(value, str) or value not in SPLITS:
+        raise ConfigError(
+            f"rank_split={value!r}: use 'pad' (equal counts, the order wrapped round, as "
+            "DistributedSampler), 'drop' (equal counts, the tail dropped) or 'once' (every "
+            "sample on exactly one rank, for evaluation)"
+        )
+    return value
 
 
 def detect_rank() -> tuple[int, int]:

@@ -162,6 +162,7 @@ class Loader:
         timeout: float = 300.0,
         rank: int | None = None,
         world_size: int | None = None,
+        rank_split: str = "pad",
         start_method: str = "spawn",
         batch: Any = None,
         read_ahead: Any = "auto",
@@ -234,6 +235,7 @@ class Loader:
             rank,
             world,
             block_sizes=tuple(int(b) for b in blocks) if blocks else None,
+            split=config.rank_split(rank_split),
         )
         self.columns = Columns(batch_mod.columns(self.source, sample_weight, fields, label_mode))
         self.layout = SlotLayout(self.batch_size, self._field_specs())

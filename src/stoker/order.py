@@ -30,6 +30,13 @@ def _key(seed: int, epoch: int) -> np.uint64:
     return k[0]
 
 
+#: How an epoch is split across ranks: "pad" wraps the order round so every rank gets the
+#: same count (``DistributedSampler(drop_last=False)``), "drop" drops the tail that does not
+#: divide evenly (``drop_last=True``), "once" gives every sample to exactly one rank (counts
+#: differ by at most one: for evaluation, where each sample must be scored once).
+SPLITS = ("pad", "drop", "once")
+
+
 def epoch_order(
     n: int,
     *,
@@ -38,43 +45,42 @@ def epoch_order(
     shuffle: bool,
     rank: int = 0,
     world_size: int = 1,
-    drop_last: bool = False,
+    split: str = "pad",
 ) -> np.ndarray:
-    """Return the sample indices (int64) that ``rank`` visits in ``epoch``.
-
-    Every rank gets the same count: with ``drop_last`` the tail that does not divide evenly is
-    dropped, otherwise the order wraps around to pad it (as ``DistributedSampler`` does).
-    """
+    """Return the sample indices (int64) that ``rank`` visits in ``epoch`` (see ``SPLITS``)."""
     if shuffle:
         gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, 0x0DE4])))
         order = gen.permutation(n).astype(np.int64, copy=False)
     else:
         order = np.arange(n, dtype=np.int64)
-    return rank_split(order, rank=rank, world_size=world_size, drop_last=drop_last)
+    return rank_split(order, rank=rank, world_size=world_size, split=split)
 
 
 def rank_split(
-    order: np.ndarray, *, rank: int = 0, world_size: int = 1, drop_last: bool = False
+    order: np.ndarray, *, rank: int = 0, world_size: int = 1, split: str = "pad"
 ) -> np.ndarray:
-    """The part of an epoch's ``order`` that ``rank`` visits: every ``world_size``-th sample.
-
-    Every rank gets the same count: with ``drop_last`` the tail that does not divide evenly is
-    dropped, otherwise the order wraps around to pad it (as ``DistributedSampler`` does).
-    """
+    """The part of an epoch's ``order`` that ``rank`` visits: every ``world_size``-th sample,
+    with the tail padded, dropped or left uneven as ``split`` says (see ``SPLITS``)."""
     if world_size == 1:
         return order
+    if split == "once":
+        return np.ascontiguousarray(order[rank::world_size])
     n = len(order)
-    total = per_rank_count(n, world_size, drop_last) * world_size
+    total = per_rank_count(n, world_size, split) * world_size
     if total > n:
         order = np.resize(order, total)
     return np.ascontiguousarray(order[rank:total:world_size])
 
 
-def per_rank_count(n: int, world_size: int = 1, drop_last: bool = False) -> int:
-    """How many of ``n`` samples each rank visits per epoch (see ``rank_split``)."""
+def per_rank_count(n: int, world_size: int = 1, split: str = "pad", rank: int = 0) -> int:
+    """How many of ``n`` samples ``rank`` visits per epoch (see ``rank_split``)."""
     if world_size == 1:
         return n
-    return n // world_size if drop_last else -(-n // world_size)
+    if split == "drop":
+        return n // world_size
+    if split == "once":
+        return n // world_size + (1 if rank < n % world_size else 0)
+    return -(-n // world_size)
 
 
 def block_order(

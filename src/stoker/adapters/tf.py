@@ -37,8 +37,7 @@ def _always_full(loader: Any) -> bool:
         return bool(getattr(loader, "drop_last", False))
     if plan.drop_last:
         return True
-    per_rank = plan.n if plan.world_size == 1 else -(-plan.n // plan.world_size)
-    return per_rank == len(loader) * loader.batch_size
+    return bool(plan.per_rank() == len(loader) * loader.batch_size)
 
 
 class _Epochs:
