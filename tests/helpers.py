@@ -68,8 +68,20 @@ def bad_return(image, rng):
 
 
 def make_marked_array(n: int = 40, marked: int = 17, size: int = 24) -> np.ndarray:
-    """Random images with sample ``marked`` poisoned by MARK in its corner."""
+    """Random images with sample ``marked`` poisoned by MARK in its corner (none if < 0)."""
     rng = np.random.default_rng(0)
     images = rng.integers(0, 150, size=(n, size, size, 3), dtype=np.uint8)
-    images[marked, :4, :4] = MARK
+    if marked >= 0:
+        images[marked, :4, :4] = MARK
     return images
+
+
+def slow(image, rng):
+    """Pass the image through after 50 ms: a loader whose consumer always waits for data."""
+    time.sleep(0.05)
+    return image
+
+
+def kill_self(*args):
+    """SIGKILL this process (used as a worker's first step: a death during start-up)."""
+    os.kill(os.getpid(), signal.SIGKILL)

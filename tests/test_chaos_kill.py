@@ -6,36 +6,19 @@ it may remain. Each trial runs in a private mount namespace with a fresh tmpfs o
 from __future__ import annotations
 
 import json
-import os
 import random
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import stoker
+import chaos_env
 
 pytestmark = pytest.mark.chaos
 
 TRIAL = str(Path(__file__).with_name("chaos_trial.py"))
-SRC = str(Path(stoker.__file__).resolve().parents[1])  # the stoker under test (PYTHONPATH)
-NAMESPACE = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-             'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$@"', "sh"]
-
-
-def _namespaces_work() -> str | None:
-    """None when a private mount namespace with its own /dev/shm can be made, else why not."""
-    if shutil.which("unshare") is None:
-        return "the unshare command is not installed"
-    try:
-        out = subprocess.run(NAMESPACE + ["true"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"unshare failed: {exc}"
-    if out.returncode != 0:
-        return f"unshare -m is not permitted here (needs root or CAP_SYS_ADMIN): {out.stderr}"
-    return None
+MOUNTED = ["sh", "-c", 'mount -t tmpfs -o size=256m tmpfs /dev/shm && exec "$@"', "sh"]
 
 
 def _schedule(signame: str, counts: dict[str, int], seed: int) -> list[tuple]:
@@ -52,12 +35,12 @@ def _schedule(signame: str, counts: dict[str, int], seed: int) -> list[tuple]:
 
 
 def _run(plan: list[tuple], data: Path) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")])}
     results = []
     for moment, delay, signame, epoch in plan:
-        cmd = NAMESPACE + [sys.executable, TRIAL, "trial", str(data), moment, str(delay),
-                           signame, str(epoch)]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=env)
+        trial = [sys.executable, TRIAL, "trial", str(data), moment, str(delay), signame,
+                 str(epoch)]
+        cmd = chaos_env.NAMESPACE[:4] + MOUNTED + trial
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=chaos_env.env())
         assert out.returncode == 0, out.stderr
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return results
@@ -83,7 +66,7 @@ def _check(results: list[dict], signame: str) -> None:
 
 @pytest.fixture(scope="module")
 def namespace() -> None:
-    why = _namespaces_work()
+    why = chaos_env.namespace_reason()
     if why is not None:
         pytest.skip(f"chaos kill trials need a private mount namespace: {why}")
 

@@ -359,7 +359,7 @@ class Loader:
                 f"stoker skipped {name} ({reason}); a good sample took its place "
                 f"({before + k} of max_errors={self.max_errors} used)",
                 StokerWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
         if len(self._stats.bad) > self.max_errors:
             listed = "\n".join(f"  {n}: {r}" for n, r in list(self._stats.bad.values())[:20])

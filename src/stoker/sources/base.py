@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -197,9 +199,26 @@ def file_fingerprint(path: Path, parts: tuple[object, ...], labels: np.ndarray) 
 
 
 def read_file(path: str) -> bytes:
-    """Read a whole file; OSError propagates (the loader counts it as a bad sample)."""
-    with open(path, "rb") as f:
+    """Read a whole regular file; OSError propagates (the loader counts it as a bad sample).
+
+    Opened without blocking and checked first: a FIFO, socket or device named like an image
+    is refused as not a regular file, never read (a FIFO would block the worker forever)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with open(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((k for t, k in _KINDS if t(mode)), "special file")
+            raise OSError(errno.EINVAL, f"not a regular file (a {kind}); refused", path)
         return f.read()
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISSOCK, "socket"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISDIR, "folder"),
+)
 
 
 def drop_pages(path: str, offset: int = 0, length: int = 0, fd: int = -1) -> None:
