@@ -188,6 +188,7 @@ def test_libjpeg_warning_cases_decode_like_pillow(case: str) -> None:
     ref = pillow_rgb(data)
     notes: list[str] = []
     got = decode(data, notes=notes)
+    np.testing.assert_array_equal(decode(memoryview(bytearray(data))), got)
     assert_close(got, ref, mean=0.5 if warning != "corrupt" else 2.0)
     if warning is None:
         assert notes == []
@@ -224,6 +225,8 @@ def test_any_trailing_data_after_eoi_is_fine(size: int) -> None:
     assert_close(decode(full, info), ref, mean=0.0)
     assert_close(decode(full, info, box=(20, 30, 25, 31)), ref[20:45, 30:61], mean=0.0)
     assert_close(decode(data + _read("progressive") + trailer), ref, mean=0.0)  # MPO-like
+    view = memoryview(bytearray(b"xx" + full))[2:]
+    assert_close(decode(view, probe(view), box=(20, 30, 25, 31)), ref[20:45, 30:61], mean=0.0)
 
 
 @pytest.mark.parametrize("name", ["s420", "progressive", "restart_1row", "arithmetic"])

@@ -116,10 +116,9 @@ def _next_marker(data: bytes | memoryview, pos: int) -> int:
     n = len(data)
     for _ in range(n):
         if pos < n and data[pos] != 0xFF:
-            found = bytes(data[pos:]).find(b"\xff")
-            if found < 0:
+            pos = _find(data, b"\xff", pos)
+            if pos < 0:
                 break
-            pos += found
         while pos + 1 < n and data[pos + 1] == 0xFF:
             pos += 1
         if pos + 1 >= n:
@@ -128,6 +127,19 @@ def _next_marker(data: bytes | memoryview, pos: int) -> int:
             return pos
         pos += 2
     raise DecodeError("truncated JPEG header: the data ends before the first scan")
+
+
+def _find(data: bytes | memoryview, needle: bytes, start: int) -> int:
+    """``data.find(needle, start)`` for bytes and memoryviews alike, never copying more than a
+    window of a view at a time (a marker is usually near)."""
+    if not isinstance(data, memoryview):
+        return data.find(needle, start)
+    step = 1 << 16
+    for low in range(start, len(data), step):
+        hit = bytes(data[low : low + step + len(needle) - 1]).find(needle)
+        if hit >= 0:
+            return low + hit
+    return -1
 
 
 def _frame(data: bytes | memoryview, pos: int, end: int, marker: int) -> tuple:
@@ -198,8 +210,7 @@ def check_complete(data: bytes | memoryview) -> None:
     """
     if bytes(data[-2:]) == _EOI:
         return
-    scan = parse_header(data).scan
-    if bytes(data[scan:]).find(_EOI) < 0:
+    if _find(data, _EOI, parse_header(data).scan) < 0:
         raise DecodeError("truncated JPEG: the data ends before its end-of-image marker (FF D9)")
 
 
