@@ -41,6 +41,11 @@ class WorkerHung(StokerError):
     """A worker made no progress within the loader's ``timeout``."""
 
 
+class ResourceLimitError(StokerError, OSError):
+    """The operating system refused a file or a mapping: a per-process limit was reached (the
+    message names it and the fix)."""
+
+
 class StokerWarning(UserWarning):
     """Warnings about the data (a skipped bad file, a link loop) or the machine (a small
     /dev/shm, more workers than cores)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import StokerError
+from ..errors import ResourceLimitError, StokerError
 from . import reaper
 
 SHM_DIR = "/dev/shm"
@@ -123,10 +123,6 @@ class ShmFullError(StokerError, OSError):
             f"no room for a {_size(size)} shared-memory segment in {folder}: lower "
             "batch_size or prefetch, or enlarge it (docker run --shm-size=2g)"
         )
-
-
-class ResourceLimitError(StokerError, OSError):
-    """The operating system refused a file or a mapping: a per-process limit was reached."""
 
 
 def _size(nbytes: int) -> str:
