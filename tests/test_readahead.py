@@ -254,3 +254,25 @@ def test_stats_hint_when_the_disk_is_the_bottleneck():
     assert slow_disk.disk_bound and "reading from disk limits you at" in str(slow_disk)
     assert not slow_decode.disk_bound and "hint: reading" not in str(slow_decode)
     assert slow_disk.read_bytes == 12_000_000
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fits", [True, False])
+def test_auto_page_cache_drops_only_what_cannot_fit(tmp_path, fits):
+    from stoker.sources.readahead import SIZE_AFTER, memory_bytes
+
+    big = tmp_path / "big.bin"
+    big.write_bytes(np.random.default_rng(0).bytes(8 << 20))
+    os.sync()
+    # the same 8 MiB file listed many times: a dataset of ~1/8 of RAM, or of 1.5 x RAM
+    count = SIZE_AFTER + 8 if fits else int(1.5 * memory_bytes() / (8 << 20)) + 1
+    if fits:
+        assert count * (8 << 20) < memory_bytes()
+    source = open_source(None, paths=[str(big)] * count, labels=np.zeros(count, np.int64))
+    reads = ReadAhead(source, ReadSettings(window=2))
+    reads.start(np.arange(SIZE_AFTER + 8))
+    for k in range(SIZE_AFTER + 8):
+        reads.take(k)
+    reads.close()
+    assert (reads.counters.dropped > 0) == (not fits)
+    assert (_resident(big) == 0) == (not fits)

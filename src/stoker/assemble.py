@@ -127,6 +127,8 @@ class Report:
     transform_s: float = 0.0
     #: Bytes read from the source (images and masks).
     read_bytes: int = 0
+    #: Samples whose file pages were dropped from the page cache after reading (page_cache).
+    pages_dropped: int = 0
 
 
 class Assembler:
@@ -175,12 +177,14 @@ class Assembler:
         self.reads.start(indices)  # local sources: a window of reads ahead of decoding
         masks = arrays.get("mask")
         columns = self.columns.items()
+        dropped = self.reads.counters.dropped
         for slot, pos in enumerate(positions):
             out = (arrays["image"][slot], None if masks is None else masks[slot])
             index = self._load_good(epoch, order, int(pos), out, u[slot], report, status)
             arrays["index"][slot] = index
             for name, column in columns:
                 arrays[name][slot] = column[index]
+        report.pages_dropped = self.reads.counters.dropped - dropped
         return report
 
     def _load_good(self, epoch, order, pos, out, u, report, status) -> int:

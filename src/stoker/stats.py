@@ -60,6 +60,8 @@ class StatsReport:
     #: bytes read from the source for the batches delivered, and per second of the run
     read_bytes: int = 0
     read_mb_s: float = 0.0
+    #: samples whose file pages were dropped from the page cache after reading (page_cache)
+    pages_dropped: int = 0
 
     @property
     def read_share(self) -> float:
@@ -114,6 +116,11 @@ class StatsReport:
                 f"{len(self.warned_files)}"
             )
             lines += _listed(self.warned_files)
+        if self.pages_dropped:
+            lines.append(
+                f"  page cache: pages of {self.pages_dropped:,} samples dropped after reading "
+                "(the dataset does not fit in RAM; page_cache='keep' keeps them)"
+            )
         if self.decoder:
             lines.append(f"  JPEG decoder: {self.decoder}")
         if self.device_wait_s is not None:
@@ -149,7 +156,7 @@ class Stats:
         self.last = 0.0
         self.images = self.batches = 0
         self.wait_s = self.read_s = self.decode_s = self.transform_s = 0.0
-        self.read_bytes = 0
+        self.read_bytes = self.pages_dropped = 0
         self.bad: dict[int, tuple[str, str]] = {}
         self.warned: dict[int, tuple[str, str]] = {}
         self.loaded = 0
@@ -212,6 +219,7 @@ class Stats:
         """Fold in a batch's report; returns bad samples not seen before."""
         self.read_s += report.read_s
         self.read_bytes += report.read_bytes
+        self.pages_dropped += report.pages_dropped
         self.decode_s += report.decode_s
         self.transform_s += report.transform_s
         self.loaded += report.count
@@ -255,6 +263,7 @@ class Stats:
             device_wait_s=self.device_wait_s,
             transfer=self.transfer,
             read_bytes=self.read_bytes,
+            pages_dropped=self.pages_dropped,
             read_mb_s=self.read_bytes / 1e6 / elapsed if elapsed > 0 else 0.0,
             **config,  # type: ignore[arg-type]
         )

@@ -65,6 +65,7 @@ class ReadCounters:
     reads: int = 0
     latency_s: float = 0.0
     largest: int = 0
+    dropped: int = 0  # samples whose pages were dropped from the page cache
 
 
 def memory_bytes() -> int:
@@ -256,6 +257,7 @@ class ReadAhead:
                 self._drop = bool(ram) and c.nbytes / c.reads * len(self.source) > ram
         if self._drop:
             self.source.forget(index)
+            self.counters.dropped += 1
         return nbytes
 
 
