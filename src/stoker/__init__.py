@@ -16,12 +16,14 @@ from .errors import (
     WorkerHung,
 )
 from .loader import Loader, StokerWarning
+from .sources.dataset import sample_rng
 from .stats import Figures, StatsReport, WaitMeter
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Loader",
+    "sample_rng",
     "StatsReport",
     "WaitMeter",
     "Figures",

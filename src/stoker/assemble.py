@@ -178,8 +178,12 @@ class Assembler:
         masks = arrays.get("mask")
         columns = self.columns.items()
         dropped = self.reads.counters.dropped
+        own = [f[0] for f in self.source.sample_fields or ()]
         for slot, pos in enumerate(positions):
-            out = (arrays["image"][slot], None if masks is None else masks[slot])
+            if own:  # a per-sample dataset writes its own fields
+                out: Any = {name: arrays[name][slot, ...] for name in own}  # views, 0-d too
+            else:
+                out = (arrays["image"][slot], None if masks is None else masks[slot])
             index = self._load_good(epoch, order, int(pos), out, u[slot], report, status)
             arrays["index"][slot] = index
             for name, column in columns:
@@ -214,6 +218,8 @@ class Assembler:
     ) -> bool:
         """Load one sample (and its mask) into ``out``; False (and a note in ``report``) if its
         data is bad."""
+        if isinstance(out, dict):
+            return self._load_fields(epoch, index, out, report)
         image_out, mask_out = out
         notes: list[str] = []
         t0 = time.perf_counter()
@@ -241,6 +247,21 @@ class Assembler:
         report.read_bytes += size_of(data) + (size_of(mask) if mask_out is not None else 0)
         report.decode_s += t2 - t1
         report.transform_s += time.perf_counter() - t2
+        return True
+
+    def _load_fields(
+        self, epoch: int, index: int, out: dict[str, np.ndarray], report: Report
+    ) -> bool:
+        """A per-sample dataset's sample into ``out``; any exception its ``__getitem__``
+        raises makes the sample bad (counted against max_errors, named, replaced)."""
+        t0 = time.perf_counter()
+        rng = order_mod.sample_rng(self.plan.seed, epoch, index)
+        try:
+            self.source.load(index, rng, out)  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - the budget decides; past it, TooManyErrors
+            report.bad.append((index, self.source.name(index), one_line(exc)))
+            return False
+        report.read_s += time.perf_counter() - t0
         return True
 
     def _name(self, index: int, mask_out: np.ndarray | None) -> str:

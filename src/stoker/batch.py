@@ -109,6 +109,8 @@ def columns(
     N numbers or a CSV column name; as float32) and the user's ``fields`` (name -> an array
     ``(N, ...)`` of numbers or a CSV column name), each kept exactly."""
     labels = targets.label_mode(source.labels, source.classes, label_mode)
+    if source.sample_fields is not None:  # a per-sample dataset carries its own labels
+        labels = None
     out = {} if labels is None else {"label": labels}
     n = len(source)
     if sample_weight is not None:

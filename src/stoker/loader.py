@@ -53,7 +53,7 @@ def _probe_cost(assembler: Assembler, layout: SlotLayout) -> float | None:
 
     Only stock pipelines are probed: a user's transform never runs in the calling process.
     """
-    if assembler.pipeline.needs_rng:
+    if assembler.pipeline.needs_rng or assembler.source.sample_fields is not None:
         return None
     plan = assembler.plan
     indices = assembler.order(0)[:PROBE_SAMPLES]
@@ -167,6 +167,7 @@ class Loader:
         batch: Any = None,
         read_ahead: Any = "auto",
         page_cache: str = "auto",
+        spec: Any = None,
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         # the plain arguments first, before a source is opened or anything is started
@@ -189,6 +190,7 @@ class Loader:
                 masks=masks,
                 label_column=label_column,
                 columns=named,
+                spec=spec,
             ),
             class_names=class_names,
             validation_split=split,
@@ -240,7 +242,7 @@ class Loader:
         self.columns = Columns(batch_mod.columns(self.source, sample_weight, fields, label_mode))
         self.layout = SlotLayout(self.batch_size, self._field_specs())
         names = [f[0] for f in self.layout.fields]
-        self.form = batch_mod.resolve_form(batch, names)
+        self.form = batch_mod.resolve_form(batch, names, self.source.sample_form)
         self._batches = self.plan.batches()
         if self._batches == 0:
             raise ConfigError(
@@ -262,6 +264,8 @@ class Loader:
         """The batch's fields: image, mask (segmentation), every column, the sample index."""
         height, width = self.image_size
         specs: list[FieldSpec] = [("image", "|u1", (height, width, self.pipeline.channels))]
+        if self.source.sample_fields is not None:  # a per-sample dataset: its own fields
+            specs = list(self.source.sample_fields)
         if self.has_masks:
             specs.append(("mask", "|u1", (height, width)))
         for name, column in self.columns.items():

@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import SourceError
 from .arrays import ArraySource, NpySource
 from .base import Source
+from .dataset import DatasetSource, is_dataset
 from .folder import FolderSource
 from .table import PathSource, TableSource
 from .tar import TarSource
@@ -59,6 +60,7 @@ def open_source(
     masks: Any = None,
     label_column: Any = None,
     columns: tuple[str, ...] = (),
+    spec: Any = None,
 ) -> Source:
     """Recognise what ``source`` is and return the matching Source.
 
@@ -87,6 +89,13 @@ def open_source(
             )
     if isinstance(source, Source):
         return source
+    if is_dataset(source):
+        return DatasetSource(source, spec)
+    if spec is not None:
+        raise SourceError(
+            "spec= declares the fields of a per-sample dataset (an object with __len__ and "
+            "__getitem__); this source's fields are known"
+        )
     table = isinstance(source, (str, os.PathLike)) and Path(source).suffix.lower() in TABLES
     if (label_column is not None or columns) and not (table or _is_shards(source)):
         raise SourceError(

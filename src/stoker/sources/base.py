@@ -22,6 +22,10 @@ class Source:
     #: A segmentation source: ``read_mask(i)`` gives sample ``i``'s mask, and batches carry
     #: masks in place of labels.
     has_masks: bool = False
+    #: A per-sample dataset's own fields ``(name, dtype, shape)`` and their arrangement (the
+    #: default batch structure); None for image sources (see ``sources.dataset``).
+    sample_fields: tuple[tuple[str, str, tuple[int, ...]], ...] | None = None
+    sample_form: Any = None
     #: Extra numeric columns read by name (a CSV's ``columns=``), one value per sample.
     named_columns: dict[str, np.ndarray] = {}
     #: ``read`` may run on several threads at once and waits on storage (files, not memory):

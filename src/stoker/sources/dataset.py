@@ -1,0 +1,169 @@
+"""Any per-sample dataset: an object with ``__len__`` and ``__getitem__(i)`` returning a dict
+(or a tuple, or one array) of numpy arrays of fixed shapes and dtypes, the way a PyTorch
+``Dataset`` does. stoker's workers call ``__getitem__`` and write each field straight into the
+shared-memory batch slot; order, exact resume, the failure budget, stats and every adapter work
+as for images.
+
+The fields' shapes and dtypes are declared (``Loader(dataset, spec={"audio": ((16000,),
+"float32"), "label": ((), "int64")})``) or probed from sample 0. Every sample must match them
+exactly: a different shape or dtype is an error naming the field (never a silent cast).
+
+Randomness: inside ``__getitem__``, ``stoker.sample_rng()`` is a ``numpy.random.Generator``
+seeded from ``(seed, epoch, index)``: the same numbers for the same sample whatever the worker
+count, and a resumed run draws what the uninterrupted one would have.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, SourceError
+from .base import Source
+from .targets import NUMERIC_KINDS
+
+FieldSpec = tuple[str, str, tuple[int, ...]]
+_RNG: contextvars.ContextVar[np.random.Generator | None] = contextvars.ContextVar(
+    "stoker_sample_rng", default=None
+)
+
+
+def sample_rng() -> np.random.Generator:
+    """The ``numpy.random.Generator`` of the sample being loaded (call it inside a dataset's
+    ``__getitem__``): seeded from the loader's ``(seed, epoch, index)``."""
+    rng = _RNG.get()
+    if rng is None:
+        raise RuntimeError(
+            "stoker.sample_rng() is only available inside a dataset's __getitem__ while a "
+            "stoker Loader is loading that sample"
+        )
+    return rng
+
+
+def is_dataset(obj: Any) -> bool:
+    """An object stoker reads as a per-sample dataset (not an array, list, string or dict)."""
+    plain = (np.ndarray, str, bytes, Mapping, Sequence)
+    return hasattr(obj, "__getitem__") and hasattr(obj, "__len__") and not isinstance(obj, plain)
+
+
+def _structure(sample: Any) -> tuple[Any, dict[str, Any]]:
+    """``(form, fields)`` of one sample: a dict keeps its keys; a tuple is named ``0``, ``1``,
+    ...; a single array is ``x``."""
+    if isinstance(sample, Mapping):
+        fields = {str(k): v for k, v in sample.items()}
+        return {k: k for k in fields}, fields
+    if isinstance(sample, (tuple, list)):
+        names = [str(k) for k in range(len(sample))]
+        return tuple(names), dict(zip(names, sample, strict=True))
+    return "x", {"x": sample}
+
+
+def _array(value: Any, name: str) -> np.ndarray:
+    """A field's value as a numpy array (torch tensors and Python numbers convert)."""
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.dtype.kind not in NUMERIC_KINDS:
+        raise SourceError(
+            f"field {name!r} is {arr.dtype}: a batch field must be numbers (bool, int, uint, "
+            "float); encode text as ids"
+        )
+    return arr
+
+
+def parse_spec(spec: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``spec={name: (shape, dtype)}`` -> ``{name: (dtype string, shape)}``, checked."""
+    if not isinstance(spec, Mapping) or not spec:
+        raise ConfigError(
+            'spec= takes a dict: field name -> (shape, dtype), e.g. {"x": ((3,), "float32")}'
+        )
+    out = {}
+    for name, value in spec.items():
+        try:
+            shape, dtype = value
+            out[str(name)] = (np.dtype(dtype).str, tuple(int(d) for d in shape))
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"spec[{name!r}]={value!r}: give (shape, dtype), e.g. ((3,), 'float32')"
+            ) from None
+    return out
+
+
+class DatasetSource(Source):
+    """A user's per-sample dataset; ``fields`` are its fields' ``(name, dtype, shape)``."""
+
+    read_ahead = False  # __getitem__ runs in the worker's own thread, one sample at a time
+
+    def __init__(self, dataset: Any, spec: Any = None) -> None:
+        self.dataset = dataset
+        try:
+            count = len(dataset)
+        except TypeError as exc:
+            raise SourceError(f"the dataset has no usable len() ({exc})") from None
+        if count < 1:
+            raise SourceError("the dataset is empty (len() == 0)")
+        self.count = int(count)
+        self.labels = np.full(self.count, -1, dtype=np.int64)
+        token = _RNG.set(np.random.default_rng(0))  # sample_rng() works in the probe too
+        try:
+            first = dataset[0]
+        except Exception as exc:
+            exc.add_note("stoker: raised by the dataset's __getitem__(0), read to learn its fields")
+            raise
+        finally:
+            _RNG.reset(token)
+        self.sample_form, values = _structure(first)
+        declared = parse_spec(spec) if spec is not None else None
+        fields: list[FieldSpec] = []
+        for name, value in values.items():
+            if declared is not None:
+                if name not in declared:
+                    raise ConfigError(f"spec= has no entry for the dataset's field {name!r}")
+                dtype, shape = declared[name]
+            else:
+                arr = _array(value, name)
+                dtype, shape = arr.dtype.str, tuple(arr.shape)
+            fields.append((name, dtype, shape))
+        self.own = tuple(fields)
+        self.sample_fields = self.own
+
+    def __len__(self) -> int:
+        return self.count
+
+    def name(self, index: int) -> str:
+        """``dataset[index]``."""
+        return f"dataset[{index}]"
+
+    def load(self, index: int, rng: np.random.Generator, out: dict[str, np.ndarray]) -> None:
+        """Call ``__getitem__(index)`` (with ``sample_rng()`` set) and write each field into
+        ``out``; a field of another shape or dtype is a SourceError naming it."""
+        token = _RNG.set(rng)
+        try:
+            sample = self.dataset[index]
+        finally:
+            _RNG.reset(token)
+        _, values = _structure(sample)
+        names = [f[0] for f in self.own]
+        if sorted(values) != sorted(names):
+            raise SourceError(
+                f"returned fields {sorted(values)}, not {sorted(names)} as sample 0 did; every "
+                "sample must have the same fields"
+            )
+        for name, dtype, shape in self.own:
+            arr = _array(values[name], name)
+            if arr.dtype.str != dtype or tuple(arr.shape) != shape:
+                raise SourceError(
+                    f"field {name!r} is {arr.dtype} {tuple(arr.shape)}, not {np.dtype(dtype)} "
+                    f"{shape} as declared (or as sample 0 had); stoker never casts: return "
+                    "the same shape and dtype for every sample, or declare spec="
+                )
+            out[name][...] = arr
+
+    def fingerprint(self) -> str:
+        """Digest of the dataset's type, length and fields (its content is not known)."""
+        key = f"{type(self.dataset).__qualname__}|{self.count}|{self.sample_fields}"
+        return hashlib.blake2b(key.encode(), digest_size=12).hexdigest()

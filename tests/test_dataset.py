@@ -1,0 +1,175 @@
+"""The per-sample dataset API: ``stoker.Loader(dataset)`` for any ``__len__``/``__getitem__``
+object, in stoker's workers: determinism across worker counts, exact resume, the failure
+budget, a worker crash, every adapter, a torch ``Dataset`` ported unchanged."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker.errors import ConfigError, TooManyErrors, WorkerDied
+
+
+class Clips:
+    """A non-image dataset: an 'audio clip' (random, from stoker.sample_rng), features, a label."""
+
+    def __init__(self, n: int = 48, bad: tuple[int, ...] = (), crash: int = -1) -> None:
+        self.n, self.bad, self.crash = n, bad, crash
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        if i in self.bad:
+            raise OSError(f"clip {i} is truncated")
+        if i == self.crash:
+            os._exit(3)
+        noise = stoker.sample_rng().normal(size=64).astype(np.float32)
+        return {
+            "audio": np.sin(np.arange(64, dtype=np.float32) * (i + 1) / 10) + noise,
+            "features": np.full((2, 3), i, np.float64),
+            "label": np.int64(i % 4),
+        }
+
+
+def _epoch(loader) -> list[dict[str, np.ndarray]]:
+    return [{k: np.array(v) for k, v in b.items()} for b in loader]
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.timeout(180)
+def test_same_batches_whatever_the_worker_count_and_fields_kept_exactly():
+    runs = []
+    for workers in (0, 1, 2):
+        with stoker.Loader(Clips(), batch_size=8, seed=4, workers=workers) as loader:
+            runs.append(_epoch(loader) + _epoch(loader))  # two epochs: new randomness
+    assert _same(runs[0], runs[1]) and _same(runs[0], runs[2])
+    first = runs[0][0]
+    assert first["audio"].dtype == np.float32 and first["audio"].shape == (8, 64)
+    assert first["features"].dtype == np.float64 and first["features"].shape == (8, 2, 3)
+    assert first["label"].dtype == np.int64
+    assert not np.array_equal(runs[0][0]["audio"], runs[0][6]["audio"])  # epochs differ
+
+
+@pytest.mark.timeout(120)
+def test_exact_resume_mid_epoch():
+    with stoker.Loader(Clips(), batch_size=8, seed=2, workers=2) as full:
+        want = _epoch(full)
+    with stoker.Loader(Clips(), batch_size=8, seed=2, workers=2) as first:
+        it = iter(first)
+        for _ in range(3):
+            next(it)
+        state = first.state_dict()
+    with stoker.Loader(Clips(), batch_size=8, seed=2, workers=1) as again:
+        again.load_state_dict(state)
+        assert _same(_epoch(again), want[3:])
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_sample_within_the_budget_is_replaced_and_named():
+    with stoker.Loader(Clips(bad=(5,)), batch_size=8, shuffle=False, workers=2,
+                       max_errors=1, batch=("audio", "label", "index")) as loader:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            batches = list(loader)
+        assert all(len(b[2]) == 8 for b in batches)
+        indices = np.concatenate([b[2] for b in batches])
+        assert 5 not in indices and len(indices) == 48
+        assert any("dataset[5]" in str(w.message) and "truncated" in str(w.message)
+                   for w in caught)
+        report = loader.stats()
+        assert "dataset[5]" in str(report)
+    with stoker.Loader(Clips(bad=(5, 9)), batch_size=8, workers=1, max_errors=1) as loader:
+        with pytest.raises(TooManyErrors, match="dataset\\[9\\]|dataset\\[5\\]"):
+            list(loader)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_crash_names_the_sample():
+    with stoker.Loader(Clips(crash=13), batch_size=8, shuffle=False, workers=2) as loader:
+        with pytest.raises(WorkerDied, match="dataset\\[13\\]"):
+            list(loader)
+
+
+class WrongShape(Clips):
+    def __getitem__(self, i):
+        sample = super().__getitem__(i)
+        if i == 3:
+            sample["audio"] = sample["audio"][:10]
+        return sample
+
+
+@pytest.mark.timeout(60)
+def test_fields_must_keep_shape_and_dtype_and_spec_declares_them():
+    with stoker.Loader(WrongShape(), batch_size=8, workers=0, max_errors=0) as loader:
+        with pytest.raises(TooManyErrors, match="field 'audio' is float32 \\(10,\\)"):
+            list(loader)
+    spec = {"audio": ((64,), "float32"), "features": ((2, 3), "float64"), "label": ((), "int64")}
+    with stoker.Loader(Clips(), spec=spec, batch_size=8, workers=0) as loader:
+        assert next(iter(loader))["features"].shape == (8, 2, 3)
+    bad = {**spec, "label": ((), "int32")}
+    with stoker.Loader(Clips(), spec=bad, batch_size=8, workers=0, max_errors=0) as loader:
+        with pytest.raises(TooManyErrors, match="field 'label' is int64"):
+            list(loader)
+    with pytest.raises(ConfigError, match="give \\(shape, dtype\\)"):
+        stoker.Loader(Clips(), spec={"audio": "float32"}, workers=0)
+
+
+@pytest.mark.timeout(240)
+def test_every_adapter_with_a_dataset():
+    import tensorflow as tf
+
+    with stoker.Loader(Clips(), batch_size=8, shuffle=False, workers=1) as loader:
+        want = _epoch(loader)[0]
+        t = next(iter(loader.torch()))
+        j = next(iter(loader.jax()))
+        f = next(iter(loader.tf()))
+        k = loader.keras()[0]
+    for got in (t, j, f, k):
+        for name in ("audio", "features", "label"):
+            value = got[name].numpy() if isinstance(got[name], tf.Tensor) else np.asarray(got[name])
+            if name == "features" and value.dtype == np.float32:  # JAX without x64
+                value = value.astype(np.float64)
+            assert value.shape == want[name].shape
+    assert str(t["audio"].dtype) == "torch.float32" and str(t["features"].dtype) == "torch.float64"
+    assert f["features"].dtype == tf.float64 and f["label"].dtype == tf.int64
+    assert k["audio"].dtype == np.float32
+
+
+def _torch_dataset():
+    import torch
+
+    class Pairs(torch.utils.data.Dataset):
+        def __init__(self):
+            self.x = torch.arange(40 * 6, dtype=torch.float32).reshape(40, 6)
+            self.y = torch.arange(40) % 5
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return self.x[i] * 2, self.y[i]
+
+    return Pairs()
+
+
+@pytest.mark.timeout(120)
+def test_a_torch_dataset_ported_unchanged():
+    import torch
+
+    ds = _torch_dataset()
+    with stoker.Loader(ds, batch_size=8, shuffle=False, workers=2) as loader:
+        batches = list(loader.torch())
+    x = torch.cat([b[0] for b in batches])
+    y = torch.cat([b[1] for b in batches])
+    assert torch.equal(x, ds.x * 2) and torch.equal(y, ds.y) and y.dtype == torch.int64
