@@ -189,3 +189,15 @@ def test_jupyter_notebook_with_a_transform_defined_in_a_cell(image_folder, tmp_p
     line = next(ln for ln in text.splitlines() if ln.startswith("RESULT "))
     out = json.loads(line[len("RESULT "):])
     assert out == {"batches": 6, "workers": 2, "values": [1]}
+
+
+@pytest.mark.timeout(150)
+def test_convert_with_worker_processes_from_python_dash_c(image_folder, tmp_path):
+    code = ("import json; from stoker.cli.convert import convert; "
+            f"m = convert({str(image_folder)!r}, 'out', workers=2, shard_bytes=40_000, "
+            "progress=False); "
+            "print('RESULT ' + json.dumps({'rows': m['rows'], 'shards': len(m['shards'])}))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path, env=_env())
+    out = _result(proc)
+    assert out["rows"] == 36 and out["shards"] >= 2  # several shards, so both workers wrote

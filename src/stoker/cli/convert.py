@@ -17,12 +17,9 @@ from __future__ import annotations
 
 import csv
 import json
-import multiprocessing as mp
 import os
-import queue
 import sys
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +30,8 @@ from ..errors import ConfigError
 from ..sources import open_source
 from ..sources.base import PathIndex, Source
 from ..sources.targets import class_ids
-from .shard_writer import STATE, prepare, shard_name, write_json, write_shard
+from .convert_local import run_shards as run_local
+from .shard_writer import STATE, prepare, shard_name, write_json
 
 __all__ = ["convert", "MANIFEST", "ERRORS", "STATE", "shard_name"]
 
@@ -66,9 +64,10 @@ def convert(
     ``max_side`` shrinks images whose longer side is larger (cv2 ``INTER_AREA``) and re-encodes
     them as JPEG at ``quality`` (default 90); ``quality`` alone re-encodes every image. Without
     either, image bytes are copied verbatim (decoded-array sources are stored as PNG).
-    ``workers`` processes (spawned) each write whole shards. ``shuffle_seed`` stores the samples
-    in a seeded random order instead of the source's (worth it when the source is sorted by
-    class and the shards will be read with the quasi-random block shuffle).
+    ``workers`` processes (:mod:`stoker.cli.convert_local`) each write whole shards, one at a
+    time. ``shuffle_seed`` stores the samples in a seeded random order instead of the
+    source's (worth it when the source is sorted by class and the shards will be read with
+    the quasi-random block shuffle).
 
     ``engine="ray"`` writes each shard in a Ray task instead (:mod:`stoker.cli.convert_ray`; needs
     ``stoker[ray]``): same plan, same shards, same manifest. It joins the Ray cluster at
@@ -134,7 +133,7 @@ def _convert(source: Source, out: Path, max_side: int | None, quality: int | Non
 
             records_done = run_shards(source, job, plan, todo, workers, bar, ray_address)
         else:
-            records_done = _run(source, job, plan, todo, workers, bar)
+            records_done = run_local(source, job, plan, todo, workers, bar)
         for record in records_done:
             records[record["number"]] = record
     elapsed = time.perf_counter() - t0
@@ -217,61 +216,6 @@ def _mean_size(source: Source, samples: np.ndarray, settings: dict[str, Any], ra
         except DATA_ERRORS:
             continue
     return total // seen if seen else 100_000
-
-
-# ---------------------------------------------------------------------------- running shards
-
-
-def _run(source: Source, job: dict[str, Any], plan: dict[str, Any], todo: list[int],
-         workers: int, bar: _Progress):
-    """Write the shards in ``todo``; yield each one's record as it completes."""
-    if not todo:
-        return
-    if workers == 1 or len(todo) == 1:
-        for number in todo:
-            yield write_shard(source, job, number, plan["shards"][number], bar.add)
-        return
-    ctx = mp.get_context("spawn")
-    ticks = ctx.Queue()
-    pool = ProcessPoolExecutor(
-        min(workers, len(todo)), mp_context=ctx, initializer=_init_worker,
-        initargs=(source, job, ticks),
-    )
-    try:
-        pending = {pool.submit(_worker_shard, n, plan["shards"][n]) for n in todo}
-        while pending:
-            done, pending = wait(pending, timeout=0.25, return_when=FIRST_COMPLETED)
-            _drain(ticks, bar)
-            for future in done:
-                yield future.result()
-        _drain(ticks, bar)
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        ticks.close()
-        ticks.join_thread()
-
-
-def _drain(ticks: Any, bar: _Progress) -> None:
-    while True:
-        try:
-            bar.add(ticks.get_nowait())
-        except queue.Empty:
-            return
-
-
-_WORKER: dict[str, Any] = {}
-
-
-def _init_worker(source: Source, job: dict[str, Any], ticks: Any) -> None:
-    import cv2
-
-    cv2.setNumThreads(1)  # one process per core already; cv2's own threads would contend
-    source.open_in_worker()
-    _WORKER.update(source=source, job=job, ticks=ticks)
-
-
-def _worker_shard(number: int, samples: list[int]) -> dict[str, Any]:
-    return write_shard(_WORKER["source"], _WORKER["job"], number, samples, _WORKER["ticks"].put)
 
 
 # ---------------------------------------------------------------------------- resume, finish

@@ -113,8 +113,9 @@ def run_shards(source: Any, job: dict[str, Any], plan: dict[str, Any], todo: lis
                workers: int, bar: Any, ray_address: str | None = None):
     """Write the shards in ``todo`` as Ray tasks; yield each one's record as it completes.
 
-    Same contract as :func:`stoker.cli.convert._run`. Raises :class:`StokerError` naming the shards
-    whose tasks failed after all retries, once every other shard is done.
+    Same contract as :func:`stoker.cli.convert_local.run_shards`. Raises
+    :class:`StokerError` naming the shards whose tasks failed after all retries, once every
+    other shard is done.
     """
     if not todo:
         return

@@ -27,8 +27,6 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any, NoReturn
 
-import cloudpickle
-
 from ..errors import ConfigError, WorkerDied, WorkerHung
 from .errors import describe_exit, pack_exception, unpack_exception
 from .slots import Segment, pick_folder
@@ -51,6 +49,8 @@ def pack(payload: Any, parts: dict[str, Any]) -> bytes:
     ``parts`` maps readable names ("augment", "source") to the pieces of ``payload`` the user
     gave, searched in order for the object that fails to pickle.
     """
+    import cloudpickle  # the parent's side only: a worker loads the bytes with plain pickle
+
     try:
         return cloudpickle.dumps(payload, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:  # noqa: BLE001 - pickling raises many types; all mean the same
@@ -73,6 +73,8 @@ def _culprit_in(parts: dict[str, Any]) -> str | None:
 
 def _culprit(obj: Any, name: str, depth: int, seen: set[int]) -> str | None:
     """The path to the innermost part of ``obj`` that does not pickle, or None if it does."""
+    import cloudpickle
+
     if id(obj) in seen:
         return None
     seen.add(id(obj))
@@ -209,6 +211,9 @@ class Launch:
 
     def start(self, wid: int) -> tuple[Process, Connection]:
         """Start worker ``wid``; it loads the payload and then calls ``target(wid, conn, ...)``."""
+        if not sys.executable:
+            raise ConfigError("cannot start worker processes: this Python does not know its own "
+                              "executable (sys.executable is empty); use workers=0")
         ours, theirs = Pipe(duplex=True)
         fd = theirs.fileno()
         env = dict(os.environ)
@@ -243,9 +248,9 @@ class Launch:
             if len(reports) < len(procs) and time.monotonic() > deadline:
                 late = [w for w in range(len(procs)) if w not in reports]
                 raise WorkerHung(
-                    f"worker(s) {late} did not start within {timeout:.0f} s (still loading the "
-                    "loader's settings: a module your augment comes from may import something "
-                    "slow); raise Loader(timeout=...) if that is expected"
+                    f"worker(s) {late} did not start within {timeout:.0f} s (still starting Python "
+                    "or loading the loader's settings: a module your augment comes from may "
+                    "import something slow); raise Loader(timeout=...) if that is expected"
                 )
         self.close()
         return [reports[w] for w in range(len(procs))]
@@ -288,9 +293,9 @@ def _load(path: str, size: int) -> tuple[Any, tuple, list[str], float]:
     for entry in reversed(path_list):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    target, args = cloudpickle.loads(blob)
+    target, args = pickle.loads(blob)  # cloudpickle's own helpers load only if used
     seconds = time.perf_counter() - t0
-    new = sorted({m.split(".")[0] for m in set(sys.modules) - before} - {"stoker"})
+    new = sorted({m.split(".")[0] for m in set(sys.modules) - before} - {"stoker", "cloudpickle"})
     return target, args, new, seconds
 
 
