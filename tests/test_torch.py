@@ -158,7 +158,8 @@ def test_cuda_copies_ahead_and_matches_the_cpu_path(image_folder: pathlib.Path) 
         for i, (x, y) in enumerate(batches):
             assert x.device.type == "cuda" and y.device.type == "cuda"
             if i < len(batches) - 1:  # the next batch was taken (and its copy issued) already
-                assert loader.state_dict()["position"] == i + 2
+                assert loader.stats().batches == i + 2
+                assert loader.state_dict()["position"] == i + 1  # but not received
             got.append((x.float().mul(2).cpu(), y.cpu()))  # use it on the consumer's stream
         torch.cuda.synchronize()
     assert [len(y) for _, y in got] == [8, 8, 8, 8, 4]

@@ -564,6 +564,17 @@ class Loader:
 
         return to_keras(self, dtype=dtype, mean=mean, std=std)
 
+    def ring(self) -> Engine | None:
+        """For device adapters: the running prefetch engine (``hold_until``,
+        ``watch_segments``), or None with ``workers=0`` or before the first batch."""
+        engine = self._run.engine
+        return engine if isinstance(engine, Engine) else None
+
+    def device_stats(self) -> Stats:
+        """For device adapters: the counters, to add the device's own wait and say how
+        batches reach it."""
+        return self._stats
+
     def wait_meter(self, every: int = 100) -> WaitMeter:
         """The wait report for a hand-written loop: call ``meter.step()`` after each training
         step; every ``every`` steps it returns those steps' ``data_wait``, ``input_img_s`` (and

@@ -2,11 +2,15 @@
 
 - ``device=None``: ``torch.from_numpy`` views of the loader's batches, no copy at all.
 - ``device="cpu"``: the same views, converted in place of use when ``dtype`` asks for it.
-- ``device="cuda"``: each batch goes through a pinned host buffer (a ring of two) and is copied
-  on a side stream; the copy of the next batch is issued before the current one is handed over,
-  so it overlaps the model's work (the loader's ``state_dict()`` leaves that batch out: it
-  counts what the training step received). The consumer's stream waits on an event, and
-  ``record_stream`` tells the caching allocator which stream uses the tensors.
+- ``device="cuda"``: zero-copy where it can be: the loader's ring slots are page-locked
+  (``cudaHostRegister``) and each batch is DMA'd straight from its slot on a side stream; the
+  slot is not reused before the copy's event completes. Otherwise (``workers=0``, page-locking
+  refused, ``zero_copy=False``) it is copied into one of two pinned buffers first; ``stats()``
+  says which path and why. The copy of the next batch is issued before the current one is
+  handed over, so it overlaps the model's work (the loader's ``state_dict()`` leaves that batch
+  out: it counts what the training step received). The consumer's stream waits on an event,
+  ``record_stream`` tells the caching allocator which stream uses the tensors, and CUDA events
+  around each wait give the GPU's own idle time (``wait_meter``'s ``device_wait``).
 - other devices (``mps``, ``xpu``, ...): a plain ``.to(device)``.
 
 ``dtype``, ``mean`` and ``std`` are applied on the device after the copy, so only ``uint8`` travels.
@@ -14,41 +18,27 @@
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..batch import map_form
-from ..errors import ConfigError
+from ..errors import ConfigError, StokerError
 from .base import LoaderView, look_ahead
+from .cuda import (
+    CudaRuntime,
+    DeviceClock,
+    MemcpyTransfer,
+    ZeroCopyTransfer,
+    is_text,
+    pinner_for,
+)
 from .scaling import channels_of, units
 
 __all__ = ["TorchLoader", "to_torch"]
 
 Tensors = Any  # the loader's batch structure, with tensors for arrays
-
-
-class _Pinned:
-    """One pinned host buffer per field (the CUDA ring has two), and the event of the copy
-    that last read them."""
-
-    def __init__(self, layout: Any) -> None:
-        self.tensors = {
-            name: torch.from_numpy(
-                np.empty((layout.batch_size, *shape), np.dtype(dtype))
-            ).pin_memory()
-            for name, dtype, shape in layout.fields
-        }
-        self.arrays = {name: t.numpy() for name, t in self.tensors.items()}
-        self.copied: torch.cuda.Event | None = None
-
-
-def _is_text(value: Any) -> bool:
-    """A ``path`` field (strings): passed through as numpy, torch has no string tensors."""
-    return isinstance(value, np.ndarray) and value.dtype.kind in "US"
 
 
 class TorchLoader(LoaderView):
@@ -67,11 +57,22 @@ class TorchLoader(LoaderView):
         dtype: torch.dtype | None = None,
         mean: Any = None,
         std: Any = None,
+        zero_copy: bool | str = "auto",
+        cuda_runtime: CudaRuntime | None = None,
     ) -> None:
         self.loader = loader
         self.device = None if device is None else torch.device(device)
-        if self.device is not None and self.device.type == "cuda" and self.device.index is None:
+        self._runtime = cuda_runtime  # tests put a fake here: the CUDA calls, nothing else
+        if (
+            self.device is not None
+            and self.device.type == "cuda"
+            and self.device.index is None
+            and cuda_runtime is None
+        ):
             self.device = torch.device("cuda", torch.cuda.current_device())
+        if zero_copy not in (True, False, "auto"):
+            raise ConfigError(f"zero_copy={zero_copy!r}: use 'auto', True or False")
+        self.zero_copy = zero_copy
         self.channels_last = bool(channels_last)
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise ConfigError(f"dtype={dtype!r} is not a torch.dtype; pass e.g. torch.float32")
@@ -116,7 +117,7 @@ class TorchLoader(LoaderView):
 
     def _leaf(self, name: str, value: Any, dev: torch.device | None) -> Any:
         """One field of a batch as a tensor on ``dev``; the image converted as asked."""
-        if _is_text(value):
+        if is_text(value):
             return value
         t = torch.from_numpy(value)
         if dev is not None and dev.type != "cpu":
@@ -132,45 +133,51 @@ class TorchLoader(LoaderView):
         yield from map(convert, batches)  # map keeps no reference to a batch handed over
 
     def _cuda(self, dev: torch.device) -> Iterator[Tensors]:
-        side = torch.cuda.Stream(dev)
+        runtime = self._runtime or CudaRuntime(dev)
         form = self.loader.form
-        ring = [_Pinned(self.loader.layout) for _ in range(2)]
+        chosen: list[Any] = []  # the transfer, picked at the first batch (the ring runs then)
 
-        def issue(batch: Any, buf: _Pinned) -> tuple[Any, Any]:
-            if buf.copied is not None:
-                buf.copied.synchronize()  # the copy that last read this buffer is done
+        def issue(batch: Any) -> tuple[Any, Any]:
+            fields: dict[str, Any] = {}
+            map_form(form, batch, fields.setdefault)
+            if not chosen:
+                chosen.append(self._transfer(runtime))
+            issued = chosen[0].issue(fields)
+            return map_form(form, batch, lambda name, _: issued[0][name]), issued
 
-            def copy(name: str, value: Any) -> Any:
-                if _is_text(value):
-                    return value
-                n = len(value)
-                np.copyto(buf.arrays[name][:n], value)
-                return buf.tensors[name][:n].to(dev, non_blocking=True)
+        def hand_over(pending: tuple[Any, Any]) -> Any:
+            chosen[0].hand_over(pending[1])
+            return pending[0]
 
-            with torch.cuda.stream(side):
-                moved = map_form(form, batch, copy)
-                buf.copied = torch.cuda.Event()
-                buf.copied.record(side)
-                moved = map_form(form, moved, lambda n, t: self._convert(t) if n == "image" else t)
-                ready = torch.cuda.Event()
-                ready.record(side)
-            return moved, ready
+        clock = DeviceClock(runtime, self.loader.device_stats().add_device_wait)
+        return clock.timed(look_ahead(self.loader, issue, hand_over))
 
-        def hand_over(moved: Any, ready: Any) -> Any:
-            stream = torch.cuda.current_stream(dev)
-            stream.wait_event(ready)
+    def _transfer(self, runtime: CudaRuntime) -> Any:
+        """Zero-copy from the page-locked ring where it can be, else memcpy; the choice and its
+        reason go to the loader's ``stats()``."""
+        stats = self.loader.device_stats()
 
-            def record(name: str, t: Any) -> Any:
-                if isinstance(t, torch.Tensor):
-                    t.record_stream(stream)  # made on the side stream, used on this one
-                return t
+        def convert(name: str, t: Any) -> Any:
+            return self._convert(t) if name == "image" else t
 
-            return map_form(form, moved, record)
-
-        turn = itertools.count()
-        return look_ahead(
-            self.loader, lambda batch: issue(batch, ring[next(turn) % 2]), lambda p: hand_over(*p)
-        )
+        ring = self.loader.ring()
+        why = "zero_copy=False"
+        if self.zero_copy and ring is None:
+            why = "workers=0: no shared-memory ring to page-lock"
+        elif self.zero_copy:
+            pinner = pinner_for(ring, runtime)
+            if pinner.error is None:
+                stats.transfer = (
+                    "zero-copy: DMA straight from the page-locked ring slots "
+                    "(cudaHostRegister), on a side stream"
+                )
+                return ZeroCopyTransfer(runtime, convert, ring, pinner)
+            pinner.release()
+            why = f"page-locking the ring failed: {pinner.error}"
+            if self.zero_copy is True:
+                raise StokerError(f"zero_copy=True, but {why}; pass zero_copy='auto'")
+        stats.transfer = f"memcpy into a pinned buffer, then DMA on a side stream ({why})"
+        return MemcpyTransfer(runtime, convert, self.loader.layout)
 
     def __repr__(self) -> str:
         return (

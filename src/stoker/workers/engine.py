@@ -6,6 +6,11 @@ Zero copy with safe ownership: a delivered batch is a view of its slot. The engi
 weak reference; when the slot comes round again and the consumer still holds the array (kept it
 in a list, say), the slot's segment is unlinked (the consumer's view stays valid) and the slot
 gets a fresh segment, instead of overwriting data under the consumer's feet.
+
+A device adapter may copy straight out of a slot (a DMA from page-locked memory): it attaches a
+fence (an object with ``synchronize()``, e.g. the copy's CUDA event) with ``hold_until``, and the
+slot is not reused before the fence has completed. ``watch_segments`` tells it about every
+segment the ring has, now and later (to page-lock them, and to unlock them before they go).
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ class Engine:
         self.load = [0] * len(pool.procs)
         self.next_key: Key | None = None
         self.orphaned = 0
+        self.fences: dict[int, Any] = {}  # slot -> what must complete before it is reused
+        self.watchers: list[tuple[Callable[[Segment], None], Callable[[Segment], None]]] = []
 
     def get(self, key: Key) -> tuple[dict[str, np.ndarray], Report]:
         """Return batch ``key`` (waiting if needed); keeps the window ahead of it full."""
@@ -82,6 +89,24 @@ class Engine:
                 fields[name] = arr.copy()
         self.held.append((slot, watched))
         return fields
+
+    def hold_until(self, array: np.ndarray, fence: Any) -> bool:
+        """Keep the slot that ``array`` (a handed-out view) lies in from reuse until
+        ``fence.synchronize()`` has returned; False when ``array`` is no held slot's."""
+        for slot, refs in self.held:
+            if any(ref() is array for ref in refs):
+                self.fences[slot] = fence
+                return True
+        return False
+
+    def watch_segments(
+        self, added: Callable[[Segment], None], removed: Callable[[Segment], None]
+    ) -> None:
+        """Call ``added`` for every slot segment now and for each new one, and ``removed``
+        before one is unlinked or unmapped."""
+        self.watchers.append((added, removed))
+        for seg in self.segments:
+            added(seg)
 
     def _reset(self, key: Key) -> None:
         """Drop what was scheduled (results still coming are discarded) and restart at ``key``."""
@@ -114,6 +139,9 @@ class Engine:
         """Return consumer-held slots beyond the ``keep`` newest to the free list."""
         while len(self.held) > keep:
             slot, refs = self.held.popleft()
+            fence = self.fences.pop(slot, None)
+            if fence is not None:
+                fence.synchronize()  # a copy still reading the slot: it finishes first
             if any(ref() is not None for ref in refs):
                 self._replace(slot)
             self.free.append(slot)
@@ -121,8 +149,12 @@ class Engine:
     def _replace(self, slot: int) -> None:
         """The consumer still uses this slot's memory: give the slot a new segment."""
         old = self.segments[slot]
+        for _, removed in self.watchers:
+            removed(old)
         old.unlink()
-        self.segments[slot] = Segment.create(self.layout.nbytes, f"slot{slot}", self.folder)
+        self.segments[slot] = new = Segment.create(self.layout.nbytes, f"slot{slot}", self.folder)
+        for added, _ in self.watchers:
+            added(new)
         self.orphaned += 1
 
     def _wait_one(self, key: Key) -> None:
@@ -166,9 +198,15 @@ class Engine:
         self.done[key] = (slot, payload)
 
     def close(self) -> None:
-        """Unlink every slot segment (the pool is closed by its owner)."""
+        """Unlink every slot segment (the pool is closed by its owner); copies still reading
+        a slot finish first."""
         self.held.clear()
+        fences, self.fences = list(self.fences.values()), {}
+        for fence in fences:
+            fence.synchronize()
         for seg in self.segments:
+            for _, removed in self.watchers:
+                removed(seg)
             seg.unlink()
             seg.close()
-        self.segments = []
+        self.segments, self.watchers = [], []

@@ -1,0 +1,271 @@
+"""Host-to-GPU transfer for ``torch(device="cuda")``: zero-copy from page-locked ring slots, or a
+memcpy into pinned buffers; and the GPU's own clock for "waiting for data".
+
+- **Zero copy**: every slot segment of the loader's ring is page-locked once with
+  ``cudaHostRegister`` (through torch's CUDA runtime bindings), so a batch is DMA'd to the GPU
+  straight from the slot the worker wrote, on a side stream. The copy's event is the slot's
+  fence: the loader does not reuse the slot before it has completed. Segments are unregistered
+  before they are unlinked.
+- **memcpy** (the fallback): each batch is copied into one of two pinned buffers, then DMA'd. It
+  is used with ``workers=0`` (no ring), when page-locking fails (the reason is in ``stats()``),
+  or with ``zero_copy=False``.
+
+Every CUDA call goes through ``CudaRuntime``; tests put a fake there and run the real logic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["CudaRuntime", "DeviceClock", "MemcpyTransfer", "SlotPinner", "ZeroCopyTransfer"]
+
+CUDA_SUCCESS = 0
+
+
+class CudaRuntime:
+    """The CUDA calls the transfer makes, in one place."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def register(self, address: int, size: int) -> str | None:
+        """Page-lock ``size`` bytes at ``address``; None on success, else the CUDA error."""
+        cudart = torch.cuda.cudart()
+        err = cudart.cudaHostRegister(address, size, 0)
+        code = int(getattr(err, "value", err))
+        if code == CUDA_SUCCESS:
+            return None
+        return f"cudaHostRegister: {cudart.cudaGetErrorString(err)} (error {code})"
+
+    def unregister(self, address: int) -> None:
+        """Undo ``register``."""
+        torch.cuda.cudart().cudaHostUnregister(address)
+
+    def side_stream(self) -> Any:
+        """A new stream for the copies."""
+        return torch.cuda.Stream(self.device)
+
+    def current_stream(self) -> Any:
+        """The consumer's stream."""
+        return torch.cuda.current_stream(self.device)
+
+    def on(self, stream: Any) -> Any:
+        """A context in which work is queued on ``stream``."""
+        return torch.cuda.stream(stream)
+
+    def event(self, timing: bool = False) -> Any:
+        """A new CUDA event (``record``, ``query``, ``synchronize``, ``elapsed_time``)."""
+        return torch.cuda.Event(enable_timing=timing)
+
+    def to_device(self, host: torch.Tensor) -> torch.Tensor:
+        """Queue the copy of a page-locked host tensor on the current stream."""
+        return host.to(self.device, non_blocking=True)
+
+    def pinned(self, shape: tuple[int, ...], dtype: np.dtype) -> torch.Tensor:
+        """A page-locked host buffer from torch's caching host allocator."""
+        return torch.from_numpy(np.empty(shape, dtype)).pin_memory()
+
+    def use_on(self, tensor: torch.Tensor, stream: Any) -> None:
+        """Tell the caching allocator ``tensor`` (made on the side stream) is used on
+        ``stream``."""
+        tensor.record_stream(stream)
+
+
+def _address(segment: Any) -> int:
+    return int(np.frombuffer(segment.map, np.uint8).ctypes.data)
+
+
+class SlotPinner:
+    """Page-locks the ring's segments as the ring reports them; the first failure is kept."""
+
+    def __init__(self, runtime: CudaRuntime) -> None:
+        self.runtime = runtime
+        self.pinned: dict[str, tuple[int, int]] = {}  # segment path -> (address, size)
+        self.error: str | None = None
+
+    def added(self, segment: Any) -> None:
+        """Page-lock a new segment (not after a failure)."""
+        if self.error is not None:
+            return
+        address = _address(segment)
+        error = self.runtime.register(address, segment.size)
+        if error is None:
+            self.pinned[segment.path] = (address, segment.size)
+        else:
+            self.error = error
+
+    def removed(self, segment: Any) -> None:
+        """Unlock a segment before it goes."""
+        entry = self.pinned.pop(segment.path, None)
+        if entry is not None:
+            with contextlib.suppress(Exception):  # a driver already torn down at exit
+                self.runtime.unregister(entry[0])
+
+    def release(self) -> None:
+        """Unlock every segment locked so far (after a failure: the memcpy path is used)."""
+        for path in list(self.pinned):
+            with contextlib.suppress(Exception):
+                self.runtime.unregister(self.pinned.pop(path)[0])
+
+    def covers(self, array: np.ndarray) -> bool:
+        """True when ``array``'s memory lies inside a page-locked segment."""
+        start = array.ctypes.data
+        end = start + array.nbytes
+        return any(a <= start and end <= a + n for a, n in self.pinned.values())
+
+
+_PINNERS: weakref.WeakKeyDictionary[Any, SlotPinner] = weakref.WeakKeyDictionary()
+
+
+def pinner_for(ring: Any, runtime: CudaRuntime) -> SlotPinner:
+    """The ring's one SlotPinner (every view of a loader, every epoch, shares it): each
+    segment is page-locked once."""
+    pinner = _PINNERS.get(ring)
+    if pinner is None:
+        pinner = _PINNERS[ring] = SlotPinner(runtime)
+        ring.watch_segments(pinner.added, pinner.removed)
+    return pinner
+
+
+class DeviceClock:
+    """The GPU's own idle time while the consumer waited: an event recorded on the consumer's
+    stream when it asks for a batch, another once the batch is ready on it; their distance is
+    time the GPU had nothing queued (as the events complete, added to the loader's stats)."""
+
+    def __init__(self, runtime: CudaRuntime, add: Callable[[float], None]) -> None:
+        self.runtime, self.add = runtime, add
+        self.pending: deque[tuple[Any, Any]] = deque()
+
+    def timed(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """``batches``, with the GPU's wait for each one measured."""
+        try:
+            while True:
+                start = self.runtime.event(timing=True)
+                start.record(self.runtime.current_stream())
+                out = next(batches, None)
+                if out is None:
+                    return
+                end = self.runtime.event(timing=True)
+                end.record(self.runtime.current_stream())
+                self.pending.append((start, end))
+                self.collect()
+                yield out
+                del out
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+
+    def collect(self) -> None:
+        """Add the waits whose events have completed (they complete in order)."""
+        while self.pending and self.pending[0][1].query():
+            start, end = self.pending.popleft()
+            self.add(start.elapsed_time(end) / 1000.0)
+
+
+class _Transfer:
+    """What both transfers share: the side stream, the hand-over, the conversion."""
+
+    def __init__(self, runtime: CudaRuntime, convert: Callable[[str, Any], Any]) -> None:
+        self.runtime, self.convert = runtime, convert
+        self.side = runtime.side_stream()
+
+    def _finish(self, moved: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        """Queue the conversions after the copies; the event the consumer waits on."""
+        with self.runtime.on(self.side):
+            out = {name: self.convert(name, t) for name, t in moved.items()}
+            ready = self.runtime.event()
+            ready.record(self.side)
+        return out, ready
+
+    def hand_over(self, issued: tuple[dict[str, Any], Any]) -> dict[str, Any]:
+        """Make the consumer's stream wait for the batch; the tensors, used on its stream."""
+        out, ready = issued
+        stream = self.runtime.current_stream()
+        stream.wait_event(ready)
+        for t in out.values():
+            if isinstance(t, torch.Tensor):
+                self.runtime.use_on(t, stream)
+        return out
+
+
+def is_text(value: Any) -> bool:
+    """A ``path`` field (strings): passed through as numpy, torch has no string tensors."""
+    return isinstance(value, np.ndarray) and value.dtype.kind in "US"
+
+
+class ZeroCopyTransfer(_Transfer):
+    """DMA straight from the page-locked slot; the slot is fenced until the copy completes."""
+
+    def __init__(self, runtime: CudaRuntime, convert: Any, ring: Any, pinner: SlotPinner) -> None:
+        super().__init__(runtime, convert)
+        self.ring, self.pinner = ring, pinner
+
+    def issue(self, fields: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        """Queue the batch's copies; returns at once."""
+        moved: dict[str, Any] = {}
+        views = []
+        with self.runtime.on(self.side):
+            for name, value in fields.items():
+                if is_text(value):
+                    moved[name] = value
+                    continue
+                if self.pinner.covers(value):
+                    views.append(value)
+                    host = torch.from_numpy(value)
+                else:  # a small field the loader handed out as a copy
+                    host = self.runtime.pinned(value.shape, value.dtype)
+                    host.numpy()[...] = value
+                moved[name] = self.runtime.to_device(host)
+                del host
+            copied = self.runtime.event()
+            copied.record(self.side)
+        for view in views:
+            self.ring.hold_until(view, copied)
+        return self._finish(moved)
+
+
+class MemcpyTransfer(_Transfer):
+    """Copy each batch into one of two pinned buffers, then DMA it (the fallback)."""
+
+    def __init__(self, runtime: CudaRuntime, convert: Any, layout: Any) -> None:
+        super().__init__(runtime, convert)
+        self.buffers = [_Buffers(runtime, layout) for _ in range(2)]
+        self.turn = 0
+
+    def issue(self, fields: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        """Copy into the next buffer (once its last copy is done) and queue the DMA."""
+        buf = self.buffers[self.turn % 2]
+        self.turn += 1
+        if buf.copied is not None:
+            buf.copied.synchronize()  # the copy that last read this buffer is done
+        moved: dict[str, Any] = {}
+        with self.runtime.on(self.side):
+            for name, value in fields.items():
+                if is_text(value):
+                    moved[name] = value
+                    continue
+                n = len(value)
+                np.copyto(buf.tensors[name].numpy()[:n], value)
+                moved[name] = self.runtime.to_device(buf.tensors[name][:n])
+            buf.copied = self.runtime.event()
+            buf.copied.record(self.side)
+        return self._finish(moved)
+
+
+class _Buffers:
+    """One pinned host buffer per field, and the event of the copy that last read them."""
+
+    def __init__(self, runtime: CudaRuntime, layout: Any) -> None:
+        self.tensors = {
+            name: runtime.pinned((layout.batch_size, *shape), np.dtype(dtype))
+            for name, dtype, shape in layout.fields
+        }
+        self.copied: Any = None
