@@ -223,7 +223,9 @@ class Loader:
                 "(not supported); use augment='train', 'eval' or None with masks"
             )
         self.augment = augment
-        self.drop_last = self.shuffle if drop_last is None else drop_last
+        if drop_last is None:  # training drops the ragged batch; evaluation sees every sample
+            drop_last = self.shuffle and subset != "validation"
+        self.drop_last = drop_last
         self._auto_workers = isinstance(workers, str) and workers == "auto"
         self.max_errors = config.max_errors(max_errors, len(self.source))
         rank, world = config.rank_world(rank, world_size)
