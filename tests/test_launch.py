@@ -126,3 +126,23 @@ def test_start_up_is_reported_with_its_parts(image_folder):
         report = loader.stats()
     assert report.startup.startswith("workers started in") and report.startup_s > 0
     assert "Python + stoker" in report.startup
+
+
+@pytest.mark.timeout(60)
+def test_jobs_run_in_launched_workers_and_report_errors_and_deaths():
+    from stoker.workers.jobs import map_jobs
+
+    parent = os.getpid()
+    got = dict(map_jobs(lambda job: (job * job, os.getpid() != parent), [1, 2, 3, 4], 2))
+    assert got == {0: (1, True), 1: (4, True), 2: (9, True), 3: (16, True)}
+
+    def fail_on_three(job):
+        if job == 3:
+            raise KeyError("three")
+        return job
+
+    with pytest.raises(KeyError, match="three") as info:
+        list(map_jobs(fail_on_three, [1, 2, 3], 2))
+    assert any("job 2" in note for note in info.value.__notes__)
+    with pytest.raises(WorkerDied, match="exited with code 5 during job 0"):
+        list(map_jobs(lambda job: os._exit(5), [0], 1))

@@ -26,8 +26,6 @@ import math
 import os
 import pathlib
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from typing import Any
 
 import numpy as np
@@ -152,12 +150,13 @@ def _large_photo(job: tuple[Any, ...]) -> None:
 
 def _run(fn: Callable[[tuple[Any, ...]], None], jobs: list[tuple[Any, ...]], workers: int,
          progress: bool, desc: str) -> None:
-    """Run ``fn`` over ``jobs`` here or in ``workers`` spawned processes, with a progress bar."""
+    """Run ``fn`` over ``jobs`` here or in ``workers`` processes, with a progress bar."""
     with contextlib.ExitStack() as stack:
-        results: Iterable[None] = map(fn, jobs)
+        results: Iterable[Any] = map(fn, jobs)
         if workers > 1 and len(jobs) > 1:
-            pool = ProcessPoolExecutor(min(workers, len(jobs)), mp_context=get_context("spawn"))
-            results = stack.enter_context(pool).map(fn, jobs, chunksize=4)
+            from .workers.jobs import map_jobs  # stoker's own entry point: no script re-run
+
+            results = map_jobs(fn, jobs, workers)
         bar = _progress_bar(len(jobs), desc) if progress else None
         if bar is not None:
             stack.callback(bar.close)

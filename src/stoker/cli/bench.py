@@ -3,7 +3,6 @@ data and work, CPU time and memory per image, and which stage is the bottleneck.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import statistics
 import time
@@ -16,6 +15,7 @@ from .. import config
 from ..assemble import Assembler
 from ..decode import decoder_name, jpegcrop
 from ..loader import Loader
+from ..workers.jobs import map_jobs
 
 
 def tree_pss() -> int:
@@ -88,9 +88,9 @@ def busy_cores_rate(
     core's rate times N overstates what N busy cores can do.
     """
     cores = sorted(os.sched_getaffinity(0))[:count]
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(len(cores)) as pool:
-        return pool.map(_pinned_rate, [(source, options, c, seconds) for c in cores])
+    jobs = [(source, options, c, seconds) for c in cores]
+    rates = dict(map_jobs(_pinned_rate, jobs, len(cores)))
+    return [rates[i] for i in range(len(jobs))]
 
 
 PROGRESS_EVERY_S = 5.0  # a progress line at least this often during a long epoch
