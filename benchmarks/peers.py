@@ -163,7 +163,7 @@ def _stoker(items: Items, data: str | None, batch_size: int, size: int, workers:
 
 
 def _tf(items: Items, batch_size: int, size: int, workers: int, seed: int,
-        fused: bool) -> Pipeline:
+        fused: bool, autotune: bool = False) -> Pipeline:
     import tensorflow as tf
 
     try:  # must happen before TensorFlow's runtime starts; a fresh process is assumed
@@ -200,7 +200,8 @@ def _tf(items: Items, batch_size: int, size: int, workers: int, seed: int,
     labels = tf.constant([y for _, y in items], tf.int64)
     ds = (tf.data.Dataset.from_tensor_slices((paths, labels))
           .shuffle(len(items), seed=seed, reshuffle_each_iteration=True)
-          .map(fused_fn if fused else plain_fn, num_parallel_calls=workers)
+          .map(fused_fn if fused else plain_fn,
+               num_parallel_calls=tf.data.AUTOTUNE if autotune else workers)
           .batch(batch_size, drop_remainder=True)
           .prefetch(tf.data.AUTOTUNE))
     return Pipeline("tf-fused" if fused else "tf-plain", lambda: iter(ds), obj=ds)
@@ -343,16 +344,17 @@ PEERS = ("stoker", "stoker-exact", "tf-fused", "tf-plain", "torch-pillow", "torc
 
 
 def make(name: str, items: Items, *, data: str | None = None, batch_size: int = 256,
-         size: int = 224, workers: int = 2, seed: int = 0) -> Pipeline:
+         size: int = 224, workers: int = 2, seed: int = 0, autotune: bool = False) -> Pipeline:
     """Build peer ``name`` over ``items`` (``(path, label)`` pairs).
 
     ``data``: the ImageFolder directory the items came from, when they are all of it; stoker
-    then opens the folder itself (its normal use) instead of a path list.
+    then opens the folder itself (its normal use) instead of a path list. ``autotune``: tf.data
+    peers map with ``num_parallel_calls=AUTOTUNE`` instead of ``workers`` (cold.py).
     """
     if name in ("stoker", "stoker-exact"):
         return _stoker(items, data, batch_size, size, workers, seed, name == "stoker-exact")
     if name in ("tf-fused", "tf-plain"):
-        return _tf(items, batch_size, size, workers, seed, name == "tf-fused")
+        return _tf(items, batch_size, size, workers, seed, name == "tf-fused", autotune)
     if name in ("torch-pillow", "torch-simplejpeg"):
         return _torch(items, batch_size, size, workers, seed, name.split("-")[1])
     if name == "keras-pydataset":

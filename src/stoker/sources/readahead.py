@@ -9,7 +9,8 @@ over as it is needed. Nothing about the batch changes: the same samples, read by
 
 The window sizes itself (``window="auto"``): from the measured read latency and the time the
 caller spends between two ``take`` calls (decoding), enough reads are kept in flight to cover a
-read's latency twice over, between ``MIN_WINDOW`` and ``MAX_WINDOW``, and never more completed
+read's latency three times over (a cold disk's latency varies a lot), between ``MIN_WINDOW`` and
+``MAX_WINDOW``, and never more completed
 bytes held than ``max_bytes``. Every read has a deadline (``timeout``): a file that never answers
 (a FIFO, a hung mount) becomes an ``OSError`` for that sample (a bad sample, replaced as usual)
 and its stuck thread is replaced, so it never blocks the other samples.
@@ -36,9 +37,10 @@ import numpy as np
 
 from .base import Source
 
-MIN_WINDOW = 2
-MAX_WINDOW = 16
-START_WINDOW = 4
+MIN_WINDOW = 4
+MAX_WINDOW = 32
+START_WINDOW = 8
+COVER = 3  # reads in flight cover this many read latencies of decoding
 DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
 MAX_LOST_THREADS = 32  # threads stuck on dead files before read-ahead gives up
 SIZE_AFTER = 64  # samples read before "auto" judges whether the dataset fits in RAM
@@ -211,7 +213,7 @@ class ReadAhead:
         c = self.counters
         if self.auto and c.reads >= 8 and self._gap_s > 0:
             latency = c.latency_s / c.reads
-            need = math.ceil(2 * latency / self._gap_s) + 1
+            need = math.ceil(COVER * latency / self._gap_s) + 1
             self.window = max(MIN_WINDOW, min(MAX_WINDOW, need))
 
     # ------------------------------------------------------------------ reading threads
