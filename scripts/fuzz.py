@@ -7,9 +7,9 @@ tests/corpus/jpeg, plus PNG, APNG, EXIF-oriented WebP, BMP, GIF and TIFF made fr
 mutates it (bit flips, byte runs, truncation, splices, header field edits), then runs probe(),
 decode() with a random crop box and output size, as the loader does, and decode_mask(). Any
 exception that is not a :class:`stoker.errors.StokerError` is a finding and is saved under
-fuzz-findings/. Run it under a process
-supervisor (it is a plain loop): a segfault or hang shows as the process dying or not
-reporting, and the last input is in fuzz-findings/last.bin.
+fuzz-findings/. It is its own supervisor: the fuzzing runs in a child process, and a child
+that crashes (a segfault in a decoder library) is a finding too: its input is saved and a new
+child goes on with the next seed.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import glob
 import io
 import os
 import random
+import shutil
+import subprocess
 import sys
 import time
 
@@ -116,22 +118,16 @@ def one(data: bytes, rng: random.Random) -> None:
     assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3, out.shape
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--seconds", type=float, default=60)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data", default=CORPUS)
-    p.add_argument(
-        "--no-extension", action="store_true", help="fuzz the path without the C extension"
-    )
-    args = p.parse_args()
+def run(args: argparse.Namespace, prefix: str) -> tuple[int, int]:
+    """Fuzz for ``args.seconds``; returns (iterations, findings). Exceptions are findings,
+    saved as ``fuzz-findings/<prefix>NNNN-<type>.bin``; the input being decoded is always in
+    fuzz-findings/last.bin, so a crash of the process leaves it behind."""
     import cv2
 
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     rng = random.Random(args.seed)
     pool = seeds(args.data)
     print(f"JPEG decoder: {dec.decoder_name()}; {len(pool)} seed files", flush=True)
-    os.makedirs("fuzz-findings", exist_ok=True)
     t0, n, findings = time.monotonic(), 0, 0
     while time.monotonic() - t0 < args.seconds:
         data = mutate(rng.choice(pool), rng)
@@ -141,13 +137,62 @@ def main() -> None:
             one(data, rng)
         except Exception as exc:  # noqa: BLE001 - every other exception is a finding
             findings += 1
-            with open(f"fuzz-findings/{findings:04d}-{type(exc).__name__}.bin", "wb") as f:
+            with open(f"fuzz-findings/{prefix}{findings:04d}-{type(exc).__name__}.bin", "wb") as f:
                 f.write(data)
             print(f"finding {findings}: {type(exc).__name__}: {exc}", flush=True)
         n += 1
         if n % 20000 == 0:
             print(f"{n} iterations, {time.monotonic() - t0:.0f} s, {findings} findings", flush=True)
     print(f"{n} iterations in {time.monotonic() - t0:.0f} s, {findings} findings", flush=True)
+    return n, findings
+
+
+def supervise(args: argparse.Namespace) -> None:
+    """Run the fuzzing in child processes, so that a crash (a segfault in a decoder library)
+    is a finding too: the child's last input is saved and a new child goes on with the next
+    seed until the time is up."""
+    t0, seed, total, findings, crashes = time.monotonic(), args.seed, 0, 0, 0
+    while (left := args.seconds - (time.monotonic() - t0)) > 1:
+        command = [sys.executable, __file__, "--child", "--seconds", f"{left:.0f}"]
+        command += ["--seed", str(seed), "--data", args.data, "--prefix", f"s{seed}-"]
+        command += ["--no-extension"] if args.no_extension else []
+        out = subprocess.run(command, stdout=subprocess.PIPE, text=True)
+        print(out.stdout, end="", flush=True)
+        done = [line.split() for line in out.stdout.splitlines() if " iterations in " in line]
+        if done:
+            total += int(done[-1][0])
+            findings += int(done[-1][-2])
+        if out.returncode != 0:
+            crashes += 1
+            name = f"fuzz-findings/s{seed}-crash-{out.returncode}.bin"
+            shutil.copy("fuzz-findings/last.bin", name)
+            print(
+                f"finding: the process died ({out.returncode}); input saved in {name}", flush=True
+            )
+        seed += 1000
+    print(
+        f"total: {total} completed iterations in {time.monotonic() - t0:.0f} s, "
+        f"{findings} exception findings, {crashes} crashes",
+        flush=True,
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", default=CORPUS)
+    p.add_argument(
+        "--no-extension", action="store_true", help="fuzz the path without the C extension"
+    )
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--prefix", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    os.makedirs("fuzz-findings", exist_ok=True)
+    if args.child:
+        run(args, args.prefix)
+    else:
+        supervise(args)
 
 
 if __name__ == "__main__":

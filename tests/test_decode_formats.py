@@ -7,7 +7,10 @@ kinds and CIELab, and GIFs OpenCV rejects.
 
 from __future__ import annotations
 
+import os
 import struct
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -276,3 +279,22 @@ def test_animated_gif_and_webp_give_the_first_frame() -> None:
             Image.new("RGB", (20, 12), RED), fmt, save_all=True, append_images=frames, **options
         )
         assert decode(data)[5, 5].tolist() == list(RED)
+
+
+def test_damaged_apng_never_reaches_opencv() -> None:
+    """A fuzzed APNG (tests/corpus/fuzz) on which OpenCV 5's APNG reader crashes the process:
+    decode() and decode_mask() send animated PNGs to Pillow, and say why it cannot be read."""
+    path = os.path.join(os.path.dirname(__file__), "corpus", "fuzz", "apng-opencv-segfault.png")
+    code = (
+        "from stoker.decode import decode, decode_mask\n"
+        "from stoker.errors import DecodeError\n"
+        f"data = open({path!r}, 'rb').read()\n"
+        "for call in (decode, decode_mask):\n"
+        "    try:\n"
+        "        call(data)\n"
+        "    except DecodeError:\n"
+        "        pass\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "ok" in out.stdout, (out.returncode, out.stderr[-500:])

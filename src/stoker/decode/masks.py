@@ -10,12 +10,17 @@ import numpy as np
 from PIL import Image
 
 from ..errors import DecodeError, DecompressionBombError
+from . import png, webp
 from .common import ImageInfo
 
 
 def decode(data: bytes | memoryview, info: ImageInfo) -> np.ndarray:
     """The class values of an encoded mask whose header ``info`` was probed."""
     if info.format == "png" and len(data) > 25 and data[25] == 3:  # colour type 3: palette
+        return _decode_mask_pillow(data, info)
+    if (info.format == "png" and png.animated(data)) or (
+        info.format == "webp" and webp.animated(data)
+    ):  # the default image / first frame, never OpenCV's APNG reader (see png.animated)
         return _decode_mask_pillow(data, info)
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)

@@ -30,6 +30,12 @@ def probe(data: bytes | memoryview) -> tuple[int, int, int]:
     return height, width, _chunks(data)[0]
 
 
+def animated(data: bytes | memoryview) -> bool:
+    """Whether ``data`` is an animated PNG (an acTL chunk anywhere): OpenCV's APNG reader
+    crashes the process on some damaged ones, so they never go to OpenCV."""
+    return _chunks(data)[1]
+
+
 def _chunks(data: bytes | memoryview) -> tuple[int, bool]:
     """(orientation, is an APNG) from a walk over the chunks (bounds-checked; garbage ends it)."""
     n, pos = len(data), 8
@@ -88,4 +94,4 @@ def _raw_profile(text: bytes) -> int:
 
 def decode(data: bytes | memoryview, info: ImageInfo, box: Box, *_: object) -> np.ndarray:
     """The displayed ``box`` of a PNG (the default image of an APNG), RGB."""
-    return crop_oriented(pillow.decode_fast(data, info, not _chunks(data)[1]), box, info)
+    return crop_oriented(pillow.decode_fast(data, info, not animated(data)), box, info)

@@ -21,6 +21,11 @@ def probe(data: bytes | memoryview) -> tuple[int, int, int]:
     return height, width, _chunks(data)[0]
 
 
+def animated(data: bytes | memoryview) -> bool:
+    """Whether ``data`` is an animated WebP (the VP8X animation flag)."""
+    return _chunks(data)[1]
+
+
 def _chunks(data: bytes | memoryview) -> tuple[int, bool]:
     """(orientation, animated) from the RIFF chunks of an extended file; (1, False) otherwise."""
     n = min(len(data), 8 + struct.unpack_from("<I", data, 4)[0])
@@ -47,4 +52,4 @@ def _chunks(data: bytes | memoryview) -> tuple[int, bool]:
 
 def decode(data: bytes | memoryview, info: ImageInfo, box: Box, *_: object) -> np.ndarray:
     """The displayed ``box`` of a WebP image, RGB."""
-    return crop_oriented(pillow.decode_fast(data, info, not _chunks(data)[1]), box, info)
+    return crop_oriented(pillow.decode_fast(data, info, not animated(data)), box, info)
