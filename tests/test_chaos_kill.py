@@ -1,5 +1,5 @@
-"""Chaos: the training process is killed (SIGKILL, SIGTERM) at random moments (start-up,
-mid-epoch, epoch end, during ``close()``); within a few seconds no segment and no process of
+"""Chaos: the training process is killed (SIGKILL, SIGTERM, and SIGSEGV/SIGABRT as a crash in
+native code would) at random moments (start-up, mid-epoch, epoch end, during ``close()``); within a few seconds no segment and no process of
 it may remain. Each trial runs in a private mount namespace with a fresh tmpfs on /dev/shm
 (``unshare -m``), so other tests' segments neither hide nor fake a leak."""
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -60,7 +61,7 @@ def _check(results: list[dict], signame: str) -> None:
     closing = [r for r in results if r["moment"] == "close"]
     inside = [r for r in closing if r["at_kill"]["segments"] > 0]
     assert len(inside) * 2 >= len(closing), closing
-    expected = -9 if signame == "SIGKILL" else -15
+    expected = -getattr(signal, signame)  # each died of its signal, as the default would
     assert all(r["exit"] == expected for r in results), [r["exit"] for r in results]
 
 
@@ -81,3 +82,10 @@ def test_sigkill_at_random_moments_leaves_nothing(namespace, image_folder):
 def test_sigterm_at_random_moments_closes_in_order_and_dies_of_sigterm(namespace, image_folder):
     plan = _schedule("SIGTERM", {"startup": 5, "mid": 5, "end": 5, "close": 5}, seed=2)
     _check(_run(plan, image_folder), "SIGTERM")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("signame", ["SIGSEGV", "SIGABRT"])
+def test_a_crash_in_native_code_leaves_nothing(namespace, image_folder, signame):
+    plan = _schedule(signame, {"mid": 2, "end": 1}, seed=3)
+    _check(_run(plan, image_folder), signame)

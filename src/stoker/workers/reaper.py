@@ -20,6 +20,7 @@ import select
 import signal
 import sys
 import threading
+import warnings
 
 POLL_S = 1.0  # backup check of the parent's pid, where a pidfd is unavailable
 
@@ -119,6 +120,7 @@ class _Client:
         self.owner = -1
         self.paths: set[str] = set()
         self.procs: dict[int, str] = {}
+        self.broken = False
 
     def _alive(self) -> bool:
         if self.owner != os.getpid() or self.pid < 0:
@@ -156,14 +158,24 @@ class _Client:
     def tell(self, line: str) -> None:
         """Send one announcement; a reaper that died is replaced and told everything again."""
         with self.lock:
+            if self.broken:
+                return
             for _ in range(2):
-                if not self._alive():
-                    self._start()
                 try:
+                    if not self._alive():
+                        self._start()
                     self._write(line)
                     return
-                except OSError:
-                    self.pid = -1
+                except OSError as exc:
+                    self.pid, error = -1, exc
+            self.broken = True  # e.g. no Python executable to start (an embedded interpreter)
+            warnings.warn(
+                f"stoker could not start its reaper process ({error}): if this process is "
+                "killed, its shared-memory segments stay until the next stoker start or "
+                "`stoker doctor --clean`",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     def forget_after_fork(self) -> None:
         """In a forked child: drop the parent's reaper (its pipe and lists are not ours)."""
