@@ -115,7 +115,12 @@ def test_bytes_held_ahead_stay_under_the_cap(image_folder):
     assert 0 < reads.peak_held <= cap + max(sizes)
     assert reads.counters.reads == len(source) and reads.counters.nbytes == sum(sizes)
     assert reads.held == 0
+    threads = list(reads._threads)
+    assert 0 < len(threads) <= 17  # window + 1
     reads.close()
+    for thread in threads:  # close() ends every reading thread
+        thread.join(30)
+        assert not thread.is_alive()
 
 
 @pytest.mark.timeout(120)

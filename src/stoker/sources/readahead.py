@@ -43,6 +43,7 @@ START_WINDOW = 8
 COVER = 3  # reads in flight cover this many read latencies of decoding
 DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
 MAX_LOST_THREADS = 32  # threads stuck on dead files before read-ahead gives up
+IDLE_S = 10.0  # a reading thread with nothing to do for this long ends
 SIZE_AFTER = 64  # samples read before "auto" judges whether the dataset fits in RAM
 PAGE_CACHE = ("auto", "keep", "drop")
 
@@ -141,9 +142,10 @@ class ReadAhead:
         """Drop the window and stop the threads."""
         self._discard()
         if os.getpid() == self._pid:
-            for _ in self._threads:
-                self._tasks.put(None)
-        self._threads = []
+            with self._lock:
+                for _ in self._threads:
+                    self._tasks.put(None)
+                self._threads = []
 
     # ------------------------------------------------------------------ window
 
@@ -181,27 +183,29 @@ class ReadAhead:
 
     def _submit(self, index: int) -> cf.Future:
         future: cf.Future = cf.Future()
-        if len(self._threads) < self.window + 1 or os.getpid() != self._pid:
-            self._spawn()
-        self._tasks.put((index, future))
+        if os.getpid() != self._pid:  # forked: this process has none of the parent's threads
+            self._pid, self._threads, self.lost = os.getpid(), [], 0
+            self._tasks, self._lock = queue.SimpleQueue(), threading.Lock()
+        with self._lock:
+            self._tasks.put((index, future))
+            if len(self._threads) - self.lost < self.window + 1:
+                self._spawn()
         return future
 
     def _spawn(self) -> None:
-        if os.getpid() != self._pid:  # forked: this process has none of the parent's threads
-            self._pid, self._threads = os.getpid(), []
-            self._tasks = queue.SimpleQueue()
         thread = threading.Thread(target=self._serve, daemon=True, name="stoker-read")
         thread.start()
         self._threads.append(thread)
 
     def _abandon(self) -> None:
         """A read passed its deadline: its thread is stuck; start another in its place."""
-        self.lost += 1
-        if self.lost > MAX_LOST_THREADS:
-            self.enabled = False  # too many dead files: read plainly from now on
-            self._discard()
-            return
-        self._spawn()
+        with self._lock:
+            self.lost += 1
+            if self.lost <= MAX_LOST_THREADS:
+                self._spawn()
+                return
+        self.enabled = False  # too many dead files: read plainly from now on
+        self._discard()
 
     def _pace(self) -> None:
         """Re-size an auto window from the read latency and the time between takes."""
@@ -220,7 +224,15 @@ class ReadAhead:
 
     def _serve(self) -> None:
         while True:
-            task = self._tasks.get()
+            try:
+                task = self._tasks.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:  # _submit queues under this lock: no task is left unserved
+                    if self._tasks.empty():
+                        if threading.current_thread() in self._threads:
+                            self._threads.remove(threading.current_thread())
+                        return
+                continue
             if task is None:
                 return
             index, future = task
