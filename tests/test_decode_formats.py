@@ -282,18 +282,20 @@ def test_animated_gif_and_webp_give_the_first_frame() -> None:
 
 
 def test_damaged_apng_never_reaches_opencv() -> None:
-    """A fuzzed APNG (tests/corpus/fuzz) on which OpenCV 5's APNG reader crashes the process:
+    """Fuzzed APNGs (tests/corpus/fuzz) on which OpenCV 5's APNG reader crashes the process:
     decode() and decode_mask() send animated PNGs to Pillow, and say why it cannot be read."""
-    path = os.path.join(os.path.dirname(__file__), "corpus", "fuzz", "apng-opencv-segfault.png")
+    folder = os.path.join(os.path.dirname(__file__), "corpus", "fuzz")
     code = (
+        "import glob\n"
         "from stoker.decode import decode, decode_mask\n"
         "from stoker.errors import DecodeError\n"
-        f"data = open({path!r}, 'rb').read()\n"
-        "for call in (decode, decode_mask):\n"
-        "    try:\n"
-        "        call(data)\n"
-        "    except DecodeError:\n"
-        "        pass\n"
+        f"for path in sorted(glob.glob({folder!r} + '/apng-*.png')):\n"
+        "    data = open(path, 'rb').read()\n"
+        "    for call in (decode, decode_mask):\n"
+        "        try:\n"
+        "            call(data)\n"
+        "        except DecodeError:\n"
+        "            pass\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
