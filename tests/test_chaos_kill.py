@@ -1,7 +1,8 @@
 """Chaos: the training process is killed (SIGKILL, SIGTERM, and SIGSEGV/SIGABRT as a crash in
-native code would) at random moments (start-up, mid-epoch, epoch end, during ``close()``); within a few seconds no segment and no process of
-it may remain. Each trial runs in a private mount namespace with a fresh tmpfs on /dev/shm
-(``unshare -m``), so other tests' segments neither hide nor fake a leak."""
+native code would) at random moments (start-up, mid-epoch, epoch end, during ``close()``);
+within a few seconds no segment and no process of it may remain. Each trial runs in a private
+mount namespace with a fresh tmpfs on /dev/shm (``unshare -m``), so other tests' segments
+neither hide nor fake a leak."""
 
 from __future__ import annotations
 
