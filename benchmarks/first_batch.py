@@ -43,7 +43,8 @@ x, y = next(iter(loader))
 t1 = time.perf_counter()
 report = loader.stats()
 loader.close()
-print("RESULT " + json.dumps({{"first_batch_s": t1 - t0, "startup": getattr(report, "startup", ""),
+startup = getattr(report, "startup", "")  # older stokers do not report it
+print("RESULT " + json.dumps({{"first_batch_s": t1 - t0, "startup": startup,
                               "workers": report.workers, "shape": list(x.shape)}}))
 """
 
