@@ -13,7 +13,7 @@ from . import order as order_mod
 from .errors import DecodeError, SourceError, TooManyErrors, one_line
 from .sources.base import Source
 from .sources.readahead import ReadAhead, ReadSettings, size_of
-from .transforms import Pipeline
+from .transforms import Pipeline, ResizePipeline
 from .workers.slots import SharedArrays
 
 #: Errors that mean "this sample's data is bad" (counted against max_errors), not a bug.
@@ -179,17 +179,37 @@ class Assembler:
         columns = self.columns.items()
         dropped = self.reads.counters.dropped
         own = [f[0] for f in self.source.sample_fields or ()]
-        for slot, pos in enumerate(positions):
-            if own:  # a per-sample dataset writes its own fields
-                out: Any = {name: arrays[name][slot, ...] for name in own}  # views, 0-d too
-            else:
-                out = (arrays["image"][slot], None if masks is None else masks[slot])
-            index = self._load_good(epoch, order, int(pos), out, u[slot], report, status)
-            arrays["index"][slot] = index
-            for name, column in columns:
-                arrays[name][slot] = column[index]
+        n = len(indices)
+        if self._bulk(indices, arrays, report):
+            chosen = indices  # in-memory arrays, copied as they are: nothing can fail
+        else:
+            chosen = np.empty(n, dtype=np.int64)
+            for slot, pos in enumerate(positions):
+                if own:  # a per-sample dataset writes its own fields
+                    out: Any = {name: arrays[name][slot, ...] for name in own}  # views, 0-d
+                else:
+                    out = (arrays["image"][slot], None if masks is None else masks[slot])
+                chosen[slot] = self._load_good(epoch, order, int(pos), out, u[slot], report, status)
+        arrays["index"][:n] = chosen
+        for name, column in columns:
+            arrays[name][:n] = column[chosen]
         report.pages_dropped = self.reads.counters.dropped - dropped
         return report
+
+    def _bulk(self, indices: np.ndarray, arrays: dict[str, np.ndarray], report: Report) -> bool:
+        """Copy a whole batch of an in-memory array source at once when the pipeline would
+        copy each image unchanged (``augment=None`` at the arrays' own size and channels)."""
+        take = getattr(self.source, "take", None)
+        p = self.pipeline
+        own = self.source.pixel_channels() or 3
+        plain = type(p) is ResizePipeline and p.fit is None and p.channels == own
+        if take is None or not plain or self.source.pixel_size() != p.size:
+            return False
+        t0 = time.perf_counter()
+        if not take(indices, arrays["image"][: len(indices)]):
+            return False
+        report.transform_s += time.perf_counter() - t0
+        return True
 
     def _load_good(self, epoch, order, pos, out, u, report, status) -> int:
         """Load the sample at ``pos``; on bad data, the next good one in the epoch's order."""

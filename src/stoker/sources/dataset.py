@@ -20,6 +20,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import cloudpickle
 import numpy as np
 
 from ..errors import ConfigError, SourceError
@@ -93,6 +94,18 @@ def parse_spec(spec: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
+def _freeze(dataset: Any) -> bytes:
+    """The dataset as cloudpickle bytes (classes of a notebook or ``__main__`` by value)."""
+    try:
+        return cloudpickle.dumps(dataset)
+    except Exception as exc:  # noqa: BLE001 - whatever pickling raised, say what and the fix
+        raise ConfigError(
+            f"cannot send the dataset to worker processes ({type(exc).__name__}: {exc}); keep "
+            "open files, locks and sockets out of it until __getitem__ opens them, or use "
+            "workers=0"
+        ) from None
+
+
 class DatasetSource(Source):
     """A user's per-sample dataset; ``fields`` are its fields' ``(name, dtype, shape)``."""
 
@@ -108,6 +121,9 @@ class DatasetSource(Source):
             raise SourceError("the dataset is empty (len() == 0)")
         self.count = int(count)
         self.labels = np.full(self.count, -1, dtype=np.int64)
+        # what workers get: the dataset as it is now, before the probe below opens files or
+        # memory-maps arrays in it (a pickled np.memmap would be a full copy per worker)
+        self._sent = _freeze(dataset)
         token = _RNG.set(np.random.default_rng(0))  # sample_rng() works in the probe too
         try:
             first = dataset[0]
@@ -133,6 +149,13 @@ class DatasetSource(Source):
 
     def __len__(self) -> int:
         return self.count
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "dataset": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.dataset = cloudpickle.loads(self._sent)
 
     def name(self, index: int) -> str:
         """``dataset[index]``."""
