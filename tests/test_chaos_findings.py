@@ -334,6 +334,22 @@ def test_every_bad_argument_is_a_config_error_naming_it_before_anything_opens(kw
         stoker.Loader("/no/such/dataset", **kwargs)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        ({"labels": [1, 2]}, "labels"),  # a folder's labels are its class folders: not ignored
+        ({"class_names": 1.5}, "class_names"),
+        ({"color_mode": ["rgb"]}, "color_mode"),
+        ({"interpolation": ["area"]}, "interpolation"),
+    ],
+)
+def test_arguments_that_need_the_source_are_stoker_errors_naming_them(tmp_path, kwargs, name):
+    root = small_folder(tmp_path / "data")
+    with pytest.raises(StokerError, match=name):
+        stoker.Loader(root, batch_size=2, workers=0, **kwargs)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
 def test_copy_deepcopy_and_pickle_give_a_new_loader_at_the_same_position(how):

@@ -27,14 +27,14 @@ def channels(color_mode: Any, own: int | None) -> int:
     None keeps a source of decoded arrays' own channel count (``own``), else 3."""
     if color_mode is None:
         return own if own is not None else 3
-    if color_mode not in COLOR_MODES:
+    if not isinstance(color_mode, str) or color_mode not in COLOR_MODES:
         raise ConfigError(f"color_mode={color_mode!r}: use 'grayscale', 'rgb', 'rgba' or None")
     return COLOR_MODES[color_mode]
 
 
 def interpolation(value: Any) -> str:
     """Check ``interpolation``: "auto" (bilinear, area averaging past a 2x shrink) or a name."""
-    if value == "auto" or value in INTERPOLATIONS:
+    if isinstance(value, str) and (value == "auto" or value in INTERPOLATIONS):
         return str(value)
     raise ConfigError(
         f"interpolation={value!r}: use 'auto', {', '.join(repr(k) for k in INTERPOLATIONS)}"

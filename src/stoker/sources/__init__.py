@@ -152,6 +152,11 @@ def _open_path(path: Path, labels: Any, named: dict[str, str]) -> Source:
     """Open a source given as a path, by what the path is."""
     if not path.exists():
         raise SourceError(f"{path}: no such file or folder")
+    if labels is not None and path.suffix.lower() != ".npy":
+        raise SourceError(
+            f"labels= was given with {path}, whose labels come from the data itself (class "
+            "folders, a label column); labels= goes with an array, a .npy file or paths=[...]"
+        )
     if path.is_dir():
         kind = _folder_kind(path)
         if kind == "parquet":

@@ -83,6 +83,8 @@ def pick_classes(source: Source, names: Any) -> Source:
             "class_names= picks classes by name, but this source has no class names (its "
             "labels are numbers); give labels as names, or a folder of class subfolders"
         )
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise SourceError(f"class_names={names!r}: give a list of class names (['cat', 'dog'])")
     wanted = [str(n) for n in names]
     missing = [n for n in wanted if n not in source.classes]
     if missing or len(set(wanted)) != len(wanted) or not wanted:
