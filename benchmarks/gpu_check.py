@@ -317,24 +317,30 @@ def run_child(argv: list[str]) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+TRAIN_COLUMNS = (("feeder", "feeder"), ("img/s", "img_s"), ("GPU wait share", "gpu_wait_share"),
+                 ("host wait share", "host_wait_share"), ("CPU ms/img", "cpu_ms_per_img"),
+                 ("peak PSS MiB", "peak_pss_mib"))
+SCALE_COLUMNS = (("stoker workers", "workers"), ("img/s", "img_s"),
+                 ("CPU ms/img", "cpu_ms_per_img"), ("peak PSS MiB", "peak_pss_mib"))
+
+
+def _markdown(entries: list[dict[str, Any]], columns: tuple[tuple[str, str], ...]) -> list[str]:
+    """One markdown table: a row per entry (an error shown in place of its figures)."""
+    lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
+    for r in entries:
+        if "error" in r:
+            cells = [str(r.get(columns[0][1], "?")), f"error: {r['error']}"]
+            cells += [""] * (len(columns) - 2)
+        else:
+            cells = [f"{r[k]:,.0f}" if k == "img_s" else str(r.get(k, "-")) for _, k in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def table(results: dict[str, Any]) -> str:
     """The short table of the training runs and the scaling curve (markdown)."""
-    lines = ["| feeder | img/s | GPU wait share | host wait share | CPU ms/img | peak PSS MiB |",
-             "|---|---|---|---|---|---|"]
-    for r in results["train"]:
-        if "error" in r:
-            lines.append(f"| {r.get('feeder', '?')} | error: {r['error']} | | | | |")
-            continue
-        lines.append(f"| {r['feeder']} | {r['img_s']:,.0f} | {r.get('gpu_wait_share', '-')} | "
-                     f"{r['host_wait_share']} | {r['cpu_ms_per_img']} | {r['peak_pss_mib']} |")
-    lines += ["", "| stoker workers | img/s | CPU ms/img | peak PSS MiB |", "|---|---|---|---|"]
-    for r in results["scale"]:
-        if "error" in r:
-            lines.append(f"| ? | error: {r['error']} | | |")
-            continue
-        lines.append(f"| {r['workers']} | {r['img_s']:,.0f} | {r['cpu_ms_per_img']} | "
-                     f"{r['peak_pss_mib']} |")
-    return "\n".join(lines)
+    return "\n".join(_markdown(results["train"], TRAIN_COLUMNS) + [""]
+                     + _markdown(results["scale"], SCALE_COLUMNS))
 
 
 def main() -> int:

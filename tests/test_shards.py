@@ -226,7 +226,7 @@ def test_plan_uses_block_order_and_keeps_rank_sharding():
     plan = Plan(n, 4, seed=3, shuffle=True, drop_last=False, block_sizes=sizes)
     assert np.array_equal(plan.order(2), block_order(sizes, seed=3, epoch=2))
     parts = [
-        Plan(n, 4, 3, True, True, rank=r, world_size=3, block_sizes=sizes).order(0)
+        Plan(n, 4, 3, True, True, rank=r, world_size=3, block_sizes=sizes, split="drop").order(0)
         for r in range(3)
     ]
     assert len({len(p) for p in parts}) == 1
