@@ -22,6 +22,7 @@ OpenCV; they are appended to the caller's ``notes`` so the loader can report the
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import NamedTuple
 
@@ -46,6 +47,7 @@ _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 _NO_LENGTH = frozenset({0x01, *range(0xD0, 0xD9)})  # TEM, RST0-7, SOI
 _XMP_ID = b"http://ns.adobe.com/xap/1.0/\x00"
 _EOI = b"\xff\xd9"
+_MARKER = re.compile(rb"(?<=\xff)[^\x00\xff]")  # a marker's code: after FF, not 00 or FF
 # simplejpeg's messages (strict mode) for libjpeg's warnings: recoverable, decoded by Pillow.
 _WARNING_TEXTS = (
     "corrupt jpeg data",
@@ -113,33 +115,18 @@ def parse_header(data: bytes | memoryview) -> JpegHeader:
 def _next_marker(data: bytes | memoryview, pos: int) -> int:
     """The offset of the next marker at or after ``pos``: junk bytes, fill bytes and stuffed
     FF 00 pairs are skipped, as libjpeg skips them (with a warning)."""
-    n = len(data)
-    for _ in range(n):
-        if pos < n and data[pos] != 0xFF:
-            pos = _find(data, b"\xff", pos)
-            if pos < 0:
-                break
-        while pos + 1 < n and data[pos + 1] == 0xFF:
-            pos += 1
-        if pos + 1 >= n:
-            break
-        if data[pos + 1] != 0x00:
-            return pos
-        pos += 2
-    raise DecodeError("truncated JPEG header: the data ends before the first scan")
+    if pos + 1 < len(data) and data[pos] == 0xFF and data[pos + 1] not in (0x00, 0xFF):
+        return pos  # the usual case: a marker right here
+    found = _MARKER.search(data, pos + 1)
+    if found is None:
+        raise DecodeError("truncated JPEG header: the data ends before the first scan")
+    return found.start() - 1
 
 
 def _find(data: bytes | memoryview, needle: bytes, start: int) -> int:
-    """``data.find(needle, start)`` for bytes and memoryviews alike, never copying more than a
-    window of a view at a time (a marker is usually near)."""
-    if not isinstance(data, memoryview):
-        return data.find(needle, start)
-    step = 1 << 16
-    for low in range(start, len(data), step):
-        hit = bytes(data[low : low + step + len(needle) - 1]).find(needle)
-        if hit >= 0:
-            return low + hit
-    return -1
+    """``data.find(needle, start)`` for bytes and memoryviews alike, without copying."""
+    found = re.compile(re.escape(needle)).search(data, start)
+    return -1 if found is None else found.start()
 
 
 def _frame(data: bytes | memoryview, pos: int, end: int, marker: int) -> tuple:
