@@ -38,11 +38,17 @@ class CudaRuntime:
     def register(self, address: int, size: int) -> str | None:
         """Page-lock ``size`` bytes at ``address``; None on success, else the CUDA error."""
         cudart = torch.cuda.cudart()
-        err = cudart.cudaHostRegister(address, size, 0)
-        code = int(getattr(err, "value", err))
+        code = int(cudart.cudaHostRegister(address, size, 0))  # as torch.cuda's own pinning
         if code == CUDA_SUCCESS:
             return None
-        return f"cudaHostRegister: {cudart.cudaGetErrorString(err)} (error {code})"
+        text = f"error {code}"
+        with contextlib.suppress(Exception):
+            text = f"{cudart.cudaGetErrorString(cudart.cudaError(code))} ({text})"
+        clear = getattr(cudart, "cudaGetLastError", None)
+        if clear is not None:  # a later kernel-launch check must not report this failure
+            with contextlib.suppress(Exception):
+                clear()
+        return f"cudaHostRegister: {text}"
 
     def unregister(self, address: int) -> None:
         """Undo ``register``."""
