@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -16,105 +15,27 @@ from . import order as order_mod
 from . import pixels as pixels_mod
 from .assemble import Assembler, Columns, Plan, Report
 from .consumer import Guard
-from .decode import decoder_name, jpegcrop
+from .decode import decoder_name
 from .errors import ConfigError, StokerError, StokerWarning, TooManyErrors
+from .running import Inline, Running, auto_workers, warn_if_slow_decoder
 from .selection import check_split, select
 from .sources import open_source
 from .sources.targets import class_ids
+from .state import advance_state, check_state, make_state
 from .stats import Stats, StatsReport, WaitMeter
 from .transforms import CustomPipeline, make_pipeline
-from .workers import shutdown
-from .workers.engine import HELD, Engine
-from .workers.launch import StartReport
+from .workers.engine import Engine
 from .workers.launch import describe as describe_start
-from .workers.pool import WorkerPool
-from .workers.slots import FieldSpec, SlotLayout, clean_stale, pick_folder
+from .workers.slots import FieldSpec, SlotLayout
 
-STATE_VERSION = 1
 Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
 Fields = dict[str, np.ndarray]
 
-
-PROBE_SAMPLES = 8
-_SLOW_DECODER_WARNED: list[bool] = []  # appended to once the warning below has been given
-
-
-def _warn_if_slow_decoder() -> None:
-    """Warn once per process (at the first Loader) that the fast JPEG decoder is not built."""
-    if jpegcrop.AVAILABLE or _SLOW_DECODER_WARNED:
-        return
-    _SLOW_DECODER_WARNED.append(True)
-    warnings.warn(jpegcrop.missing_message(), StokerWarning, stacklevel=3)
-
-
-def _probe_cost(assembler: Assembler, layout: SlotLayout) -> float | None:
-    """Seconds of read + decode + transform per sample (median), timed here on a few samples
-    of the first epoch through the assembler's own per-sample path.
-
-    Only stock pipelines are probed: a user's transform never runs in the calling process.
-    """
-    if assembler.pipeline.needs_rng or assembler.source.sample_fields is not None:
-        return None
-    plan = assembler.plan
-    indices = assembler.order(0)[:PROBE_SAMPLES]
-    u = order_mod.sample_uniforms(plan.seed, 0, indices, assembler.pipeline.uniforms)
-    arrays = layout.arrays()
-    out = (arrays["image"][0], arrays["mask"][0] if "mask" in arrays else None)
-    times = []
-    for k, index in enumerate(indices):
-        report = Report()
-        try:
-            if not assembler.load_one(0, int(index), out, u[k], report):
-                continue
-        except Exception:  # noqa: BLE001 - such a sample shows up, named, in the workers
-            continue
-        times.append(report.read_s + report.decode_s + report.transform_s)
-    return sorted(times)[len(times) // 2] if times else None
-
-
-class _Inline:
-    """workers=0: fill each batch in the calling process when asked."""
-
-    def __init__(self, assembler: Assembler, layout: SlotLayout) -> None:
-        self.assembler, self.layout = assembler, layout
-        self.orphaned = 0
-
-    def get(self, key: tuple[int, int]) -> tuple[Fields, Report]:
-        arrays = self.layout.arrays()
-        return arrays, self.assembler.fill(key[0], key[1], arrays)
-
-    def close(self) -> None:
-        """Nothing to release."""
 
 
 def _boxed(batch: Any) -> list[Any] | None:
     """``[batch]``, or None at the end of the epoch."""
     return None if batch is None else [batch]
-
-
-class _Running:
-    """What a started loader owns: pool and engine; closed by close() or the finalizer."""
-
-    def __init__(self) -> None:
-        self.pool: WorkerPool | None = None
-        self.engine: Engine | _Inline | None = None
-        self.pid = os.getpid()
-
-    def close(self, fast: bool = False) -> None:
-        """Stop the workers (``fast``: without waiting for them to finish a batch) and unlink
-        every segment; safe to call again, or from a signal handler in the middle of a close.
-        In a forked child it only forgets them: they are the parent's."""
-        engine, pool = self.engine, self.pool
-        self.engine = self.pool = None
-        shutdown.unregister(self)
-        if os.getpid() != self.pid:
-            if pool is not None:
-                pool.forget()
-            return
-        if pool is not None:
-            pool.close(0.2 if fast else 5.0)
-        if engine is not None:
-            engine.close()
 
 
 class Loader:
@@ -255,12 +176,10 @@ class Loader:
         self._ahead = 0  # batches an adapter took ahead of the training step (not yet received)
         self._stats = Stats()
         self._shuffle_note: tuple[int, list[str]] = (-1, [])
-        self._run = _Running()
-        self._prefetch_reason, self._folder = "not started", "-"
-        self._started: list[StartReport] = []  # kept for stats() after close()
+        self._run = Running()
         self._guard = Guard()
-        self._finalizer = weakref.finalize(self, _Running.close, self._run)
-        _warn_if_slow_decoder()
+        self._finalizer = weakref.finalize(self, Running.close, self._run)
+        warn_if_slow_decoder()
 
     def _field_specs(self) -> tuple[FieldSpec, ...]:
         """The batch's fields: image, mask (segmentation), every column, the sample index."""
@@ -376,7 +295,7 @@ class Loader:
 
     # ------------------------------------------------------------------ workers
 
-    def _engine(self) -> Engine | _Inline:
+    def _engine(self) -> Engine | Inline:
         self._guard.check_process()
         if self._run.engine is None:
             if self._finalizer.alive is False:
@@ -388,30 +307,12 @@ class Loader:
     def _start(self) -> None:
         assembler = Assembler(self.source, self.pipeline, self.plan, self.columns, self.reads)
         if self.workers and self._auto_workers:
-            cost = _probe_cost(assembler, self.layout)
-            self.workers, self._workers_reason = config.auto_workers(
-                cost, self.batch_size, PROBE_SAMPLES
+            self.workers, self._workers_reason = auto_workers(
+                assembler, self.layout, self.batch_size
             )
         if self.workers == 0:
-            self._run.engine = _Inline(assembler, self.layout)
-            self._prefetch_reason, self._folder = (
-                "none: workers=0 loads on demand",
-                "process memory",
-            )
+            self._run.start_inline(assembler, self.layout)
             return
-        clean_stale()
-        per_worker, slots, self._prefetch_reason = config.prefetch(
-            self._prefetch_arg, self.workers, HELD, self.layout.nbytes
-        )
-        self._folder = pick_folder(slots * self.layout.nbytes)
-        shutdown.register(self._run)
-        try:
-            self._start_workers(per_worker, slots)
-        except BaseException:
-            self._run.close(fast=True)  # a failed start leaves no worker and no segment
-            raise
-
-    def _start_workers(self, per_worker: int, slots: int) -> None:
         spec = {
             "source": self.source,
             "pipeline": self.pipeline,
@@ -420,17 +321,8 @@ class Loader:
             "columns": self.columns,
             "reads": self.reads,
         }
-        self._run.pool = WorkerPool(self.workers, spec, self.timeout)
-        self._started = self._run.pool.started
-        self._run.engine = Engine(
-            self._run.pool,
-            self.layout,
-            slots,
-            per_worker,
-            self._batches,
-            self._folder,
-            self.timeout,
-            self.source.name,
+        self._run.start_pool(
+            spec, self.workers, self._prefetch_arg, self._batches, self.timeout, self.source.name
         )
 
     # ------------------------------------------------------------------ state
@@ -467,15 +359,14 @@ class Loader:
         ahead (``torch(device="cuda")``, ``jax()``) is left out, so a state taken after ``k``
         batches resumes at batch ``k``."""
         epoch, position = self._received()
-        return {
-            "version": STATE_VERSION,
-            "epoch": epoch,
-            "position": position,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "batches": self._batches,
-            "fingerprint": self.source.fingerprint(),
-        }
+        return make_state(
+            epoch,
+            position,
+            seed=self.seed,
+            batch_size=self.batch_size,
+            batches=self._batches,
+            fingerprint=self.source.fingerprint(),
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``; refuses a state of another dataset or other settings.
@@ -485,18 +376,7 @@ class Loader:
         if not state:
             self.epoch, self.position, self._ahead = 0, 0, 0
             return
-        if state.get("version") != STATE_VERSION:
-            raise ConfigError(
-                f"state version {state.get('version')!r}; this stoker reads {STATE_VERSION}"
-            )
-        mine = self.state_dict()
-        for key in ("fingerprint", "seed", "batch_size", "batches"):
-            if state.get(key) != mine[key]:
-                raise ConfigError(
-                    f"this state was saved for a different {key} ({state.get(key)!r}, here "
-                    f"{mine[key]!r}); resume with the same dataset and settings"
-                )
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.epoch, self.position = check_state(state, self.state_dict())
         self._ahead = 0
 
     # ------------------------------------------------------------------ reporting, adapters
@@ -504,16 +384,14 @@ class Loader:
     def stats(self) -> StatsReport:
         """Throughput, time the consumer waited for data and its share, stage times, bad files."""
         engine = self._run.engine
-        startup_s, startup = describe_start(self._started)
+        startup_s, startup = describe_start(self._run.started)
         return self._stats.report(
             workers=self.workers,
             workers_reason=self._workers_reason,
-            prefetch=0
-            if engine is None or isinstance(engine, _Inline)
-            else len(engine.segments) - HELD,
-            prefetch_reason=self._prefetch_reason,
+            prefetch=self._run.prefetch(),
+            prefetch_reason=self._run.prefetch_reason,
             kept_batches=engine.orphaned if engine is not None else 0,
-            memory_folder=self._folder,
+            memory_folder=self._run.folder,
             notes=self._notes(),
             decoder=decoder_name(),
             startup_s=startup_s,
@@ -531,33 +409,12 @@ class Loader:
         return self._shuffle_note[1]
 
     def _shuffle_lines(self) -> list[str]:
-        q = order_mod.shuffle_quality(
-            self.plan.order(self.epoch),
-            self.plan.block_sizes,
-            labels=class_ids(self.source.labels),
-            batch_size=self.batch_size,
-        )
-        line = (
-            f"block shuffle: displacement {q['displacement_ratio']:.2f} of a full shuffle's, "
-            f"{q['blocks_per_batch']:.1f} row groups"
-        )
-        if "classes_per_batch" in q:
-            line += (
-                f" and {q['classes_per_batch']:.1f} classes per batch (full shuffle: "
-                f"{q['classes_per_batch_uniform']:.1f})"
-            )
-        return [line + " per batch" if "classes_per_batch" not in q else line]
+        assert self.plan.block_sizes is not None
+        order = self.plan.order(self.epoch)
+        labels = class_ids(self.source.labels)
+        return [order_mod.shuffle_note(order, self.plan.block_sizes, labels, self.batch_size)]
 
-    @staticmethod
-    def advance_state(state: dict[str, Any], batches: int) -> dict[str, Any]:
-        """The state ``batches`` batches after ``state`` (epochs roll over at their length)."""
-        position = int(state["position"]) + int(batches)
-        per_epoch = int(state["batches"])
-        return {
-            **state,
-            "epoch": int(state["epoch"]) + position // per_epoch,
-            "position": position % per_epoch,
-        }
+    advance_state = staticmethod(advance_state)
 
     def keras(self, dtype: Any = None, mean: Any = None, std: Any = None) -> Any:
         """A ``keras.utils.PyDataset`` over this loader, for ``model.fit`` on any backend;

@@ -209,3 +209,20 @@ def split(
     mask = np.zeros(n, dtype=bool)
     mask[val] = True
     return np.flatnonzero(~mask), np.flatnonzero(mask)
+
+
+def shuffle_note(
+    order: np.ndarray, block_sizes: Sequence[int], labels: np.ndarray | None, batch_size: int
+) -> str:
+    """One line for ``stats()``: how well a block (row-group) shuffle mixes the data."""
+    q = shuffle_quality(order, block_sizes, labels=labels, batch_size=batch_size)
+    line = (
+        f"block shuffle: displacement {q['displacement_ratio']:.2f} of a full shuffle's, "
+        f"{q['blocks_per_batch']:.1f} row groups"
+    )
+    if "classes_per_batch" not in q:
+        return line + " per batch"
+    return line + (
+        f" and {q['classes_per_batch']:.1f} classes per batch (full shuffle: "
+        f"{q['classes_per_batch_uniform']:.1f})"
+    )

@@ -1,0 +1,141 @@
+"""What a started loader owns and how it starts: the in-process filler (``workers=0``) or the
+worker pool and its prefetch engine; the measured choice of ``workers="auto"``; the stop that
+the loader's ``close()`` and its finalizer share."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import numpy as np
+
+from . import config
+from . import order as order_mod
+from .assemble import Assembler, Report
+from .decode import jpegcrop
+from .errors import StokerWarning
+from .workers import shutdown
+from .workers.engine import HELD, Engine
+from .workers.launch import StartReport
+from .workers.pool import WorkerPool
+from .workers.slots import SlotLayout, clean_stale, pick_folder
+
+Fields = dict[str, np.ndarray]
+PROBE_SAMPLES = 8
+_SLOW_DECODER_WARNED: list[bool] = []  # appended to once the warning below has been given
+
+
+def warn_if_slow_decoder() -> None:
+    """Warn once per process (at the first Loader) that the fast JPEG decoder is not built."""
+    if jpegcrop.AVAILABLE or _SLOW_DECODER_WARNED:
+        return
+    _SLOW_DECODER_WARNED.append(True)
+    warnings.warn(jpegcrop.missing_message(), StokerWarning, stacklevel=4)
+
+
+def _probe_cost(assembler: Assembler, layout: SlotLayout) -> float | None:
+    """Seconds of read + decode + transform per sample (median), timed here on a few samples
+    of the first epoch through the assembler's own per-sample path.
+
+    Only stock pipelines are probed: a user's transform never runs in the calling process.
+    """
+    if assembler.pipeline.needs_rng or assembler.source.sample_fields is not None:
+        return None
+    plan = assembler.plan
+    indices = assembler.order(0)[:PROBE_SAMPLES]
+    u = order_mod.sample_uniforms(plan.seed, 0, indices, assembler.pipeline.uniforms)
+    arrays = layout.arrays()
+    out = (arrays["image"][0], arrays["mask"][0] if "mask" in arrays else None)
+    times = []
+    for k, index in enumerate(indices):
+        report = Report()
+        try:
+            if not assembler.load_one(0, int(index), out, u[k], report):
+                continue
+        except Exception:  # noqa: BLE001 - such a sample shows up, named, in the workers
+            continue
+        times.append(report.read_s + report.decode_s + report.transform_s)
+    return sorted(times)[len(times) // 2] if times else None
+
+
+def auto_workers(assembler: Assembler, layout: SlotLayout, batch_size: int) -> tuple[int, str]:
+    """``workers="auto"``: the worker count (and why) from the measured cost of a sample."""
+    cost = _probe_cost(assembler, layout)
+    return config.auto_workers(cost, batch_size, PROBE_SAMPLES)
+
+
+class Inline:
+    """workers=0: fill each batch in the calling process when asked."""
+
+    def __init__(self, assembler: Assembler, layout: SlotLayout) -> None:
+        self.assembler, self.layout = assembler, layout
+        self.orphaned = 0
+
+    def get(self, key: tuple[int, int]) -> tuple[Fields, Report]:
+        """The fields of batch ``key`` (epoch, position) and its report."""
+        arrays = self.layout.arrays()
+        return arrays, self.assembler.fill(key[0], key[1], arrays)
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class Running:
+    """What a started loader owns: pool and engine; closed by close() or the finalizer.
+
+    ``prefetch_reason``, ``folder`` and ``started`` outlive a close, for ``stats()``."""
+
+    def __init__(self) -> None:
+        self.pool: WorkerPool | None = None
+        self.engine: Engine | Inline | None = None
+        self.pid = os.getpid()
+        self.prefetch_reason, self.folder = "not started", "-"
+        self.started: list[StartReport] = []
+
+    def start_inline(self, assembler: Assembler, layout: SlotLayout) -> None:
+        """Load on demand in this process (``workers=0``)."""
+        self.engine = Inline(assembler, layout)
+        self.prefetch_reason, self.folder = "none: workers=0 loads on demand", "process memory"
+
+    def start_pool(self, spec: dict[str, Any], workers: int, prefetch: Any, batches: int,
+                   timeout: float, name: Any) -> None:
+        """Start ``workers`` processes and the prefetch engine over a ring in shared memory;
+        a failed start leaves no worker and no segment."""
+        layout: SlotLayout = spec["layout"]
+        clean_stale()
+        per_worker, slots, self.prefetch_reason = config.prefetch(
+            prefetch, workers, HELD, layout.nbytes
+        )
+        self.folder = pick_folder(slots * layout.nbytes)
+        shutdown.register(self)
+        try:
+            self.pool = WorkerPool(workers, spec, timeout)
+            self.started = self.pool.started
+            self.engine = Engine(
+                self.pool, layout, slots, per_worker, batches, self.folder, timeout, name
+            )
+        except BaseException:
+            self.close(fast=True)
+            raise
+
+    def prefetch(self) -> int:
+        """Batches prefetched ahead of the consumer (0 in-process or before the start)."""
+        engine = self.engine
+        return 0 if engine is None or isinstance(engine, Inline) else len(engine.segments) - HELD
+
+    def close(self, fast: bool = False) -> None:
+        """Stop the workers (``fast``: without waiting for them to finish a batch) and unlink
+        every segment; safe to call again, or from a signal handler in the middle of a close.
+        In a forked child it only forgets them: they are the parent's."""
+        engine, pool = self.engine, self.pool
+        self.engine = self.pool = None
+        shutdown.unregister(self)
+        if os.getpid() != self.pid:
+            if pool is not None:
+                pool.forget()
+            return
+        if pool is not None:
+            pool.close(0.2 if fast else 5.0)
+        if engine is not None:
+            engine.close()
