@@ -25,7 +25,9 @@ SCRIPT = textwrap.dedent(
                 got = [x.copy() for x, _ in loader]
                 print("FOLDER", loader.stats().memory_folder)
         assert len(got) == 5 and got[0].shape == (64, 224, 224, 3)
-        print("WARNED", any("/dev/shm has" in str(w.message) for w in caught))
+        said = [str(w.message) for w in caught if "/dev/shm has" in str(w.message)]
+        print("WARNED", bool(said))
+        print("NAMES TMP", all(f"memory in {{tempfile.gettempdir()}} " in m for m in said))
         left = [n for d in ("/dev/shm", tempfile.gettempdir()) for n in os.listdir(d)
                 if n.startswith(f"stoker_{{os.getpid()}}_")]
         print("LEFT", left)
@@ -58,4 +60,5 @@ def test_small_dev_shm_falls_back_to_file_backed_memory(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "FOLDER /dev/shm" not in out.stdout
     assert "WARNED True" in out.stdout
+    assert "NAMES TMP True" in out.stdout  # the folder itself, not a "{...}" placeholder
     assert "LEFT []" in out.stdout

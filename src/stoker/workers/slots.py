@@ -359,7 +359,7 @@ def pick_folder(total_bytes: int, what: str = "the batch ring") -> str:
         return SHM_DIR
     warnings.warn(
         f"/dev/shm has {free / 2**20:.0f} MiB free but {what} needs {_size(total_bytes)} (plus a "
-        "64 MiB margin); using file-backed memory in {tempfile.gettempdir()} "
+        f"64 MiB margin); using file-backed memory in {tempfile.gettempdir()} "
         "instead (slower to start). Enlarge /dev/shm (docker run --shm-size=2g) to avoid this.",
         stacklevel=3,
     )
