@@ -100,3 +100,25 @@ def test_garbage_files_give_stoker_errors_not_crashes(tmp_path, data, suffix):
         for leftover in tmp_path.glob("garbage*.idx.npy"):
             os.unlink(leftover)
     assert np.asarray(0) == 0
+
+
+
+LONG = "y" * 5000  # longer than any file system's name limit
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cell", [LONG, "a\0b"], ids=["too-long", "nul"])
+def test_a_first_cell_that_cannot_be_a_path_is_a_source_error(tmp_path, cell):
+    """A headerless CSV whose first cell cannot even be looked up: a SourceError naming the
+    file and row (was a raw OSError: File name too long)."""
+    table = tmp_path / "list.csv"
+    table.write_text(f"{cell},0\n", encoding="utf-8")
+    with pytest.raises(stoker.SourceError, match="row 1"):
+        open_source(table)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", [LONG, LONG + ".csv", "a\0b.csv"], ids=["dir", "csv", "nul"])
+def test_a_source_path_that_cannot_be_looked_at_is_a_source_error(tmp_path, name):
+    with pytest.raises(stoker.SourceError, match="cannot be opened|no such file"):
+        stoker.Loader(str(tmp_path / name), workers=0)

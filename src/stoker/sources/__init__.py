@@ -110,6 +110,8 @@ def open_source(
         raise SourceError("pass either a source or paths=, not both")
     if isinstance(source, np.ndarray):
         return ArraySource(source, labels, masks)
+    if isinstance(source, (str, os.PathLike)) and "://" not in str(source):
+        _check_path(Path(source))
     if table and Path(source).is_file():
         return TableSource(source, label_column, tuple(columns))
     named = {} if label_column is None else {"label_column": _one_column(label_column)}
@@ -148,10 +150,21 @@ def _one_column(value: Any) -> str:
     )
 
 
+def _check_path(path: Path) -> None:
+    """A SourceError naming ``path`` when it is missing or cannot even be looked at (a name
+    too long for the file system, a NUL in it, no permission to search a parent folder)."""
+    try:
+        path.stat()
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such file or folder") from None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise SourceError(f"{path}: cannot be opened ({reason}); check the path") from None
+
+
 def _open_path(path: Path, labels: Any, named: dict[str, str]) -> Source:
     """Open a source given as a path, by what the path is."""
-    if not path.exists():
-        raise SourceError(f"{path}: no such file or folder")
+    _check_path(path)
     if labels is not None and path.suffix.lower() != ".npy":
         raise SourceError(
             f"labels= was given with {path}, whose labels come from the data itself (class "

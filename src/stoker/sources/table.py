@@ -30,6 +30,14 @@ PATH_NAMES = ("path", "image", "filename", "file")
 HEADER_NAMES = (*PATH_NAMES, "label", "mask")
 
 
+
+def _exists(path: Path) -> bool:
+    """``path.exists()``, False where the name cannot even be a path here (too long, a NUL)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
+
 class _Cells:
     """One column's cells, streamed: ``int64`` while every cell is an integer (no Python object
     per row), the text of every cell once one is not."""
@@ -130,9 +138,8 @@ class _Rows:
         one cell); named columns cannot be found, and a first row that is neither a file nor
         a known header is refused rather than read as a sample."""
         first = row[0].strip()
-        if (
-            os.path.splitext(first)[1].lower() not in IMAGE_EXTENSIONS
-            and not (self.table.parent / first).exists()
+        if os.path.splitext(first)[1].lower() not in IMAGE_EXTENSIONS and not _exists(
+            self.table.parent / first
         ):
             raise SourceError(
                 f"{self.table}: row 1 ({','.join(row)}) is neither a known header nor an image "
