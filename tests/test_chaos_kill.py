@@ -56,12 +56,14 @@ def _check(results: list[dict], signame: str) -> None:
     assert not bad, summary + "\n" + "\n".join(json.dumps(r) for r in bad)
     for r in results:
         assert r["reached"], r
-        if r["moment"] in ("mid", "end"):  # the kill came while the loader owned segments
+        if r["moment"] == "mid":  # the kill came while the loader owned segments
             assert r["at_kill"]["segments"] > 0 and r["at_kill"]["processes"] > 0, r
-    # a close() can be over within the random delay; most kills must still land inside it
-    closing = [r for r in results if r["moment"] == "close"]
-    inside = [r for r in closing if r["at_kill"]["segments"] > 0]
-    assert len(inside) * 2 >= len(closing), closing
+    # the last epoch's end and a close() can be over within the random delay on a fast,
+    # idle machine; most of those kills must still land while the loader owns segments
+    for moment in ("end", "close"):
+        timed = [r for r in results if r["moment"] == moment]
+        inside = [r for r in timed if r["at_kill"]["segments"] > 0]
+        assert len(inside) * 2 >= len(timed), timed
     expected = -getattr(signal, signame)  # each died of its signal, as the default would
     assert all(r["exit"] == expected for r in results), [r["exit"] for r in results]
 

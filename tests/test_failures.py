@@ -144,10 +144,13 @@ def test_past_the_budget_a_clear_error_lists_the_files(tmp_path, image_folder, c
 
 SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
     sys.path.insert(0, {src!r}); sys.path.insert(0, {tests!r})
     import numpy as np, stoker, helpers
     if __name__ == "__main__":
+        # as in a terminal: Ctrl-C raises KeyboardInterrupt (a parent that ignores SIGINT,
+        # e.g. a shell's background job, hands its children SIGINT ignored)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         images = helpers.make_marked_array(n=400, marked=399)
         with stoker.Loader(images, labels=np.arange(400), batch_size=4, image_size=24,
                            workers=2, augment=helpers.hang_on_mark, shuffle=False) as loader:
