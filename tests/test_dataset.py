@@ -173,3 +173,72 @@ def test_a_torch_dataset_ported_unchanged():
     x = torch.cat([b[0] for b in batches])
     y = torch.cat([b[1] for b in batches])
     assert torch.equal(x, ds.x * 2) and torch.equal(y, ds.y) and y.dtype == torch.int64
+
+
+class GlobalRandom:
+    """Ported code: ``__getitem__`` draws from numpy's global RNG, Python's ``random`` and
+    torch's global generator (never from ``stoker.sample_rng()``). It holds a tensor, as torch
+    datasets do, so a worker has torch imported before its first sample."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.scale = torch.ones(2, dtype=torch.float64)
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int):
+        import random
+
+        import torch
+
+        return {
+            "np": np.random.random(3),
+            "py": np.float64(random.random()),
+            "torch": torch.rand(2, dtype=torch.float64) * self.scale,
+            "i": np.int64(i),
+        }
+
+
+def _by_index(epoch: list[dict[str, np.ndarray]]) -> dict[int, np.ndarray]:
+    rows = {}
+    for batch in epoch:
+        for j, i in enumerate(batch["i"]):
+            rows[int(i)] = np.concatenate([batch["np"][j], [batch["py"][j]], batch["torch"][j]])
+    return rows
+
+
+@pytest.mark.timeout(240)
+def test_global_random_in_getitem_is_reseeded_per_sample():
+    import random
+
+    import torch
+
+    np.random.seed(123)
+    random.seed(123)
+    torch.manual_seed(123)
+    before = (np.random.random(), random.random(), float(torch.rand(1)))
+    np.random.seed(123)
+    random.seed(123)
+    torch.manual_seed(123)
+    runs = []
+    for workers in (0, 1, 2):
+        with stoker.Loader(GlobalRandom(), batch_size=6, seed=7, workers=workers) as loader:
+            runs.append([_by_index(_epoch(loader)), _by_index(_epoch(loader))])
+        if workers == 0:  # in the calling process the user's global states are put back
+            assert (np.random.random(), random.random(), float(torch.rand(1))) == before
+    for epoch in (0, 1):  # the same numbers for a sample whatever the worker count
+        for i in range(24):
+            assert np.array_equal(runs[0][epoch][i], runs[1][epoch][i])
+            assert np.array_equal(runs[0][epoch][i], runs[2][epoch][i])
+    first = runs[2][0]
+    values = np.stack([first[i] for i in range(24)])
+    # no two samples (in different workers or not) share their numbers, nor epochs, nor
+    # numpy's, random's and torch's streams each other's
+    assert len({tuple(r) for r in values[:, :3]}) == 24
+    assert len(set(values[:, 3])) == 24 and len(set(values[:, 4])) == 24
+    assert not set(values[:, 0]) & set(values[:, 3]) and not set(values[:, 0]) & set(values[:, 4])
+    assert all(not np.array_equal(first[i], runs[2][1][i]) for i in range(24))
+    with stoker.Loader(GlobalRandom(), batch_size=6, seed=8, workers=0) as other:
+        assert not np.array_equal(_by_index(_epoch(other))[0], first[0])  # the seed matters

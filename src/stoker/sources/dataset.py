@@ -10,13 +10,20 @@ exactly: a different shape or dtype is an error naming the field (never a silent
 
 Randomness: inside ``__getitem__``, ``stoker.sample_rng()`` is a ``numpy.random.Generator``
 seeded from ``(seed, epoch, index)``: the same numbers for the same sample whatever the worker
-count, and a resumed run draws what the uninterrupted one would have.
+count, and a resumed run draws what the uninterrupted one would have. The global RNGs that
+ported code calls (``np.random.*``, Python's ``random``, and torch's CPU generator when torch is
+already imported) are reseeded from the same ``(seed, epoch, index)`` before each
+``__getitem__`` (the classic DataLoader bug, workers repeating each other's "random" numbers,
+cannot happen); in the calling process (``workers=0``) the user's global states are put back
+after each sample.
 """
 
 from __future__ import annotations
 
 import contextvars
 import hashlib
+import random
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,6 +35,8 @@ from .base import Source
 from .targets import NUMERIC_KINDS
 
 FieldSpec = tuple[str, str, tuple[int, ...]]
+GLOBALS_KEY = 0x6C0B
+"""Spawn key of the global RNGs' seed: a stream apart from ``sample_rng()``'s own."""
 _RNG: contextvars.ContextVar[np.random.Generator | None] = contextvars.ContextVar(
     "stoker_sample_rng", default=None
 )
@@ -43,6 +52,33 @@ def sample_rng() -> np.random.Generator:
             "stoker Loader is loading that sample"
         )
     return rng
+
+
+def seed_globals(rng: np.random.Generator) -> None:
+    """Seed numpy's global RNG, Python's ``random`` and (when imported) torch's CPU generator
+    from the seed sequence of ``rng`` (``SeedSequence([seed, epoch, index])``), keyed apart."""
+    seq = rng.bit_generator.seed_seq
+    entropy = getattr(seq, "entropy", None)
+    words = np.random.SeedSequence(entropy, spawn_key=(GLOBALS_KEY,)).generate_state(10)
+    np.random.seed(words[:4])  # three different keys: no two generators share a stream
+    random.seed(int.from_bytes(words[4:8].tobytes(), "little"))
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "default_generator"):
+        torch.default_generator.manual_seed(int(words[8]) << 32 | int(words[9]))
+
+
+def _global_states() -> tuple[Any, Any, Any]:
+    """The global RNGs' states (numpy, random, torch CPU or None), to put back afterwards."""
+    torch = sys.modules.get("torch")
+    saved = torch.get_rng_state() if torch is not None and hasattr(torch, "get_rng_state") else None
+    return np.random.get_state(), random.getstate(), saved
+
+
+def _restore(states: tuple[Any, Any, Any]) -> None:
+    np.random.set_state(states[0])
+    random.setstate(states[1])
+    if states[2] is not None:
+        sys.modules["torch"].set_rng_state(states[2])
 
 
 def is_dataset(obj: Any) -> bool:
@@ -110,6 +146,7 @@ class DatasetSource(Source):
     """A user's per-sample dataset; ``fields`` are its fields' ``(name, dtype, shape)``."""
 
     read_ahead = False  # __getitem__ runs in the worker's own thread, one sample at a time
+    in_worker = False  # in a worker process the global RNGs are the loader's: not put back
 
     def __init__(self, dataset: Any, spec: Any = None) -> None:
         self.dataset = dataset
@@ -124,14 +161,11 @@ class DatasetSource(Source):
         # what workers get: the dataset as it is now, before the probe below opens files or
         # memory-maps arrays in it (a pickled np.memmap would be a full copy per worker)
         self._sent = _freeze(dataset)
-        token = _RNG.set(np.random.default_rng(0))  # sample_rng() works in the probe too
-        try:
-            first = dataset[0]
+        try:  # sample_rng() works in the probe too; the user's global RNGs are left as they are
+            first = self._call(0, np.random.default_rng(0))
         except Exception as exc:
             exc.add_note("stoker: raised by the dataset's __getitem__(0), read to learn its fields")
             raise
-        finally:
-            _RNG.reset(token)
         self.sample_form, values = _structure(first)
         declared = parse_spec(spec) if spec is not None else None
         fields: list[FieldSpec] = []
@@ -157,18 +191,19 @@ class DatasetSource(Source):
         self.__dict__.update(state)
         self.dataset = cloudpickle.loads(self._sent)
 
+    def open_in_worker(self) -> None:
+        """In a worker process: reseed the global RNGs per sample without saving them."""
+        self.in_worker = True
+
     def name(self, index: int) -> str:
         """``dataset[index]``."""
         return f"dataset[{index}]"
 
     def load(self, index: int, rng: np.random.Generator, out: dict[str, np.ndarray]) -> None:
-        """Call ``__getitem__(index)`` (with ``sample_rng()`` set) and write each field into
-        ``out``; a field of another shape or dtype is a SourceError naming it."""
-        token = _RNG.set(rng)
-        try:
-            sample = self.dataset[index]
-        finally:
-            _RNG.reset(token)
+        """Call ``__getitem__(index)`` (with ``sample_rng()`` set and the global RNGs seeded
+        from the sample) and write each field into ``out``; a field of another shape or dtype
+        is a SourceError naming it."""
+        sample = self._call(index, rng)
         _, values = _structure(sample)
         names = [f[0] for f in self.own]
         if sorted(values) != sorted(names):
@@ -185,6 +220,19 @@ class DatasetSource(Source):
                     "the same shape and dtype for every sample, or declare spec="
                 )
             out[name][...] = arr
+
+    def _call(self, index: int, rng: np.random.Generator) -> Any:
+        """``dataset[index]`` with ``sample_rng()`` set to ``rng`` and the global RNGs seeded
+        from it (and put back afterwards outside a worker process)."""
+        saved = None if self.in_worker else _global_states()
+        token = _RNG.set(rng)
+        seed_globals(rng)
+        try:
+            return self.dataset[index]
+        finally:
+            _RNG.reset(token)
+            if saved is not None:
+                _restore(saved)
 
     def fingerprint(self) -> str:
         """Digest of the dataset's type, length and fields (its content is not known)."""
