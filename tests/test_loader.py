@@ -102,6 +102,30 @@ def test_batches_kept_by_the_consumer_are_never_overwritten(image_folder):
 
 
 @pytest.mark.timeout(60)
+def test_in_process_batches_reuse_memory_only_when_nothing_holds_it():
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (64, 160, 160, 3), dtype=np.uint8)  # 1.2 MB per batch of 16
+    targets = rng.random((64, 3), np.float32)
+    with stoker.Loader(images, labels=targets, batch_size=16, workers=0, batch="dict") as loader:
+        blocks = []
+        for b in loader:  # held one batch at a time: two blocks take turns
+            assert np.array_equal(b["image"], images[b["index"]])
+            assert np.array_equal(b["label"], targets[b["index"]])
+            blocks.append(b["image"].base)
+        assert len({id(m) for m in blocks}) == 2, blocks
+        kept = list(loader)  # every batch kept: none is overwritten, each has its own memory
+        slices = []
+        for b in loader:  # only a view of part of each batch kept: that part stays intact
+            slices.append((b["image"][3:5], b["index"][3:5].copy()))
+        for b in kept:
+            assert np.array_equal(b["image"], images[b["index"]])
+        assert len({id(b["image"].base) for b in kept}) == len(kept)
+        for part, index in slices:
+            assert np.array_equal(part, images[index])
+        assert loader.stats().kept_batches == 0
+
+
+@pytest.mark.timeout(60)
 def test_break_then_iterate_again_continues_the_epoch(image_folder):
     kw = dict(batch_size=4, image_size=16, workers=2)
     with stoker.Loader(image_folder, **kw) as loader:
