@@ -176,7 +176,14 @@ def test_a_read_that_never_answers_blocks_only_itself(image_folder, tmp_path):
             reads.take(2)
         assert reads.lost == 1
         assert reads.take(7)[0] == files[7].read_bytes()  # a fresh thread took its place
+        source.release.set()  # the read was slow, not dead: its thread comes back
+        for _ in range(300):
+            if reads.lost == 0:
+                break
+            threading.Event().wait(0.1)
+        assert reads.lost == 0
         reads.close()
+        source.release.clear()
         with stoker.Loader(source, batch_size=3, image_size=16, shuffle=False, workers=0,
                            timeout=8.0, max_errors=2) as loader, pytest.warns(stoker.StokerWarning):
             labels = np.concatenate([y for _, y in loader])

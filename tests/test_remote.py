@@ -1,4 +1,5 @@
-"""Remote shards through fsspec, against a real HTTP server on 127.0.0.1 that serves Range."""
+"""Remote shards through fsspec, against a real HTTP server on 127.0.0.1 that serves Range; their
+reads run ahead through the same window as local sources' (sources/readahead.py)."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ import stoker  # noqa: E402
 from stoker.cli.convert import convert  # noqa: E402
 from stoker.errors import SourceError, StokerError  # noqa: E402
 from stoker.sources import open_source  # noqa: E402
-from stoker.sources.base import Source  # noqa: E402
-from stoker.sources.remote import RemoteShardSource  # noqa: E402
+from stoker.sources.readahead import MAX_WINDOW, ReadAhead, ReadSettings  # noqa: E402
+from stoker.sources.remote import READ_AHEAD_MAX, RemoteShardSource  # noqa: E402
 from stoker.sources.shards import ShardSource  # noqa: E402
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
@@ -63,6 +64,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             time.sleep(srv.delay)
             path = self._file()
             rng = self.headers.get("Range")
+            if srv.hang and rng == srv.hang:  # a request that gets no answer until released
+                srv.release.wait(60)
             srv.note(self, rng)
             if path is None:
                 self.send_error(404)
@@ -100,6 +103,8 @@ class _Server(http.server.ThreadingHTTPServer):
         self.gate_open = False
         self.requests: list[tuple[str, str, str | None]] = []
         self.inflight = self.max_inflight = 0
+        self.hang: str | None = None  # the Range header of a request left unanswered
+        self.release = threading.Event()
 
     def note(self, handler, rng):
         with self.lock:
@@ -136,6 +141,7 @@ def server(tmp_path):
     thread.start()
     srv.url = f"http://127.0.0.1:{srv.server_address[1]}"
     yield srv
+    srv.release.set()
     srv.shutdown()
     srv.server_close()
     thread.join(5)
@@ -241,52 +247,106 @@ def test_server_stopping_mid_run_counts_bad_samples_then_fails(server, shard_dir
     assert "127.0.0.1" in str(info.value)
 
 
-class _Recorder(Source):
-    def __init__(self, n):
-        self.labels = np.zeros(n, dtype=np.int64)
-        self.calls: list[list[int]] = []
-
-    def prefetch(self, indices):
-        self.calls.append([int(i) for i in indices])
-
-    def read(self, index):
-        return np.full((8, 8, 3), index, dtype=np.uint8)
-
-    def fingerprint(self):
-        return "r"
-
-
-@pytest.mark.timeout(30)
-def test_assembler_announces_each_batch_once():
-    src = _Recorder(10)
-    with stoker.Loader(src, batch_size=4, image_size=8, workers=0, shuffle=False,
-                       augment="eval", drop_last=False) as loader:
-        list(loader)
-    assert src.calls == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+def _range(src, index):
+    """The Range header of sample ``index``'s one ranged read."""
+    shard, row = src.locate(index)
+    offset, length = (int(v) for v in src._table(shard)[row + 2])
+    return f"bytes={offset}-{offset + length - 1}"
 
 
 @pytest.mark.timeout(60)
-def test_read_ahead_issues_a_batch_of_ranged_reads_concurrently(server, shard_dir):
+def test_read_ahead_window_bounds_the_ranged_reads_in_flight(server, shard_dir):
     """Concurrency is counted (requests in flight at once at the server), not timed."""
     url = _serve(server, shard_dir)
     src = RemoteShardSource(url)
+    assert src.read_ahead  # remote reads run ahead through the window like local ones
+    order = np.random.default_rng(1).permutation(len(src))[:12]
+    plain = [src.read(int(i)) for i in order]
+    reads = ReadAhead(src, ReadSettings(window=4, page_cache="drop"))  # nothing to drop
+    reads.start(order[:1])
+    reads.take(int(order[0]))  # the window's first read goes alone (no size known yet)
     server.reset()
     server.gate = 4  # each GET waits until 4 are in flight together
-    indices = np.arange(12)
     try:
-        src.prefetch(indices)
-        data = [src.read(i) for i in indices]
+        reads.start(order)
+        data = [reads.take(int(i))[0] for i in order]
     finally:
         server.gate = 0
+        reads.close()
+    assert data == plain  # the same bytes, in the same order, as plain reads
+    assert reads.counters.dropped == 0  # network reads leave no pages to drop
     gets = [r for r in server.requests if r[0] == "GET"]
-    assert len(gets) == 12  # one ranged read per image, none repeated by read()
-    assert server.max_inflight >= 4 and server.gate_missed == 0  # concurrent, not one by one
-    assert not src._ahead  # read() consumed the read-ahead: memory bounded to one batch
+    assert sorted(r[2] for r in gets) == sorted(_range(src, int(i)) for i in order)  # one each
+    assert server.gate_missed == 0  # 4 in flight at once: concurrent, not one by one
+    assert server.max_inflight == 4  # and never more than the window
     server.reset()
-    assert [src.read(i) for i in indices] == data  # without read-ahead: one request each
+    assert [src.read(int(i)) for i in order] == plain  # plain reads: one request each, in turn
     assert len([r for r in server.requests if r[0] == "GET"]) == 12
-    assert server.max_inflight == 1  # plain reads, one after the other
+    assert server.max_inflight == 1
     src.close()
+
+
+@pytest.mark.timeout(90)
+def test_auto_window_grows_past_the_local_maximum_to_cover_network_latency(server, shard_dir):
+    url = _serve(server, shard_dir)
+    src = RemoteShardSource(url, read_ahead_max=MAX_WINDOW + 8)
+    server.delay = 0.3  # every request takes far longer than a (here empty) decode
+    server.reset()
+    order = np.tile(np.arange(len(src)), 4)
+    reads = ReadAhead(src, ReadSettings(window="auto"))
+    reads.start(order)
+    data = [reads.take(int(i))[0] for i in order]
+    reads.close()
+    server.delay = 0.0
+    assert data == [src.read(int(i)) for i in order]
+    assert MAX_WINDOW < server.max_inflight <= MAX_WINDOW + 8  # past 32, within the source's cap
+    src.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_request_that_never_answers_is_a_bad_sample_and_blocks_only_itself(server, shard_dir):
+    url = _serve(server, shard_dir)
+    src = RemoteShardSource(url)
+    plain = [src.read(i) for i in range(8)]
+    server.hang = _range(src, 2)
+    reads = ReadAhead(src, ReadSettings(window=4, timeout=3.0))
+    reads.start(np.arange(8))
+    for index in (3, 4, 5):  # the samples behind the stuck one arrive while it hangs
+        assert reads.take(index)[0] == plain[index]
+    with pytest.raises(OSError, match="no bytes after"):
+        reads.take(2)
+    assert reads.take(7)[0] == plain[7]
+    reads.close()
+    with stoker.Loader(src, batch_size=3, image_size=16, shuffle=False, workers=0, timeout=8.0,
+                       augment="eval", max_errors=2) as loader, pytest.warns(stoker.StokerWarning):
+        labels = np.concatenate([y for _, y in loader])
+        stats = loader.stats()
+    assert stats.skipped == 1 and "no bytes after" in dict(stats.bad_files)[src.name(2)]
+    expected = src.labels[[0, 1, 3, 3, 4, 5, 6, 7, 8, 9, 10, 11]]  # sample 3 took 2's place
+    np.testing.assert_array_equal(labels[:12], expected)
+    src.close()
+
+
+@pytest.mark.timeout(120)
+def test_remote_resume_and_split_read_ahead_give_the_plain_batches(server, shard_dir):
+    url = _serve(server, shard_dir)
+    kw = dict(batch_size=5, image_size=24, seed=3, augment="train")
+    with stoker.Loader(url, workers=0, read_ahead=0, **kw) as loader:
+        plain = [(x.copy(), y.copy()) for x, y in loader]
+    with stoker.Loader(url, workers=0, read_ahead=0, **kw) as loader:
+        it = iter(loader)
+        next(it), next(it)
+        state = loader.state_dict()
+    with stoker.Loader(url, workers=2, **kw) as again:  # read ahead, in workers
+        again.load_state_dict(state)
+        rest = [(x.copy(), y.copy()) for x, y in again]
+    assert len(rest) == len(plain) - 2
+    for (xa, ya), (xb, yb) in zip(plain[2:], rest, strict=True):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+    with stoker.Loader(url, validation_split=0.25, subset="validation", **kw) as val:
+        split = val.source  # a subset of the remote source reads ahead as its base does
+        assert split.read_ahead and split.read_ahead_max == READ_AHEAD_MAX > MAX_WINDOW
 
 
 @pytest.mark.timeout(120)

@@ -13,8 +13,7 @@ import stoker
 from stoker.assemble import Plan
 from stoker.cli.convert import convert
 from stoker.order import block_order, epoch_order, shuffle_quality
-from stoker.sources import open_source
-from stoker.sources import shards as shards_mod
+from stoker.sources import open_source, shardindex
 from stoker.sources.shards import ShardSource
 
 
@@ -109,7 +108,7 @@ def test_read_only_folder_keeps_its_index_in_the_cache(shard_folder, tmp_path, m
 
     folder = tmp_path / "ro"
     shutil.copytree(shard_folder, folder, ignore=shutil.ignore_patterns("*.idx.npy"))
-    monkeypatch.setattr(shards_mod, "_writable", lambda folder: False)
+    monkeypatch.setattr(shardindex, "_writable", lambda folder: False)
     src = ShardSource(folder, cache_dir=tmp_path / "cache")
     assert all(f.startswith(str(tmp_path / "cache")) for f in src.index_files)
     assert not list(folder.glob("*.idx.npy"))

@@ -173,8 +173,7 @@ class Assembler:
         indices = order[positions]
         u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
         report = Report(count=len(indices))
-        self.source.prefetch(indices)  # remote sources fetch the batch's bytes concurrently
-        self.reads.start(indices)  # local sources: a window of reads ahead of decoding
+        self.reads.start(indices)  # a window of reads ahead of decoding (files or network)
         masks = arrays.get("mask")
         columns = self.columns.items()
         dropped = self.reads.counters.dropped

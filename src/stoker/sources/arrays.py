@@ -182,11 +182,12 @@ class NpySource(DecodedArrays):
         """The image, read from the mapping."""
         return np.asarray(self._images()[index])
 
-    def forget(self, index: int) -> None:
+    def forget(self, index: int) -> bool:
         """Drop the image's rows of the file from the page cache."""
         images = self._images()
         row = int(images.nbytes // max(1, images.shape[0]))
         drop_pages(str(self.path), int(getattr(images, "offset", 0)) + index * row, row)
+        return True
 
     def name(self, index: int) -> str:
         """``file.npy[index]``."""

@@ -28,9 +28,13 @@ class Source:
     sample_form: Any = None
     #: Extra numeric columns read by name (a CSV's ``columns=``), one value per sample.
     named_columns: dict[str, np.ndarray] = {}
-    #: ``read`` may run on several threads at once and waits on storage (files, not memory):
-    #: the loader then reads upcoming samples ahead of decoding (see ``sources.readahead``).
+    #: ``read`` may run on several threads at once and waits on storage (files or network,
+    #: not memory): the loader then reads upcoming samples ahead of decoding (see
+    #: ``sources.readahead``).
     read_ahead: bool = False
+    #: The most reads in flight an auto-sized read-ahead window may keep for this source (None:
+    #: the read-ahead's own maximum; remote sources raise it to cover network latency).
+    read_ahead_max: int | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -59,13 +63,11 @@ class Source:
         None for encoded files."""
         return None
 
-    def prefetch(self, indices: np.ndarray) -> None:
-        """Hint: ``read`` is about to be called for ``indices`` (one batch). Remote sources
-        start fetching them concurrently; the default does nothing. Must not raise."""
-
-    def forget(self, index: int) -> None:
+    def forget(self, index: int) -> bool:
         """Hint: sample ``index``'s bytes were read and will not be needed again soon; drop
-        them from the page cache if the storage allows it (default: nothing). Must not raise."""
+        them from the page cache if the storage allows it. True when pages were dropped
+        (default: nothing to drop, False). Must not raise."""
+        return False
 
     def name(self, index: int) -> str:
         """A human-readable name of sample ``index`` (its file path, or ``array[i]``)."""
@@ -163,11 +165,12 @@ class FileListSource(Source):
             raise NotImplementedError(f"{type(self).__name__} has no masks")
         return read_file(self.mask_index.path(index))
 
-    def forget(self, index: int) -> None:
+    def forget(self, index: int) -> bool:
         """Drop the file's (and its mask's) pages from the page cache."""
         drop_pages(self.index.path(index))
         if self.mask_index is not None:
             drop_pages(self.mask_index.path(index))
+        return True
 
     def name(self, index: int) -> str:
         """The file's path."""

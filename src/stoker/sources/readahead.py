@@ -1,6 +1,8 @@
 """Reads that run ahead of decoding: a bounded window of upcoming samples' reads in flight.
 
-A worker decodes one sample while the next few are being read, so the disk's queue stays full
+The one read-ahead of every source that waits on storage: files, shards, tars, ``.npy`` and
+HDF5 on local disks, and remote shards (each read one ranged request). A worker decodes one
+sample while the next few are being read, so the disk's (or the network's) queue stays full
 while the core decodes (cold data: each read waits ~0.5 ms on the disk, one decode takes ~1 ms).
 ``ReadAhead.start(indices)`` is told a batch's samples in order; up to ``window`` of them are
 read at once on threads (file reads release the GIL), and ``take(index)`` hands each one's bytes
@@ -10,10 +12,11 @@ over as it is needed. Nothing about the batch changes: the same samples, read by
 The window sizes itself (``window="auto"``): from the measured read latency and the time the
 caller spends between two ``take`` calls (decoding), enough reads are kept in flight to cover a
 read's latency three times over (a cold disk's latency varies a lot), between ``MIN_WINDOW`` and
-``MAX_WINDOW``, and never more completed
-bytes held than ``max_bytes``. Every read has a deadline (``timeout``): a file that never answers
-(a FIFO, a hung mount) becomes an ``OSError`` for that sample (a bad sample, replaced as usual)
-and its stuck thread is replaced, so it never blocks the other samples.
+``MAX_WINDOW`` (or the source's own ``read_ahead_max``: a remote source's requests take tens of
+milliseconds, so it lets the window grow further), and never more completed bytes held than
+``max_bytes``. Every read has a deadline (``timeout``): a file that never answers (a FIFO, a
+hung mount, a request with no reply) becomes an ``OSError`` for that sample (a bad sample,
+replaced as usual) and its stuck thread is replaced, so it never blocks the other samples.
 
 Page-cache citizenship (``page_cache``): ``"drop"`` tells the kernel to drop a sample's file pages
 once its bytes are read (``Source.forget``: ``posix_fadvise(DONTNEED)``); ``"keep"`` never does;
@@ -42,7 +45,7 @@ MAX_WINDOW = 32
 START_WINDOW = 8
 COVER = 3  # reads in flight cover this many read latencies of decoding
 DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
-MAX_LOST_THREADS = 32  # threads stuck on dead files before read-ahead gives up
+MAX_LOST_THREADS = 32  # threads stuck at once on dead files before read-ahead gives up
 IDLE_S = 10.0  # a reading thread with nothing to do for this long ends
 SIZE_AFTER = 64  # samples read before "auto" judges whether the dataset fits in RAM
 PAGE_CACHE = ("auto", "keep", "drop")
@@ -88,11 +91,12 @@ class ReadAhead:
         fixed = self.settings.window
         self.auto = fixed == "auto"
         self.window = START_WINDOW if self.auto else int(fixed)  # type: ignore[arg-type]
+        self.max_window = max(MIN_WINDOW, int(source.read_ahead_max or MAX_WINDOW))
         self.enabled = bool(source.read_ahead) and self.window > 0
         self.masks = bool(source.has_masks)
         self.counters = ReadCounters()
         self.held = self.peak_held = 0  # completed bytes not yet taken
-        self.lost = 0  # threads abandoned on reads past their deadline
+        self.lost = 0  # threads still stuck on reads abandoned past their deadline
         self._drop = self.settings.page_cache == "drop"
         self._lock = threading.Lock()
         self._tasks: queue.SimpleQueue[tuple[int, cf.Future] | None] = queue.SimpleQueue()
@@ -125,11 +129,12 @@ class ReadAhead:
         try:
             result, nbytes = future.result(timeout=self.settings.timeout)
         except cf.TimeoutError:
-            future.add_done_callback(self._release)
             self._abandon()
+            future.add_done_callback(self._returned)
             raise OSError(
                 f"{self.source.name(index)}: no bytes after {self.settings.timeout:.0f} s (a "
-                "file that never answers: a FIFO, a hung network mount?); counted as bad"
+                "file or request that never answers: a FIFO, a hung mount, a stalled server?); "
+                "counted as bad"
             ) from None
         finally:
             self._pace()
@@ -168,6 +173,13 @@ class ReadAhead:
         if not future.cancelled() and future.exception() is None:
             with self._lock:
                 self.held -= future.result()[1]
+
+    def _returned(self, future: cf.Future) -> None:
+        """An abandoned read finished after all (a slow request, not a dead file): its bytes
+        are not held, and its thread serves the window again."""
+        self._release(future)
+        with self._lock:
+            self.lost -= 1
 
     def _refill(self) -> None:
         """Start reads while the window has room and the bytes held stay under the cap."""
@@ -218,7 +230,7 @@ class ReadAhead:
         if self.auto and c.reads >= 8 and self._gap_s > 0:
             latency = c.latency_s / c.reads
             need = math.ceil(COVER * latency / self._gap_s) + 1
-            self.window = max(MIN_WINDOW, min(MAX_WINDOW, need))
+            self.window = max(MIN_WINDOW, min(self.max_window, need))
 
     # ------------------------------------------------------------------ reading threads
 
@@ -269,8 +281,7 @@ class ReadAhead:
             if self.settings.page_cache == "auto" and c.reads == SIZE_AFTER:
                 ram = memory_bytes()
                 self._drop = bool(ram) and c.nbytes / c.reads * len(self.source) > ram
-        if self._drop:
-            self.source.forget(index)
+        if self._drop and self.source.forget(index):
             self.counters.dropped += 1
         return nbytes
 

@@ -7,22 +7,25 @@ root; HTTP(S) has no directory listing, so there the manifest is required. Other
 fall back to listing ``*.parquet``. A URL ending in ``.parquet`` is one shard.
 
 Each shard's byte-offset index is built once, by the same code as a local shard's
-(``shards._locate_values``, fed one ranged read per column chunk instead of a memory map), and
-cached under ``cache_dir`` (default ``~/.cache/stoker/index``)/<hash of the URL>, keyed by the
-shard's size and checksum (the manifest's sha256, else the store's ETag). ``read(i)`` is then
-one ranged read (``cat_file(url, start, end)``) of exactly the image's bytes.
+(``shardindex.locate_values``, fed one ranged read per column chunk instead of a memory map),
+and cached under ``cache_dir`` (default ``~/.cache/stoker/index``)/<hash of the URL>, keyed by
+the shard's size and checksum (the manifest's sha256, else the store's ETag). ``read(i)`` is
+then one ranged read (``cat_file(url, start, end)``) of exactly the image's bytes.
 
-Read-ahead: the Assembler calls ``prefetch(indices)`` once per batch; the ranged reads of the
-whole batch start at once on a small thread pool and ``read(i)`` takes its bytes as they come,
-so decoding overlaps the network. At most one batch's bytes are held. A network failure or a
-timeout is an ``OSError`` naming the URL (the loader counts it as a bad sample); every wait has
-a timeout, so nothing hangs. Shards whose images are compressed are read a row group at a time
-through an fsspec file, as ``ShardSource`` does locally.
+Read-ahead is the one every local source has (``sources.readahead``): a window of upcoming
+samples' ``read(i)`` calls in flight on threads, sized from the measured latency against the
+decode time; a request's latency is far longer than a disk's, so this source lets the window
+grow to ``read_ahead_max`` (default 64) requests per worker, still within the window's cap on
+bytes held. Each request has its own deadline (``timeout``, enforced on the wait as well as in
+the HTTP client), and the window's per-read deadline holds on top of that: a network failure
+or a request that never answers is an ``OSError`` naming the URL (the loader counts it as a bad
+sample) and never blocks the other samples. Shards whose images are compressed are read a row
+group at a time through an fsspec file, as ``ShardSource`` does locally (one at a time: no
+read-ahead).
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import json
 import os
@@ -34,19 +37,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError, one_line
-from .shards import (
-    INDEX_VERSION,
-    MAGIC,
-    MANIFEST,
-    ShardSource,
-    _hf_classes,
-    _index_valid,
-    _join_labels,
-    _locate_values,
-)
+from .shardindex import cache_path, index_valid, locate_values, write_index
+from .shards import MANIFEST, ShardSource, _hf_classes, _join_labels
 
 DEFAULT_TIMEOUT = 60.0  # seconds for one request (connect + transfer)
-PREFETCH_THREADS = 16
+READ_AHEAD_MAX = 64  # requests in flight per worker the auto window may grow to
 _HTTP = ("http", "https")
 
 
@@ -58,10 +53,6 @@ def is_url(spec: Any) -> bool:
 class RemoteShardSource(ShardSource):
     """Parquet shards behind an fsspec URL; see the module docstring."""
 
-    #: Reads run ahead through this source's own per-batch ``prefetch`` (network requests
-    #: with their own timeouts), not the local read-ahead window.
-    read_ahead = False  # type: ignore[assignment]
-
     def __init__(
         self,
         url: str,
@@ -71,14 +62,14 @@ class RemoteShardSource(ShardSource):
         cache_dir: str | os.PathLike | None = None,
         storage_options: dict[str, Any] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
-        threads: int = PREFETCH_THREADS,
+        read_ahead_max: int = READ_AHEAD_MAX,
     ) -> None:
         if not is_url(url):
             raise SourceError(f"{url!r} is not a URL (scheme://...)")
         self.url = url.rstrip("/")
         self.protocol = self.url.split("://", 1)[0].lower()
         self.storage_options = dict(storage_options or {})
-        self.timeout, self.threads = float(timeout), max(1, int(threads))
+        self.timeout, self.read_ahead_max = float(timeout), max(1, int(read_ahead_max))
         self.access = "remote"
         self.image_column, self.label_column = image_column, label_column
         self._cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache/stoker/index"
@@ -134,7 +125,7 @@ class RemoteShardSource(ShardSource):
         where = f"{self.url}/{MANIFEST}"
         raw: bytes | None
         try:
-            raw = self._fetch(where)
+            raw = self._get(where)
         except FileNotFoundError:
             raw = None
         except OSError as exc:
@@ -208,25 +199,16 @@ class RemoteShardSource(ShardSource):
         )
         rows = pf.metadata.num_rows
         folder, name = url.rsplit("/", 1)
-        digest = hashlib.blake2b(folder.encode("utf-8", "surrogateescape"), digest_size=8)
-        path = self._cache_dir / digest.hexdigest() / f"{name}.idx.npy"
-        if _index_valid(path, (size, key), rows):
+        path = cache_path(self._cache_dir, folder, name)
+        if index_valid(path, (size, key), rows):
             return str(path)
-        offsets = _locate_values(
-            url, pf, self._value_path(pf), fetch=lambda start, end: self._fetch(url, start, end)
+        offsets = locate_values(
+            url, pf, self._value_path(pf), fetch=lambda start, end: self._get(url, start, end)
         )
         if offsets is None:
             return None
-        table = np.empty((rows + 2, 2), dtype=np.int64)
-        table[0] = (MAGIC, INDEX_VERSION)
-        table[1] = (size, key)
-        table[2:] = offsets
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "wb") as f:
-                np.save(f, table, allow_pickle=False)
-            os.replace(tmp, path)
+            write_index(path, (size, key), offsets)
         except OSError as exc:
             raise SourceError(
                 f"{url}: cannot write its byte-offset index under {self._cache_dir} ({exc}); "
@@ -251,24 +233,17 @@ class RemoteShardSource(ShardSource):
         super()._reset()
         self._fs: Any = None
         self._fs_pid = -1
-        self._pool: cf.ThreadPoolExecutor | None = None
-        self._pool_pid = -1
         self._tables: dict[int, np.ndarray] = {}
-        self._ahead: dict[int, cf.Future] = {}
         self._files_open: list[Any] = []
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for key in ("_fs", "_fs_pid", "_pool", "_pool_pid", "_tables", "_ahead", "_files_open"):
+        for key in ("_fs", "_fs_pid", "_tables", "_files_open"):
             state.pop(key, None)
         return state
 
     def close(self) -> None:
-        """Drop read-ahead bytes, stop the fetch threads, close open remote files."""
-        for future in self._ahead.values():
-            future.cancel()
-        if self._pool is not None and self._pool_pid == os.getpid():
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        """Close this process's open remote files and drop its filesystem."""
         for f in self._files_open:
             try:
                 f.close()
@@ -277,9 +252,15 @@ class RemoteShardSource(ShardSource):
         self._reset()
 
     def _filesystem(self) -> Any:
-        """This process's fsspec filesystem (made per process: never shared across a fork)."""
-        if self._fs is not None and self._fs_pid == os.getpid():
+        """This process's fsspec filesystem (made per process: never shared across a fork;
+        shared by the process's reading threads)."""
+        with self._lock:
+            if self._fs is None or self._fs_pid != os.getpid():
+                self._fs = self._make_filesystem()
+                self._fs_pid = os.getpid()
             return self._fs
+
+    def _make_filesystem(self) -> Any:
         try:
             import fsspec
         except ImportError:
@@ -297,20 +278,12 @@ class RemoteShardSource(ShardSource):
             )
             options["client_kwargs"] = client
         try:
-            self._fs = fsspec.filesystem(self.protocol, skip_instance_cache=True, **options)
+            return fsspec.filesystem(self.protocol, skip_instance_cache=True, **options)
         except (ImportError, ValueError) as exc:
             raise SourceError(
                 f"{self.url}: no fsspec filesystem for {self.protocol}:// ({one_line(exc)}); "
                 "install its package (s3fs for s3://, gcsfs for gs://)"
             ) from None
-        self._fs_pid = os.getpid()
-        return self._fs
-
-    def _executor(self) -> cf.ThreadPoolExecutor:
-        if self._pool is None or self._pool_pid != os.getpid():
-            self._pool = cf.ThreadPoolExecutor(self.threads, thread_name_prefix="stoker-remote")
-            self._pool_pid = os.getpid()
-        return self._pool
 
     def _table(self, shard: int) -> np.ndarray:
         table = self._tables.get(shard)
@@ -327,13 +300,20 @@ class RemoteShardSource(ShardSource):
     # ------------------------------------------------------------------ reading
 
     def _get(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
-        """One (ranged) read; any failure is an OSError naming the URL."""
+        """One (ranged) request; any failure is an OSError naming the URL. The wait has a
+        deadline of its own (``timeout`` + 5 s, on fsspec's async filesystems), so no backend
+        can hang the caller even where its client has no timeout."""
+        fs = self._filesystem()
+        deadline = self.timeout + 5.0
+        wait = {"timeout": deadline} if getattr(fs, "async_impl", False) else {}
+        span = f" bytes {start}-{end}" if start is not None else ""
         try:
-            data = self._filesystem().cat_file(url, start=start, end=end)
+            data = fs.cat_file(url, start=start, end=end, **wait)
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"{url}: not found ({exc})") from None
+        except TimeoutError:  # fsspec's FSTimeoutError, aiohttp's and asyncio's
+            raise OSError(f"{url}{span}: no answer within {deadline:.0f} s") from None
         except Exception as exc:  # noqa: BLE001 - network errors of any backend
-            span = f" bytes {start}-{end}" if start is not None else ""
             raise OSError(f"{url}{span}: {one_line(exc)}") from None
         if start is not None and end is not None and len(data) != end - start:
             raise OSError(
@@ -342,45 +322,9 @@ class RemoteShardSource(ShardSource):
             )
         return data
 
-    def _fetch(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
-        """``_get`` with a deadline enforced here too, so no backend can hang the caller."""
-        return self._wait(self._executor().submit(self._get, url, start, end), url)
-
-    def _wait(self, future: cf.Future, url: str) -> bytes:
-        try:
-            return future.result(timeout=self.timeout + 5.0)
-        except cf.TimeoutError:
-            future.cancel()
-            raise OSError(f"{url}: no answer within {self.timeout + 5.0:.0f} s") from None
-        except cf.CancelledError:
-            raise OSError(f"{url}: read cancelled") from None
-
-    def prefetch(self, indices: np.ndarray) -> None:
-        """Start the ranged reads of one batch concurrently; ``read`` takes them as they come.
-        Replaces the previous batch's read-ahead, so at most one batch is held."""
-        for future in self._ahead.values():
-            future.cancel()
-        self._ahead = {}
-        try:
-            pool = self._executor()
-            for index in indices:
-                index = int(index)
-                if index in self._ahead:
-                    continue
-                shard, row = self.locate(index)
-                if self.modes[shard] != 0:
-                    continue
-                offset, length = (int(v) for v in self._table(shard)[row + 2])
-                if offset >= 0:
-                    url = self.files[shard]
-                    self._ahead[index] = pool.submit(self._get, url, offset, offset + length)
-        except Exception:  # noqa: BLE001 - only a hint: read() fetches and reports by itself
-            pass
-
     def read(self, index: int) -> bytes:
-        """The encoded image bytes of sample ``index``: one ranged read (or the read-ahead's)."""
+        """The encoded image bytes of sample ``index``: one ranged request."""
         shard, row = self.locate(index)
-        url = self.files[shard]
         if self.modes[shard] != 0:
             try:
                 return self._read_group(shard, row, index)
@@ -391,10 +335,11 @@ class RemoteShardSource(ShardSource):
         offset, length = (int(v) for v in self._table(shard)[row + 2])
         if offset < 0:
             raise DecodeError(f"{self.name(index)}: no image bytes (null)")
-        future = self._ahead.pop(index, None)
-        if future is not None:
-            return self._wait(future, url)
-        return self._fetch(url, offset, offset + length)
+        return self._get(self.files[shard], offset, offset + length)
+
+    def forget(self, index: int) -> bool:
+        """Nothing to drop: network reads leave no pages of the shard in the page cache."""
+        return False
 
 
 # ---------------------------------------------------------------------------- helpers

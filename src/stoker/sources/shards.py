@@ -10,11 +10,10 @@ RSS (a worker seems to grow to the dataset's size) and turns a shard truncated u
 SIGBUS instead of an error. Other shards (compressed image
 columns, as most foreign datasets are) are read a row group at a time, keeping the last one.
 
-The sidecar is an int64 array of shape ``(rows + 2, 2)``: ``[MAGIC, VERSION]``, then the
-shard's ``[size, mtime_ns]`` (a mismatch means the shard changed: the index is rebuilt), then
-one ``[offset, length]`` per row (``[-1, 0]`` for a missing image). It lives next to the shard,
-or under ``cache_dir`` (default ``~/.cache/stoker/index``) when that folder is read-only. Every
-offset is checked against the bytes pyarrow reads when the index is built.
+The sidecar index (``shardindex``) lives next to the shard as ``<shard>.idx.npy``, stamped with
+the shard's size and mtime, or under ``cache_dir`` (default ``~/.cache/stoker/index``) when that
+folder is read-only. Every offset is checked against the bytes pyarrow reads when the index is
+built.
 """
 
 from __future__ import annotations
@@ -23,10 +22,8 @@ import hashlib
 import json
 import mmap
 import os
-import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +33,12 @@ import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError
 from .base import Source, drop_pages
+from .shardindex import local_index
 from .targets import parse_column, unlabeled
 
-MAGIC = 0x5354_4B49_4458  # "STKIDX"
-INDEX_VERSION = 1
 MANIFEST = "stoker-manifest.json"
 _OPEN_MAPS = 64  # open shard files (descriptors or memory maps) kept per process
 _OPEN_FILES = 8  # ParquetFile readers kept open per process (row-group mode)
-_NEEDLE = 64  # bytes of each value searched for when locating it
 
 
 class ShardSource(Source):
@@ -84,7 +79,8 @@ class ShardSource(Source):
             groups.extend(md.row_group(g).num_rows for g in range(md.num_row_groups))
             labels.append(self._labels(pf))
             hf_classes = hf_classes or _hf_classes(pf)
-            idx = self._offset_index(path, pf, expected)
+            sha = (expected or {}).get("sha256")
+            idx = local_index(path, pf, self._value_path(pf), self._cache_dir, sha)
             self.modes.append(0 if idx is not None else 1)
             self.index_files.append(idx or "")
         self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
@@ -127,46 +123,6 @@ class ShardSource(Source):
             return unlabeled(pf.metadata.num_rows)
         column = pf.read(columns=[self.label_column]).column(0).combine_chunks()
         return arrow_targets(column, f"label column {self.label_column!r}")
-
-    def _offset_index(self, path: str, pf: pq.ParquetFile, expected: dict | None) -> str | None:
-        """Path of a valid sidecar index for ``path`` (built if missing or stale); None when
-        the image bytes are not stored verbatim (compressed or dictionary-encoded)."""
-        st = os.stat(path)
-        for candidate in self._index_locations(path):
-            if _index_valid(candidate, (st.st_size, st.st_mtime_ns), pf.metadata.num_rows):
-                return candidate
-        offsets = _locate_values(path, pf, self._value_path(pf))
-        if offsets is None:
-            return None
-        if expected is not None and expected.get("sha256"):
-            if _sha256(path) != expected["sha256"]:
-                raise SourceError(
-                    f"{path}: sha256 differs from the manifest; the shard is damaged or was "
-                    "replaced: convert again or restore it"
-                )
-        table = np.empty((len(offsets) + 2, 2), dtype=np.int64)
-        table[0] = (MAGIC, INDEX_VERSION)
-        table[1] = (st.st_size, st.st_mtime_ns)
-        table[2:] = offsets
-        for candidate in self._index_locations(path):
-            try:
-                Path(candidate).parent.mkdir(parents=True, exist_ok=True)
-                tmp = f"{candidate}.{os.getpid()}.tmp"
-                with open(tmp, "wb") as f:
-                    np.save(f, table, allow_pickle=False)
-                os.replace(tmp, candidate)
-                return candidate
-            except OSError:
-                continue
-        raise SourceError(f"{path}: cannot write its byte-offset index anywhere")
-
-    def _index_locations(self, path: str) -> list[str]:
-        """Next to the shard first, then in the cache folder (for read-only folders)."""
-        beside = f"{path}.idx.npy"
-        folder = os.path.dirname(os.path.abspath(path))
-        key = hashlib.blake2b(folder.encode("utf-8", "surrogateescape"), digest_size=8)
-        cached = str(self._cache_dir / key.hexdigest() / f"{os.path.basename(path)}.idx.npy")
-        return [beside, cached] if _writable(folder) else [cached, beside]
 
     def _make_digest(self, manifest: dict | None) -> str:
         h = hashlib.blake2b(digest_size=12)
@@ -245,17 +201,19 @@ class ShardSource(Source):
             return data
         return self._read_group(shard, row, index)
 
-    def forget(self, index: int) -> None:
+    def forget(self, index: int) -> bool:
         """Drop the image's byte range of its shard from the page cache."""
         shard, row = self.locate(index)
         if self.modes[shard] != 0:
-            return
+            return False
         entry = self._acquire(shard)
         try:
             handle, table = entry
             offset, length = (int(v) for v in table[row + 2])
             if isinstance(handle, int) and offset >= 0:
                 drop_pages("", offset, length, fd=handle)
+                return True
+            return False
         finally:
             self._let_go(shard, entry)
 
@@ -379,10 +337,6 @@ def _close(handle: Any) -> None:
         pass
 
 
-def _writable(folder: str) -> bool:
-    return os.access(folder, os.W_OK)
-
-
 def _group_starts(path: str) -> np.ndarray:
     md = pq.ParquetFile(path).metadata
     sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
@@ -446,93 +400,6 @@ def _join_labels(parts: list[Any], where: str) -> tuple[np.ndarray, list[str] | 
 def _cell(value: Any) -> str:
     """A label as a text cell; an unlabeled shard's -1 is an empty cell."""
     return "" if value == -1 else str(value)
-
-
-def _index_valid(candidate: str | os.PathLike, key: tuple[int, int], rows: int) -> bool:
-    """True when ``candidate`` is an offset index of ``rows`` rows stamped with ``key``."""
-    try:
-        table = np.load(candidate, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError):
-        return False
-    return (
-        table.dtype == np.int64
-        and table.ndim == 2
-        and table.shape == (rows + 2, 2)
-        and tuple(table[0]) == (MAGIC, INDEX_VERSION)
-        and tuple(table[1]) == key
-    )
-
-
-def _locate_values(
-    path: str,
-    pf: pq.ParquetFile,
-    column: str,
-    fetch: Callable[[int, int], bytes] | None = None,
-) -> np.ndarray | None:
-    """(offset, length) of every value of ``column`` inside the file, or None if they are not
-    stored verbatim. PLAIN byte arrays are a 4-byte little-endian length then the bytes; each is
-    found from its length and first bytes, searching forward within its column chunk, and then
-    compared in full with the value pyarrow reads. ``fetch(start, end)``, when given, returns
-    those bytes of the file (a remote shard: one ranged read per column chunk); otherwise the
-    local file at ``path`` is memory-mapped."""
-    if fetch is not None:
-        return _locate_in(pf, column, lambda start, end: (fetch(start, end), start))
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        return _locate_in(pf, column, lambda start, end: (mm, 0))
-
-
-def _locate_in(
-    pf: pq.ParquetFile, column: str, chunk_bytes: Callable[[int, int], tuple[Any, int]]
-) -> np.ndarray | None:
-    """The body of ``_locate_values``: ``chunk_bytes(start, end)`` gives a buffer holding the
-    file's bytes ``start:end`` and the file offset of the buffer's first byte."""
-    md = pf.metadata
-    names = [md.schema.column(c).path for c in range(md.num_columns)]
-    if column not in names:
-        return None
-    col = names.index(column)
-    chunks = [md.row_group(g).column(col) for g in range(md.num_row_groups)]
-    if any(c.compression != "UNCOMPRESSED" or c.has_dictionary_page for c in chunks):
-        return None
-    out = np.empty((md.num_rows, 2), dtype=np.int64)
-    row = 0
-    for g, chunk in enumerate(chunks):
-        cursor = chunk.data_page_offset
-        end = cursor + chunk.total_compressed_size
-        mm, base = chunk_bytes(cursor, end)
-        values = pf.read_row_group(g, columns=[column.split(".")[0]]).column(0)
-        values = values.combine_chunks()
-        if pa.types.is_struct(values.type):
-            values = values.field("bytes")
-        for value in values.to_pylist():
-            if value is None:
-                out[row] = (-1, 0)
-                row += 1
-                continue
-            found = _find(mm, value, cursor - base, end - base)
-            if found < 0:
-                return None
-            out[row] = (found + base, len(value))
-            cursor = found + base + len(value)
-            row += 1
-    return out if row == md.num_rows else None
-
-
-def _find(mm: Any, value: bytes, start: int, end: int) -> int:
-    """Offset of ``value``'s bytes stored as a PLAIN byte array in ``mm[start:end]``, or -1."""
-    needle = struct.pack("<I", len(value)) + value[:_NEEDLE]
-    pos = mm.find(needle, start, end)
-    while pos >= 0:
-        begin = pos + 4
-        if mm[begin : begin + len(value)] == value:
-            return begin
-        pos = mm.find(needle, pos + 1, end)
-    return -1
-
-
-def _sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _open_parquet(path: str) -> pq.ParquetFile:

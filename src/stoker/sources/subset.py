@@ -29,6 +29,7 @@ class SubsetSource(Source):
         self.labels = base.labels[self.indices] if labels is None else labels
         self.classes = base.classes if classes is None else classes
         self.has_masks = base.has_masks
+        self.read_ahead, self.read_ahead_max = base.read_ahead, base.read_ahead_max
         self.named_columns = {k: v[self.indices] for k, v in base.named_columns.items()}
         self.tag = tag
 
@@ -48,9 +49,9 @@ class SubsetSource(Source):
         """The base's name of the mask."""
         return self.base.mask_name(int(self.indices[index]))
 
-    def prefetch(self, indices: np.ndarray) -> None:
-        """Passed to the base, in its indices."""
-        self.base.prefetch(self.indices[indices])
+    def forget(self, index: int) -> bool:
+        """The base's, for sample ``indices[index]``."""
+        return self.base.forget(int(self.indices[index]))
 
     def pixel_size(self) -> tuple[int, int] | None:
         """The base's."""

@@ -128,10 +128,11 @@ class TarSource(Source):
             raise OSError(f"{self.name(index)}: short read ({len(data)} of {size} bytes)")
         return data
 
-    def forget(self, index: int) -> None:
+    def forget(self, index: int) -> bool:
         """Drop the member's byte range of its tar from the page cache."""
         size, offset = int(self.sizes[index]), int(self.offsets[index])
         drop_pages("", offset, size, fd=self._fd(index))
+        return True
 
     def _fd(self, index: int) -> int:
         """This process's descriptor of sample ``index``'s tar (safe from several threads)."""
