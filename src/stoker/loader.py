@@ -10,27 +10,21 @@ from typing import Any
 import numpy as np
 
 from . import batch as batch_mod
-from . import config
+from . import config, wiring
 from . import order as order_mod
-from . import pixels as pixels_mod
-from .assemble import Assembler, Columns, Plan, Report
+from .assemble import Assembler, Report
 from .consumer import Guard
 from .decode import decoder_name
 from .errors import ConfigError, StokerError, StokerWarning, TooManyErrors
 from .running import Inline, Running, auto_workers, warn_if_slow_decoder
-from .selection import check_split, select
-from .sources import open_source
 from .sources.targets import class_ids
 from .state import advance_state, check_state, make_state
 from .stats import Stats, StatsReport, WaitMeter
-from .transforms import CustomPipeline, make_pipeline
 from .workers.engine import Engine
 from .workers.launch import describe as describe_start
-from .workers.slots import FieldSpec, SlotLayout
 
 Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
 Fields = dict[str, np.ndarray]
-
 
 
 def _boxed(batch: Any) -> list[Any] | None:
@@ -95,83 +89,23 @@ class Loader:
         self.batch_size = config.positive_int("batch_size", batch_size)
         self.seed, self.timeout = config.seed(seed), config.timeout(timeout)
         self.shuffle = config.flag("shuffle", shuffle)
-        drop_last = config.flag("drop_last", drop_last, allow_none=True)
         self.workers, self._workers_reason = config.workers(workers)
+        self._auto_workers = isinstance(workers, str) and workers == "auto"
         self._prefetch_arg = config.prefetch_arg(prefetch)
-        max_pixels = config.positive_int("max_pixels", max_pixels)
         self.start_method = config.start_method(start_method)
         self.reads = config.read_settings(read_ahead, page_cache, self.timeout)
-        named = batch_mod.column_names(sample_weight, fields)
-        split = check_split(validation_split, subset)
-        self.source = select(
-            open_source(
-                source,
-                paths=paths,
-                labels=labels,
-                masks=masks,
-                label_column=label_column,
-                columns=named,
-                spec=spec,
-            ),
-            class_names=class_names,
-            validation_split=split,
-            subset=subset,
-            seed=self.seed,
-            stratify=config.flag("stratify", stratify),
+        parts = wiring.build(self._args, self.batch_size, self.seed, self.shuffle)
+        self.source, self.subset = parts.source, subset
+        self.image_size, self.augment, self.pipeline = (
+            parts.image_size, parts.augment, parts.pipeline
         )
-        self.subset = subset
-        pixels = self.source.pixel_size()
-        self.image_size = config.image_size(image_size, pixels)
-        augment = config.augment(augment, pixels, subset)
-        fast = config.fast_decode(fast_decode, augment)
-        if crop_to_aspect_ratio and pad_to_aspect_ratio:
-            raise ConfigError(
-                "pass crop_to_aspect_ratio=True or pad_to_aspect_ratio=True, not both"
-            )
-        self.pipeline = make_pipeline(
-            augment,
-            self.image_size,
-            fast,
-            max_pixels,
-            channels=pixels_mod.channels(color_mode, self.source.pixel_channels()),
-            interpolation=pixels_mod.interpolation(interpolation),
-            fit="crop" if crop_to_aspect_ratio else "pad" if pad_to_aspect_ratio else None,
+        self.has_masks, self.drop_last, self.max_errors = (
+            parts.has_masks, parts.drop_last, parts.max_errors
         )
-        self.has_masks = bool(self.source.has_masks)
-        if self.has_masks and isinstance(self.pipeline, CustomPipeline):
-            raise ConfigError(
-                f"augment={augment!r}: a callable or a list of ops cannot be applied to masks "
-                "(not supported); use augment='train', 'eval' or None with masks"
-            )
-        self.augment = augment
-        if drop_last is None:  # training drops the ragged batch; evaluation sees every sample
-            drop_last = self.shuffle and subset != "validation"
-        self.drop_last = drop_last
-        self._auto_workers = isinstance(workers, str) and workers == "auto"
-        self.max_errors = config.max_errors(max_errors, len(self.source))
-        rank, world = config.rank_world(rank, world_size)
-        blocks = getattr(self.source, "block_sizes", None)
-        self.plan = Plan(
-            len(self.source),
-            self.batch_size,
-            self.seed,
-            self.shuffle,
-            self.drop_last,
-            rank,
-            world,
-            block_sizes=tuple(int(b) for b in blocks) if blocks else None,
-            split=config.rank_split(rank_split),
+        self.plan, self.columns, self.layout, self.form = (
+            parts.plan, parts.columns, parts.layout, parts.form
         )
-        self.columns = Columns(batch_mod.columns(self.source, sample_weight, fields, label_mode))
-        self.layout = SlotLayout(self.batch_size, self._field_specs())
-        names = [f[0] for f in self.layout.fields]
-        self.form = batch_mod.resolve_form(batch, names, self.source.sample_form)
         self._batches = self.plan.batches()
-        if self._batches == 0:
-            raise ConfigError(
-                f"{len(self.source)} samples make no full batch of {self.batch_size} with "
-                "drop_last=True: lower batch_size or pass drop_last=False"
-            )
         self.epoch, self.position = 0, 0
         self._ahead = 0  # batches an adapter took ahead of the training step (not yet received)
         self._stats = Stats()
@@ -180,19 +114,6 @@ class Loader:
         self._guard = Guard()
         self._finalizer = weakref.finalize(self, Running.close, self._run)
         warn_if_slow_decoder()
-
-    def _field_specs(self) -> tuple[FieldSpec, ...]:
-        """The batch's fields: image, mask (segmentation), every column, the sample index."""
-        height, width = self.image_size
-        specs: list[FieldSpec] = [("image", "|u1", (height, width, self.pipeline.channels))]
-        if self.source.sample_fields is not None:  # a per-sample dataset: its own fields
-            specs = list(self.source.sample_fields)
-        if self.has_masks:
-            specs.append(("mask", "|u1", (height, width)))
-        for name, column in self.columns.items():
-            specs.append((name, column.dtype.str, tuple(column.shape[1:])))
-        specs.append(("index", "<i8", ()))
-        return tuple(specs)
 
     # ------------------------------------------------------------------ iteration
 
