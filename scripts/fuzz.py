@@ -103,6 +103,7 @@ def one(data: bytes, rng: random.Random) -> None:
     ch, cw = rng.randint(1, h), rng.randint(1, w)
     box = (rng.randint(0, h - ch), rng.randint(0, w - cw), ch, cw)
     size = rng.choice([None, (16, 16), (224, 224)])
+    channels = rng.choice([3, 3, 1, 4])  # gray: libjpeg's grayscale output; RGBA: cv2 unchanged
     try:
         out = dec.decode(
             data,
@@ -112,10 +113,12 @@ def one(data: bytes, rng: random.Random) -> None:
             fast=rng.random() < 0.5,
             max_pixels=50_000_000,
             notes=[],
+            channels=channels,
         )
     except StokerError:
         return
-    assert out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3, out.shape
+    shape_ok = out.ndim == 2 if channels == 1 else out.ndim == 3 and out.shape[2] == channels
+    assert out.dtype == np.uint8 and shape_ok, (channels, out.shape)
 
 
 def run(args: argparse.Namespace, prefix: str) -> tuple[int, int]:

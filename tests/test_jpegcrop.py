@@ -75,15 +75,20 @@ def _jpeg(kind: str, height: int = 333, width: int = 517) -> bytes:
 KINDS = ["420", "422", "444", "411", "440", "gray", "progressive", "restart"]
 
 
-def _raw(data: bytes, box: tuple[int, ...], denom: int, fast: bool) -> np.ndarray:
+def _raw(
+    data: bytes, box: tuple[int, ...], denom: int, fast: bool, channels: int = 3
+) -> np.ndarray:
     """The C function's window, viewed in the padded rows it wrote (checks the row layout)."""
     height, width = jpegcrop.header(data)[:2]
     _, _, out_h, out_w = scaled_region(*box, height, width, denom)
-    buf = np.empty(out_h * (out_w + jpegcrop.ROW_SLACK) * 3, np.uint8)
-    got_h, got_w, skip, pitch, _, _ = jpegcrop._jpeg.decode_region(data, *box, denom, fast, buf)
+    buf = np.empty(out_h * (out_w + jpegcrop.ROW_SLACK) * channels, np.uint8)
+    got_h, got_w, skip, pitch, _, _ = jpegcrop._jpeg.decode_region(
+        data, *box, denom, fast, buf, channels
+    )
     assert (got_h, got_w) == (out_h, out_w)
     assert skip + out_w <= pitch <= out_w + jpegcrop.ROW_SLACK
-    return buf[: out_h * pitch * 3].reshape(out_h, pitch, 3)[:, skip : skip + out_w]
+    rows = buf[: out_h * pitch * channels].reshape(out_h, pitch, channels)
+    return rows[:, skip : skip + out_w]
 
 
 def _full_scaled(data: bytes, denom: int, fast: bool) -> np.ndarray:
@@ -91,12 +96,12 @@ def _full_scaled(data: bytes, denom: int, fast: bool) -> np.ndarray:
     return _raw(data, (0, 0, height, width), denom, fast)
 
 
-def _simplejpeg_full(data: bytes, denom: int, fast: bool) -> np.ndarray:
+def _simplejpeg_full(data: bytes, denom: int, fast: bool, colorspace: str = "RGB") -> np.ndarray:
     """simplejpeg's full decode at 1/denom (min_height/min_width select the scale)."""
     height, width = jpegcrop.header(data)[:2]
     return simplejpeg.decode_jpeg(
         data,
-        colorspace="RGB",
+        colorspace=colorspace,
         fastdct=fast,
         fastupsample=fast,
         min_height=-(-height // denom),
@@ -276,6 +281,40 @@ def test_odd_and_tiny_sizes(size: tuple[int, int]) -> None:
                 y0, x0, out_h, out_w = scaled_region(*box, height, width, denom)
                 out = _raw(data, box, denom, False)
                 np.testing.assert_array_equal(out, full[y0 : y0 + out_h, x0 : x0 + out_w])
+
+
+@needs_ext
+@pytest.mark.parametrize("fast", [False, True], ids=["accurate", "fast"])
+@pytest.mark.parametrize("denom", [1, 2, 4, 8])
+@pytest.mark.parametrize("kind", ["420", "444", "411", "gray", "progressive", "restart"])
+def test_gray_output_is_libjpegs_grayscale_in_every_window(kind, denom, fast) -> None:
+    """channels=1 asks libjpeg for grayscale output (a YCbCr file's Y plane, no chroma work):
+    every window equals the same window of simplejpeg's (own libjpeg-turbo) GRAY decode at the
+    same scale, exactly; at full scale also Pillow's ``draft("L")`` decode (libjpeg's gray)."""
+    data = _jpeg(kind)
+    height, width = 333, 517
+    reference = _simplejpeg_full(data, denom, fast, "GRAY")[:, :, 0]
+    if denom == 1 and not fast:
+        pil = Image.open(io.BytesIO(data))
+        pil.draft("L", None)
+        assert np.array_equal(reference, np.asarray(pil.convert("L")))
+    for box in _boxes(height, width, 25, seed=denom):
+        y0, x0, out_h, out_w = scaled_region(*box, height, width, denom)
+        out = _raw(data, box, denom, fast, channels=1)
+        assert out.shape == (out_h, out_w, 1)
+        assert np.array_equal(out[:, :, 0], reference[y0 : y0 + out_h, x0 : x0 + out_w]), box
+    whole = decode_region(data, (5, 6, 70, 80), channels=1)  # the wrapper: a (h, w) view
+    assert whole.shape == (70, 80)
+    assert np.array_equal(whole, _raw(data, (5, 6, 70, 80), 1, False, 1)[:, :, 0])
+
+
+@needs_ext
+def test_gray_output_refuses_other_channel_counts() -> None:
+    buf = np.empty(64 * 64 * 4, np.uint8)
+    with pytest.raises(ValueError, match="channels must be 1 or 3"):
+        jpegcrop._jpeg.decode_region(_jpeg("420"), 0, 0, 8, 8, 1, False, buf, 4)
+    with pytest.raises(ValueError, match=r"rows of \d+ x 3"):  # the buffer check counts channels
+        jpegcrop._jpeg.decode_region(_jpeg("420"), 0, 0, 8, 8, 1, False, buf[:40], 3)
 
 
 @needs_ext

@@ -4,13 +4,13 @@ filter (``interpolation``) and fitting another aspect ratio (``crop_to_aspect_ra
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 import cv2
 import numpy as np
 
-from .errors import ConfigError, DecodeError
+from .decode.common import to_channels as to_channels  # re-exported: the pipelines use it
+from .errors import ConfigError
 
 COLOR_MODES = {"grayscale": 1, "rgb": 3, "rgba": 4}
 INTERPOLATIONS = {
@@ -39,25 +39,6 @@ def interpolation(value: Any) -> str:
     raise ConfigError(
         f"interpolation={value!r}: use 'auto', {', '.join(repr(k) for k in INTERPOLATIONS)}"
     )
-
-
-def to_channels(image: np.ndarray, count: int) -> np.ndarray:
-    """A gray (h, w) / (h, w, 1), RGB or RGBA ``uint8`` image with ``count`` channels: gray as
-    (h, w) for 1 (luma, BT.601), RGB for 3 (alpha dropped), RGBA for 4 (opaque if none)."""
-    have = 1 if image.ndim == 2 else image.shape[2]
-    if image.ndim == 3 and have == 1:
-        image = image[:, :, 0]
-    if have == count or (count == 1 and image.ndim == 2):
-        return image
-    code = {
-        (1, 3): cv2.COLOR_GRAY2RGB,
-        (1, 4): cv2.COLOR_GRAY2RGBA,
-        (3, 1): cv2.COLOR_RGB2GRAY,
-        (3, 4): cv2.COLOR_RGB2RGBA,
-        (4, 1): cv2.COLOR_RGBA2GRAY,
-        (4, 3): cv2.COLOR_RGBA2RGB,
-    }[(have, count)]
-    return cv2.cvtColor(np.ascontiguousarray(image), code)
 
 
 def resize_into(region: np.ndarray, out: np.ndarray, how: str = "auto") -> None:
@@ -97,18 +78,3 @@ def pad_into(region: np.ndarray, out: np.ndarray, how: str) -> None:
     resize_into(region, inner, how)
     out[...] = 0
     out[top : top + rh, left : left + rw] = inner
-
-
-def decode_rgba(data: bytes, box: Box | None) -> np.ndarray:
-    """Decode an image with its alpha channel (``color_mode="rgba"`` on files) through Pillow,
-    orientation applied, cut to ``box``; images without alpha come out opaque."""
-    from PIL import Image, ImageOps
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            rgba = np.asarray(ImageOps.exif_transpose(img).convert("RGBA"))
-    except Exception as exc:  # noqa: BLE001 - any decoder failure is this sample's bad data
-        raise DecodeError(f"cannot decode with alpha ({type(exc).__name__}: {exc})") from None
-    if box is None:
-        return rgba
-    return rgba[box[0] : box[0] + box[2], box[1] : box[1] + box[3]]

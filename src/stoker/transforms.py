@@ -115,8 +115,6 @@ class Pipeline:
             return (img if box is None else _cut(img, box)), size, box
         info = dec.probe(data, max_pixels=self.max_pixels)
         box = self.box(info.height, info.width, u)
-        if self.channels == 4:  # alpha: decoded with Pillow (the fast decoders drop it)
-            return pixels.decode_rgba(bytes(data), box), (info.height, info.width), box
         region = dec.decode(
             data,
             info,
@@ -125,6 +123,7 @@ class Pipeline:
             fast=self.fast,
             max_pixels=self.max_pixels,
             notes=notes,
+            channels=self.channels,
         )
         return region, (info.height, info.width), box
 

@@ -10,7 +10,8 @@ This package owns turning the bytes of one image file into pixels, one module pe
   bombs before any pixel is allocated.
 - :func:`decode` returns the RGB ``uint8`` pixels of a region given in displayed
   coordinates, optionally at a reduced JPEG DCT scale (1/2, 1/4, 1/8) when the caller will
-  shrink it anyway.
+  shrink it anyway; ``channels=1`` gives gray (a JPEG straight from libjpeg's grayscale
+  output) and ``channels=4`` RGBA (a PNG's or WebP's alpha through OpenCV's unchanged read).
 
 Every failure caused by the data is a :class:`~stoker.errors.DecodeError` (or its subclass
 :class:`~stoker.errors.DecompressionBombError`), whatever a decoder underneath raised; a bad
@@ -36,6 +37,7 @@ from .common import (
     check_pixels,
     crop_oriented,
     sniff,
+    to_channels,
 )
 from .masks import as_mask
 
@@ -110,8 +112,10 @@ def decode(
     fast: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     notes: list[str] | None = None,
+    channels: int = 3,
 ) -> np.ndarray:
-    """Decode an image (or the region ``box`` of it) to an RGB ``uint8`` array (h, w, 3).
+    """Decode an image (or the region ``box`` of it) to an RGB ``uint8`` array (h, w, 3), or
+    with ``channels=1`` a gray (h, w) one, with ``channels=4`` an RGBA (h, w, 4) one.
 
     ``info`` is the result of :func:`probe` on the same data (probed here when None).
     ``box = (top, left, height, width)`` is in displayed (orientation-applied)
@@ -123,10 +127,20 @@ def decode(
     not stop the decode (libjpeg's warnings about corrupt data) are appended to ``notes``
     when it is given.
 
+    Gray: a JPEG is decoded straight to gray by libjpeg (its grayscale output, which for the
+    usual YCbCr file is the stored Y plane: the chroma is never decoded); other formats are
+    converted from RGB with BT.601 luma weights (as Pillow's ``convert("L")``). RGBA: a PNG's or
+    WebP's own alpha (OpenCV's unchanged read, Pillow for what it cannot or a gray PNG's tRNS
+    key), a JPEG's RGB crop-window decode with alpha 255, Pillow's ``convert("RGBA")`` for
+    the other formats.
+
     Raises :class:`DecodeError` for corrupt, truncated or unsupported data (whatever the
     decoder underneath raised), :class:`DecompressionBombError` for images over
-    ``max_pixels``, and ``ValueError`` for a box outside the image.
+    ``max_pixels``, and ``ValueError`` for a box outside the image or ``channels`` not 1,
+    3 or 4.
     """
+    if channels not in (1, 3, 4):
+        raise ValueError(f"channels={channels!r}: use 1 (gray), 3 (RGB) or 4 (RGBA)")
     data = byte_view(data)
     if info is None:
         info = probe(data, max_pixels=max_pixels)
@@ -136,17 +150,32 @@ def decode(
         box = (0, 0, info.height, info.width)
     else:
         check_box(box, info)
-    args = (data, info, box, min_size, fast, notes)
+    args = (data, info, box, min_size, fast, notes, channels)
     image = _own_errors("decode", info.format, lambda: _decode(*args))
     assert isinstance(image, np.ndarray)
     return image
 
 
-def _decode(data, info, box, min_size, fast, notes) -> np.ndarray:  # type: ignore[no-untyped-def]
+def _decode(data, info, box, min_size, fast, notes, channels) -> np.ndarray:  # type: ignore[no-untyped-def]
     module = _FORMATS.get(info.format)
-    if module is None:  # another format Pillow reads
-        return crop_oriented(pillow.decode(data, info), box, info)
-    return module.decode(data, info, box, min_size, fast, notes)
+    if channels == 4 and module is not jpeg:
+        return _decode_rgba(data, info, box)
+    if module is jpeg:
+        image = jpeg.decode(data, info, box, min_size, fast, notes, 1 if channels == 1 else 3)
+    elif module is None:  # another format Pillow reads
+        image = crop_oriented(pillow.decode(data, info), box, info)
+    else:
+        image = module.decode(data, info, box, min_size, fast, notes)
+    return to_channels(image, channels)
+
+
+def _decode_rgba(data: bytes | memoryview, info: ImageInfo, box: tuple[int, int, int, int]):  # type: ignore[no-untyped-def]
+    """The displayed ``box`` with the image's alpha, RGBA (opaque where it has none)."""
+    if info.format in ("png", "webp"):
+        return _FORMATS[info.format].decode_rgba(data, info, box)
+    if info.format == "tiff":
+        return tiff.decode(data, info, box, channels=4)
+    return crop_oriented(pillow.decode(data, info, channels=4), box, info)
 
 
 def decode_mask(

@@ -4,14 +4,17 @@
  * Two functions, both built on the Python C API alone (no numpy headers):
  *
  *   header(data) -> (height, width, components, colorspace, warnings, warning)
- *   decode_region(data, top, left, height, width, scale_denom, fast, out)
+ *   decode_region(data, top, left, height, width, scale_denom, fast, out[, channels])
  *       -> (out_h, out_w, skip, pitch, warnings, warning)
  *
  * decode_region() decodes the rows and columns that the region needs and no
  * more: jpeg_crop_scanline() limits the columns, jpeg_skip_scanlines() jumps
  * over the rows above and the rows below are never decoded (the decompressor
  * is destroyed as soon as the last wanted row is out).  Pixels are written as
- * RGB rows of ``pitch`` pixels straight into the caller's writable buffer
+ * RGB rows (``channels`` 3) or grayscale rows (``channels`` 1: libjpeg's
+ * JCS_GRAYSCALE output, which for a YCbCr file is the Y plane as decoded, with
+ * no chroma IDCT, upsampling or colour conversion; an RGB file's gray is
+ * libjpeg's luma of it) of ``pitch`` pixels straight into the caller's writable buffer
  * ``out``; the window is columns skip .. skip + out_w of each row (libjpeg
  * decodes from an iMCU boundary, at most 33 pixels left of the window, so
  * ``pitch`` <= out_w + 34).  The caller views the window in place: no row is
@@ -103,7 +106,7 @@ typedef struct {
     size_t src_len;
     /* decode_region parameters */
     Py_ssize_t top, left, height, width;
-    int denom, fast;
+    int denom, fast, channels;
     unsigned char *out;
     Py_ssize_t out_len;
     /* results */
@@ -251,7 +254,7 @@ run_decode(job_t *job)
         return ST_REGION;
     }
 
-    cinfo->out_color_space = JCS_RGB;
+    cinfo->out_color_space = job->channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
     cinfo->scale_num = 1;
     cinfo->scale_denom = (unsigned int)job->denom;
     cinfo->dct_method = job->fast ? JDCT_IFAST : JDCT_ISLOW;
@@ -271,8 +274,8 @@ run_decode(job_t *job)
     job->out_w = x1 - x0;
 
     jpeg_start_decompress(cinfo); /* reads all scans of a progressive file */
-    if (cinfo->output_components != 3)
-        ERREXIT(cinfo, JERR_BAD_STATE); /* cannot happen for JCS_RGB */
+    if (cinfo->output_components != job->channels)
+        ERREXIT(cinfo, JERR_BAD_STATE); /* cannot happen for JCS_RGB / JCS_GRAYSCALE */
 
     /* One spare column each side (see the exactness note above); libjpeg then
      * moves crop_x left to an iMCU boundary and widens crop_w to match. */
@@ -284,11 +287,11 @@ run_decode(job_t *job)
      * columns (x0 - crop_x on) without copying them out of a row buffer. */
     job->skip = x0 - crop_x;
     job->pitch = crop_w;
-    row_bytes = (size_t)crop_w * 3;
+    row_bytes = (size_t)crop_w * (size_t)job->channels;
     if ((unsigned long long)job->out_h * row_bytes > (unsigned long long)job->out_len) {
         snprintf(job->err.msg, sizeof(job->err.msg),
-                 "output buffer holds %zd bytes, the region needs %u rows of %u x 3",
-                 job->out_len, (unsigned)job->out_h, (unsigned)crop_w);
+                 "output buffer holds %zd bytes, the region needs %u rows of %u x %d",
+                 job->out_len, (unsigned)job->out_h, (unsigned)crop_w, job->channels);
         jpeg_destroy_decompress(cinfo);
         return ST_OUTBUF;
     }
@@ -379,13 +382,15 @@ jpeg_header(PyObject *module, PyObject *arg)
 }
 
 PyDoc_STRVAR(decode_region_doc,
-"decode_region(data, top, left, height, width, scale_denom, fast, out)\n"
-"    -> (out_h, out_w, skip, pitch, warnings, warning)\n"
+"decode_region(data, top, left, height, width, scale_denom, fast, out,\n"
+"              channels=3) -> (out_h, out_w, skip, pitch, warnings, warning)\n"
 "\n"
 "Decode the region (top, left, height, width) -- full-resolution stored\n"
 "coordinates -- of the JPEG ``data`` at scale 1/scale_denom (1, 2, 4 or 8)\n"
-"as out_h RGB rows of ``pitch`` pixels into ``out``, a writable C-contiguous\n"
-"buffer of at least out_h * (out_w + 34) * 3 bytes; the region is columns\n"
+"as out_h rows of ``pitch`` pixels into ``out``: RGB for channels=3,\n"
+"grayscale (libjpeg's JCS_GRAYSCALE: the Y plane of a YCbCr file) for\n"
+"channels=1. ``out`` is a writable C-contiguous buffer of at least\n"
+"out_h * (out_w + 34) * channels bytes; the region is columns\n"
 "skip .. skip + out_w of each row. With s = scale_denom and the scaled\n"
 "image ceil(H/s) x ceil(W/s):\n"
 "\n"
@@ -409,13 +414,17 @@ jpeg_decode_region(PyObject *module, PyObject *args)
 {
     Py_buffer data, out;
     Py_ssize_t top, left, height, width;
-    int denom, fast, status;
+    int denom, fast, status, channels = 3;
     job_t job;
 
     (void)module;
-    if (!PyArg_ParseTuple(args, "y*nnnnipw*:decode_region", &data, &top, &left,
-                          &height, &width, &denom, &fast, &out))
+    if (!PyArg_ParseTuple(args, "y*nnnnipw*|i:decode_region", &data, &top, &left,
+                          &height, &width, &denom, &fast, &out, &channels))
         return NULL;
+    if (channels != 1 && channels != 3) {
+        PyErr_Format(PyExc_ValueError, "channels must be 1 or 3, not %d", channels);
+        goto fail;
+    }
     if (denom != 1 && denom != 2 && denom != 4 && denom != 8) {
         PyErr_Format(PyExc_ValueError, "scale_denom must be 1, 2, 4 or 8, not %d", denom);
         goto fail;
@@ -438,6 +447,7 @@ jpeg_decode_region(PyObject *module, PyObject *args)
     job.width = width;
     job.denom = denom;
     job.fast = fast;
+    job.channels = channels;
     job.out = (unsigned char *)out.buf;
     job.out_len = out.len;
 

@@ -8,6 +8,7 @@ import re
 import struct
 from typing import NamedTuple
 
+import cv2
 import numpy as np
 
 from ..errors import DecodeError, DecompressionBombError
@@ -186,7 +187,7 @@ def orient(image: np.ndarray, orientation: int) -> np.ndarray:
         return image[::-1, ::-1]
     if orientation == 4:
         return image[::-1]
-    transposed = image.transpose(1, 0, 2)
+    transposed = image.swapaxes(0, 1)  # gray (h, w) or (h, w, c)
     if orientation == 5:
         return transposed
     if orientation == 6:
@@ -194,3 +195,24 @@ def orient(image: np.ndarray, orientation: int) -> np.ndarray:
     if orientation == 7:
         return transposed[::-1, ::-1]
     return transposed[::-1]  # 8
+
+
+_CONVERSIONS = {
+    (1, 3): cv2.COLOR_GRAY2RGB,
+    (1, 4): cv2.COLOR_GRAY2RGBA,
+    (3, 1): cv2.COLOR_RGB2GRAY,
+    (3, 4): cv2.COLOR_RGB2RGBA,
+    (4, 1): cv2.COLOR_RGBA2GRAY,
+    (4, 3): cv2.COLOR_RGBA2RGB,
+}
+
+
+def to_channels(image: np.ndarray, count: int) -> np.ndarray:
+    """A gray (h, w) / (h, w, 1), RGB or RGBA ``uint8`` image with ``count`` channels: gray as
+    (h, w) for 1 (luma, BT.601), RGB for 3 (alpha dropped), RGBA for 4 (opaque if none)."""
+    have = 1 if image.ndim == 2 else image.shape[2]
+    if image.ndim == 3 and have == 1:
+        image = image[:, :, 0]
+    if have == count or (count == 1 and image.ndim == 2):
+        return image
+    return cv2.cvtColor(np.ascontiguousarray(image), _CONVERSIONS[(have, count)])

@@ -16,6 +16,10 @@ whatever region an epoch draws. Then:
 2. where it is not built, or for CMYK/YCCK, simplejpeg (strict) over the whole image;
 3. Pillow, the reference, for what those refuse.
 
+Grayscale (``channels=1``) is asked of libjpeg itself in 1 and 2 (its grayscale output: a
+YCbCr file's Y plane, the chroma never decoded, upsampled or converted); Pillow's RGB is
+from libjpeg's grayscale output too (Pillow's ``draft("L")``) in 3.
+
 libjpeg warnings (recoverable corrupt data) do not stop a decode, as they do not in Pillow or
 OpenCV; they are appended to the caller's ``notes`` so the loader can report them.
 """
@@ -208,26 +212,34 @@ def decode(
     min_size: tuple[int, int] | None,
     fast: bool,
     notes: list[str] | None,
+    channels: int = 3,
 ) -> np.ndarray:
-    """The displayed-coordinates ``box`` of a JPEG, RGB, possibly at a reduced DCT scale."""
+    """The displayed-coordinates ``box`` of a JPEG, RGB (or gray (h, w) for ``channels=1``),
+    possibly at a reduced DCT scale."""
     check_complete(data)
     if jpegcrop.AVAILABLE:
-        region = _decode_window(data, info, box, min_size, fast, notes)
+        region = _decode_window(data, info, box, min_size, fast, notes, channels)
         if region is not None:
             return region
     factor = _scale_factor(box, min_size)
-    image, factor = _decode_whole(data, info, factor, fast, notes)
+    image, factor = _decode_whole(data, info, factor, fast, notes, channels)
     return crop_oriented(image, box, info, factor)
 
 
-def _decode_window(data, info: ImageInfo, box: Box, min_size, fast: bool, notes):
+def _decode_window(data, info: ImageInfo, box: Box, min_size, fast: bool, notes, channels):
     """Decode only ``box`` with the C extension; None where it cannot (CMYK/YCCK)."""
     stored = stored_box(box, info)
     if min_size is not None and info.orientation >= 5:
         min_size = (min_size[1], min_size[0])
     try:
         region = jpegcrop.decode_region(
-            data, stored, min_size, fast, image_size=stored_size(info), notes=notes
+            data,
+            stored,
+            min_size,
+            fast,
+            image_size=stored_size(info),
+            notes=notes,
+            channels=channels,
         )
     except ValueError as exc:
         message = str(exc)
@@ -235,16 +247,16 @@ def _decode_window(data, info: ImageInfo, box: Box, min_size, fast: bool, notes)
             return None
         if message.startswith("truncated"):
             raise DecodeError(message) from None
-        return _reference(data, info, message, box)
+        return _reference(data, info, message, box, channels)
     if info.orientation == 1:
         return region
     return np.ascontiguousarray(orient(region, info.orientation))
 
 
-def _reference(data, info: ImageInfo, message: str, box: Box) -> np.ndarray:
+def _reference(data, info: ImageInfo, message: str, box: Box, channels: int) -> np.ndarray:
     """Pillow's decode of a JPEG libjpeg-turbo refused here; DecodeError if Pillow fails too."""
     try:
-        image = pillow.decode(data, info)
+        image = pillow.decode(data, info, channels=channels)
     except DecodeError:
         raise DecodeError(message) from None  # libjpeg's reason: "corrupt or unsupported ..."
     return crop_oriented(image, box, info)
@@ -257,15 +269,17 @@ def _scale_factor(box: Box, min_size: tuple[int, int] | None) -> int:
     return jpegcrop.pick_denom(box[2], box[3], min_size[0], min_size[1])
 
 
-def _decode_whole(data, info: ImageInfo, factor: int, fast: bool, notes) -> tuple[np.ndarray, int]:
-    """Decode a whole JPEG at scale 1/``factor`` with simplejpeg (Pillow where it refuses);
-    return the array and the scale used."""
+def _decode_whole(
+    data, info: ImageInfo, factor: int, fast: bool, notes, channels: int = 3
+) -> tuple[np.ndarray, int]:
+    """Decode a whole JPEG at scale 1/``factor`` with simplejpeg (Pillow where it refuses),
+    RGB or (``channels=1``) libjpeg's grayscale; return the array and the scale used."""
     stored_h, stored_w = stored_size(info)
     want_h, want_w = -(-stored_h // factor), -(-stored_w // factor)
     try:
         image = simplejpeg.decode_jpeg(
             data,
-            colorspace="RGB",
+            colorspace="GRAY" if channels == 1 else "RGB",
             fastdct=fast,
             fastupsample=fast,
             min_height=want_h if factor > 1 else 0,
@@ -273,13 +287,15 @@ def _decode_whole(data, info: ImageInfo, factor: int, fast: bool, notes) -> tupl
             strict=True,
         )
     except ValueError as exc:
-        image = pillow.decode(data, info)
+        image = pillow.decode(data, info, channels=channels)
         message = str(exc)
         if notes is not None and any(t in message.lower() for t in _WARNING_TEXTS):
             notes.append(f"libjpeg warning: {message}")
         return image, 1
+    if channels == 1:
+        image = image[:, :, 0]
     if image.shape[:2] != (want_h, want_w):
         if factor > 1:  # a tiny image where another scale gave the same size: go full
-            return _decode_whole(data, info, 1, fast, notes)
+            return _decode_whole(data, info, 1, fast, notes, channels)
         raise DecodeError(f"JPEG decoded to {image.shape[:2]}, header says {(stored_h, stored_w)}")
     return image, factor

@@ -127,8 +127,11 @@ def decode_region(
     *,
     image_size: tuple[int, int] | None = None,
     notes: list[str] | None = None,
+    channels: int = 3,
 ) -> np.ndarray:
-    """Decode the region ``box = (top, left, height, width)`` of a JPEG to RGB.
+    """Decode the region ``box = (top, left, height, width)`` of a JPEG to RGB, or with
+    ``channels=1`` straight to grayscale (libjpeg's grayscale output: a YCbCr file's Y plane,
+    its chroma never decoded).
 
     ``box`` is in full-resolution stored coordinates (None: the whole image). With
     ``min_size = (H, W)`` the region is decoded at the largest DCT scale 1/8, 1/4 or
@@ -140,7 +143,8 @@ def decode_region(
     (recoverable corrupt data, decoded anyway) are appended to ``notes`` when given, as
     ``"libjpeg warning: <first message>"`` (with a count when there were more).
 
-    Returns a ``uint8`` array of shape ``(out_h, out_w, 3)`` whose pixels and columns are
+    Returns a ``uint8`` array of shape ``(out_h, out_w, 3)`` (``(out_h, out_w)`` for gray)
+    whose pixels and columns are
     contiguous but whose rows may be padded (a view into the rows libjpeg wrote: the window
     is not copied out of them); ``np.ascontiguousarray`` gives a packed copy.
     Raises ``ValueError`` for corrupt or truncated data (for the latter the message starts
@@ -158,17 +162,18 @@ def decode_region(
     top, left, height, width = (0, 0, img_h, img_w) if box is None else box
     denom = 1 if min_size is None else pick_denom(height, width, min_size[0], min_size[1])
     _, _, out_h, out_w = scaled_region(top, left, height, width, img_h, img_w, denom)
-    buf = np.empty(out_h * (out_w + ROW_SLACK) * 3, dtype=np.uint8)
+    buf = np.empty(out_h * (out_w + ROW_SLACK) * channels, dtype=np.uint8)
     got_h, got_w, skip, pitch, warnings, warning = lib.decode_region(
-        data, top, left, height, width, denom, bool(fast), buf
+        data, top, left, height, width, denom, bool(fast), buf, channels
     )
     if warnings and notes is not None:
         more = f" (and {warnings - 1} more)" if warnings > 1 else ""
         notes.append(f"libjpeg warning: {warning}{more}")
     if (got_h, got_w) != (out_h, out_w):  # cannot happen: the C code uses the same mapping
         raise RuntimeError(f"JPEG region decoded to {(got_h, got_w)}, expected {(out_h, out_w)}")
-    rows = buf[: out_h * pitch * 3].reshape(out_h, pitch, 3)
-    return rows[:, skip : skip + out_w]
+    rows = buf[: out_h * pitch * channels].reshape(out_h, pitch, channels)
+    window = rows[:, skip : skip + out_w]
+    return window[:, :, 0] if channels == 1 else window
 
 
 def _require() -> ModuleType:

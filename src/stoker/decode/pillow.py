@@ -1,5 +1,6 @@
 """The general decoders: OpenCV (fast, for PNG and WebP) and Pillow (the reference, and the
-fallback for whatever OpenCV rejects or gets wrong), each giving RGB ``uint8``."""
+fallback for whatever OpenCV rejects or gets wrong), each giving RGB ``uint8``, or RGBA with
+the image's alpha (``color_mode="rgba"``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from .common import ImageInfo, stored_size
 # OpenCV >= 4.10 decodes straight to RGB; older versions give BGR, swapped in decode_cv2.
 _CV2_RGB = hasattr(cv2, "IMREAD_COLOR_RGB")
 _CV2_FLAGS = getattr(cv2, "IMREAD_COLOR_RGB", cv2.IMREAD_COLOR) | cv2.IMREAD_IGNORE_ORIENTATION
+_CV2_UNCHANGED = cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION
+_TO_RGBA = {1: cv2.COLOR_GRAY2RGBA, 3: cv2.COLOR_BGR2RGBA, 4: cv2.COLOR_BGRA2RGBA}
 PIL_FORMATS = {
     "JPEG": "jpeg",
     "MPO": "jpeg",
@@ -63,6 +66,28 @@ def decode_cv2(data: bytes | memoryview, info: ImageInfo) -> np.ndarray | None:
     return image if _CV2_RGB else cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
 
 
+def decode_cv2_rgba(
+    data: bytes | memoryview, info: ImageInfo, need_alpha: bool = False
+) -> np.ndarray | None:
+    """OpenCV's decode with the image's own channels (``IMREAD_UNCHANGED``) as RGBA ``uint8``
+    (opaque where the image has no alpha; 16-bit data scaled to 8 bits, as :func:`to_rgb`
+    does); None where OpenCV cannot, or gives no alpha channel though ``need_alpha``."""
+    try:
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), _CV2_UNCHANGED)
+    except cv2.error:
+        return None
+    if image is None or image.shape[:2] != stored_size(info):
+        return None
+    have = 1 if image.ndim == 2 else image.shape[2]
+    if have not in _TO_RGBA or (need_alpha and have != 4):
+        return None
+    if image.dtype == np.uint16:
+        image = (np.asarray(image, np.uint16) >> 8).astype(np.uint8)
+    elif image.dtype != np.uint8:
+        return None
+    return cv2.cvtColor(image, _TO_RGBA[have])
+
+
 def decode_fast(data: bytes | memoryview, info: ImageInfo, cv2_first: bool) -> np.ndarray:
     """OpenCV's decode when ``cv2_first`` and it succeeds, else Pillow's."""
     image = decode_cv2(data, info) if cv2_first else None
@@ -70,16 +95,24 @@ def decode_fast(data: bytes | memoryview, info: ImageInfo, cv2_first: bool) -> n
 
 
 def decode(
-    data: bytes | memoryview, info: ImageInfo, frame: int = 0, oriented: bool = False
+    data: bytes | memoryview,
+    info: ImageInfo,
+    frame: int = 0,
+    oriented: bool = False,
+    channels: int = 3,
 ) -> np.ndarray:
-    """Decode with Pillow (frame ``frame`` of a multi-frame file) to RGB uint8 at stored size
-    (at displayed size when ``oriented``: Pillow orients TIFFs itself as it loads them)."""
+    """Decode with Pillow (frame ``frame`` of a multi-frame file) to RGB uint8 (``channels``
+    4: RGBA with the image's alpha; 1: gray, a JPEG's from libjpeg's own grayscale output) at
+    stored size (at displayed size when ``oriented``: Pillow orients TIFFs itself as it loads
+    them)."""
     try:
         with Image.open(io.BytesIO(data)) as im:
             if frame:
                 im.seek(frame)
+            if channels == 1 and im.format in ("JPEG", "MPO"):
+                im.draft("L", None)  # libjpeg's gray (the Y plane), as the fast decoders give
             im.load()
-            image = to_rgb(im)
+            image = _CONVERT[channels](im)
     except Image.DecompressionBombError as exc:
         raise DecompressionBombError(f"refused by Pillow: {exc}") from None
     except DecodeError:
@@ -105,6 +138,24 @@ def to_rgb(im: Image.Image) -> np.ndarray:
     if im.mode != "RGB":
         im = im.convert("RGB")
     return np.asarray(im)
+
+
+def to_rgba(im: Image.Image) -> np.ndarray:
+    """Convert a loaded Pillow image to RGBA uint8 (its alpha or transparency kept, opaque
+    otherwise); 16-bit and CIELab data as :func:`to_rgb` converts them."""
+    if im.mode.startswith("I;16") or im.mode in ("I", "LAB"):
+        return cv2.cvtColor(to_rgb(im), cv2.COLOR_RGB2RGBA)
+    return np.asarray(im if im.mode == "RGBA" else im.convert("RGBA"))
+
+
+def to_gray(im: Image.Image) -> np.ndarray:
+    """Convert a loaded Pillow image to gray (h, w) uint8: luma (BT.601) of :func:`to_rgb`."""
+    if im.mode == "L":
+        return np.asarray(im)
+    return cv2.cvtColor(to_rgb(im), cv2.COLOR_RGB2GRAY)
+
+
+_CONVERT = {1: to_gray, 3: to_rgb, 4: to_rgba}
 
 
 @functools.cache

@@ -36,11 +36,12 @@ def animated(data: bytes | memoryview) -> bool:
     return _chunks(data)[1]
 
 
-def _chunks(data: bytes | memoryview) -> tuple[int, bool]:
-    """(orientation, is an APNG) from a walk over the chunks (bounds-checked; garbage ends it)."""
+def _chunks(data: bytes | memoryview) -> tuple[int, bool, bool]:
+    """(orientation, is an APNG, has a tRNS chunk) from a walk over the chunks
+    (bounds-checked; garbage ends it)."""
     n, pos = len(data), 8
     exif = xmp = 0
-    animated = False
+    animated = keyed = False
     for _ in range(MAX_CHUNKS):
         if pos + 8 > n:
             break
@@ -50,6 +51,8 @@ def _chunks(data: bytes | memoryview) -> tuple[int, bool]:
             break
         if kind == b"acTL":
             animated = True
+        elif kind == b"tRNS":
+            keyed = True
         elif kind == b"eXIf" and not exif:
             exif = _exif_payload(bytes(data[start:end]))
         elif kind in (b"tEXt", b"zTXt", b"iTXt"):
@@ -59,7 +62,7 @@ def _chunks(data: bytes | memoryview) -> tuple[int, bool]:
             elif key == _XMP_KEY and not xmp:
                 xmp = xmp_orientation(text)
         pos = end + 4
-    return exif or xmp or 1, animated
+    return exif or xmp or 1, animated, keyed
 
 
 def _exif_payload(payload: bytes) -> int:
@@ -95,3 +98,14 @@ def _raw_profile(text: bytes) -> int:
 def decode(data: bytes | memoryview, info: ImageInfo, box: Box, *_: object) -> np.ndarray:
     """The displayed ``box`` of a PNG (the default image of an APNG), RGB."""
     return crop_oriented(pillow.decode_fast(data, info, not animated(data)), box, info)
+
+
+def decode_rgba(data: bytes | memoryview, info: ImageInfo, box: Box) -> np.ndarray:
+    """The displayed ``box`` of a PNG with its alpha, RGBA: OpenCV's decode of the file's own
+    channels; Pillow for an APNG, and for a tRNS transparency OpenCV did not turn into alpha
+    (a gray image's transparent value)."""
+    _, is_apng, keyed = _chunks(data)
+    image = None if is_apng else pillow.decode_cv2_rgba(data, info, need_alpha=keyed)
+    if image is None:
+        image = pillow.decode(data, info, channels=4)
+    return crop_oriented(image, box, info)

@@ -37,13 +37,16 @@ def probe(data: bytes | memoryview) -> tuple[int, int, int]:
     return height, width, orientation or 1
 
 
-def decode(data: bytes | memoryview, info: ImageInfo, box: Box, *_: object) -> np.ndarray:
-    """The displayed ``box`` of a TIFF's first page, RGB."""
+def decode(
+    data: bytes | memoryview, info: ImageInfo, box: Box, *_: object, channels: int = 3
+) -> np.ndarray:
+    """The displayed ``box`` of a TIFF's first page, RGB (RGBA with its alpha for
+    ``channels=4``)."""
     if info.orientation != 1 and pillow_orients():
         top, left, height, width = box
-        image = pillow.decode(data, info, oriented=True)
+        image = pillow.decode(data, info, oriented=True, channels=channels)
         return image[top : top + height, left : left + width]
-    return crop_oriented(pillow.decode(data, info), box, info)
+    return crop_oriented(pillow.decode(data, info, channels=channels), box, info)
 
 
 @functools.cache

@@ -53,3 +53,13 @@ def _chunks(data: bytes | memoryview) -> tuple[int, bool]:
 def decode(data: bytes | memoryview, info: ImageInfo, box: Box, *_: object) -> np.ndarray:
     """The displayed ``box`` of a WebP image, RGB."""
     return crop_oriented(pillow.decode_fast(data, info, not animated(data)), box, info)
+
+
+def decode_rgba(data: bytes | memoryview, info: ImageInfo, box: Box) -> np.ndarray:
+    """The displayed ``box`` of a WebP image with its alpha, RGBA: OpenCV's decode of the
+    file's own channels (opaque without alpha); Pillow for an animation or what OpenCV
+    cannot decode."""
+    image = None if animated(data) else pillow.decode_cv2_rgba(data, info)
+    if image is None:
+        image = pillow.decode(data, info, channels=4)
+    return crop_oriented(image, box, info)
