@@ -271,7 +271,7 @@ def test_stats_hint_when_the_disk_is_the_bottleneck():
     from stoker.assemble import Report
     from stoker.stats import Stats
 
-    def run(read_s):
+    def run(read_s, from_storage=True):
         stats = Stats()
         for _ in range(3):
             t0 = stats.begin_wait()
@@ -279,13 +279,25 @@ def test_stats_hint_when_the_disk_is_the_bottleneck():
             stats.wait_s += 0.5  # the consumer waited half of each step
             stats.end_wait(t0 - 1.0, 4)
         return stats.report(workers=2, workers_reason="", prefetch=2, prefetch_reason="",
-                            kept_batches=0, memory_folder="/dev/shm")
+                            kept_batches=0, memory_folder="/dev/shm",
+                            from_storage=from_storage)
 
     slow_disk, slow_decode = run(0.2), run(0.001)
     assert slow_disk.bottleneck == slow_decode.bottleneck == "input"
     assert slow_disk.disk_bound and "reading from disk limits you at" in str(slow_disk)
     assert not slow_decode.disk_bound and "hint: reading" not in str(slow_decode)
     assert slow_disk.read_bytes == 12_000_000
+    in_memory = run(0.2, from_storage=False)  # arrays in memory, a user's __getitem__
+    assert not in_memory.disk_bound and "hint: reading" not in str(in_memory)
+
+
+def test_only_sources_that_read_storage_can_blame_the_disk(tmp_path):
+    images = np.zeros((8, 16, 16, 3), np.uint8)
+    np.save(tmp_path / "x.npy", images)
+    assert stoker.Loader(images, batch_size=4).source.from_storage is False
+    sub = stoker.Loader(images, batch_size=2, validation_split=0.5, subset="validation")
+    assert sub.source.from_storage is False
+    assert stoker.Loader(str(tmp_path / "x.npy"), batch_size=4).source.from_storage is True
 
 
 @pytest.mark.timeout(120)

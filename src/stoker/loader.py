@@ -317,6 +317,7 @@ class Loader:
             decoder=decoder_name(),
             startup_s=startup_s,
             startup=startup,
+            from_storage=bool(self.source.from_storage),
         )
 
     def _notes(self) -> list[str]:

@@ -62,6 +62,9 @@ class StatsReport:
     read_mb_s: float = 0.0
     #: samples whose file pages were dropped from the page cache after reading (page_cache)
     pages_dropped: int = 0
+    #: the source reads from storage (not memory, not a user's __getitem__): only then can
+    #: the disk be the bottleneck
+    from_storage: bool = True
 
     @property
     def read_share(self) -> float:
@@ -72,7 +75,7 @@ class StatsReport:
     @property
     def disk_bound(self) -> bool:
         """True when the consumer waits for data and the workers mostly wait for the disk."""
-        return self.bottleneck == "input" and self.read_share >= DISK_BOUND
+        return self.from_storage and self.bottleneck == "input" and self.read_share >= DISK_BOUND
 
     @property
     def bottleneck(self) -> str:

@@ -73,6 +73,8 @@ class DecodedArrays(Source):
 class ArraySource(DecodedArrays):
     """An in-memory array of images; copied once into shared memory that workers map."""
 
+    from_storage = False  # the images are in memory
+
     def __init__(self, images: np.ndarray, labels: Any = None, masks: Any = None) -> None:
         check_images(images, "array source")
         self.labels, self.classes = check_labels(labels, images.shape[0], "array source")

@@ -32,6 +32,9 @@ class Source:
     #: not memory): the loader then reads upcoming samples ahead of decoding (see
     #: ``sources.readahead``).
     read_ahead: bool = False
+    #: ``read`` takes bytes from storage (files, network); False where a sample comes from
+    #: memory or the user's own code: ``stats()`` then never blames the disk.
+    from_storage: bool = True
     #: The most reads in flight an auto-sized read-ahead window may keep for this source (None:
     #: the read-ahead's own maximum; remote sources raise it to cover network latency).
     read_ahead_max: int | None = None

@@ -146,6 +146,7 @@ class DatasetSource(Source):
     """A user's per-sample dataset; ``fields`` are its fields' ``(name, dtype, shape)``."""
 
     read_ahead = False  # __getitem__ runs in the worker's own thread, one sample at a time
+    from_storage = False  # what __getitem__ reads is the user's business
     in_worker = False  # in a worker process the global RNGs are the loader's: not put back
 
     def __init__(self, dataset: Any, spec: Any = None) -> None:

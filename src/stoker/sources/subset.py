@@ -30,6 +30,7 @@ class SubsetSource(Source):
         self.classes = base.classes if classes is None else classes
         self.has_masks = base.has_masks
         self.read_ahead, self.read_ahead_max = base.read_ahead, base.read_ahead_max
+        self.from_storage = base.from_storage
         self.named_columns = {k: v[self.indices] for k, v in base.named_columns.items()}
         self.tag = tag
 
