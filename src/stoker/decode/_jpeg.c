@@ -475,9 +475,16 @@ static PyMethodDef jpeg_methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* Bumped whenever a function's arguments or results change: the Python side refuses a build
+ * of another version (an editable install not rebuilt after a pull) instead of failing on
+ * every image. Keep equal to API_VERSION in jpegcrop.py. */
+#define STOKER_JPEG_API 2
+
 static int
 jpeg_exec(PyObject *module)
 {
+    if (PyModule_AddIntConstant(module, "API_VERSION", STOKER_JPEG_API) < 0)
+        return -1;
 #ifdef LIBJPEG_TURBO_VERSION
 #define STOKER_STR2(x) #x
 #define STOKER_STR(x) STOKER_STR2(x)
