@@ -165,7 +165,7 @@ def feed(kind: str, data: str, cfg: dict[str, Any], device: Any) -> Any:
         import stoker
 
         loader = stoker.Loader(data, batch_size=batch, image_size=size, workers=workers, seed=0)
-        view = loader.torch(device=device, channels_last=False, dtype=torch.float32,
+        view = loader.torch(device=device, dtype=torch.float32,
                             mean=MEAN, std=STD)
         while True:
             yield from view

@@ -130,7 +130,8 @@ def _run(loader, runtime, epochs: int = 2, **options):
     for _ in range(epochs):
         got += [(x, y) for x, y in view]  # "device" tensors: the fake's own memory
     runtime.finish()  # the GPU work still queued completes
-    return [(x.numpy().copy(), y.numpy().copy()) for x, y in got]
+    assert all(x.shape[1] == 3 for x, _ in got)  # PyTorch's (B, C, H, W) by default
+    return [(x.permute(0, 2, 3, 1).numpy().copy(), y.numpy().copy()) for x, y in got]
 
 
 def _same(got, expected) -> None:
@@ -197,7 +198,8 @@ def test_cuda_zero_copy_matches_the_numpy_path(image_folder) -> None:
     with stoker.Loader(image_folder, workers=2, **KW) as loader:
         got = []
         for _ in range(2):
-            got += [(x.cpu().numpy(), y.cpu().numpy()) for x, y in loader.torch(device="cuda")]
+            got += [(x.permute(0, 2, 3, 1).cpu().numpy(), y.cpu().numpy())
+                    for x, y in loader.torch(device="cuda")]
         report = loader.stats()
     _same(got, expected)
     assert "zero-copy" in report.transfer, report.transfer
@@ -210,6 +212,6 @@ def test_cuda_memcpy_fallback_matches_the_numpy_path(image_folder) -> None:
     expected = _expected(image_folder, 4)
     with stoker.Loader(image_folder, workers=1, **KW) as loader:
         got = [(x.cpu().numpy(), y.cpu().numpy())
-               for x, y in loader.torch(device="cuda", zero_copy=False)]
+               for x, y in loader.torch(device="cuda", zero_copy=False, layout="channels_last")]
         assert "memcpy" in loader.stats().transfer
     _same(got, expected)

@@ -150,7 +150,7 @@ def test_output_dtype_for_every_adapter_and_channels_first_keras():
             "keras": loader.keras(dtype="float32", mean=0, std=1)[0],
             "jax": next(iter(loader.jax(dtype="float32", mean=0, std=1))),
             "tf": next(iter(loader.tf(dtype=tf.float32, mean=0, std=1))),
-            "torch": next(iter(loader.torch(dtype=torch.float32, mean=0, std=1))),
+            "torch": next(iter(loader.torch(dtype=torch.float32, mean=0, std=1))),  # (B, C, H, W)
         }
         before = keras.config.image_data_format()
         keras.config.set_image_data_format("channels_first")
@@ -160,6 +160,7 @@ def test_output_dtype_for_every_adapter_and_channels_first_keras():
             keras.config.set_image_data_format(before)
     for name, (x, y) in got.items():
         x, y = np.asarray(x), np.asarray(y)
+        x = x.transpose(0, 2, 3, 1) if name == "torch" else x
         assert x.dtype == np.float32, name
         assert np.allclose(x, images[y].astype(np.float32) / 255), name
     assert first[0].shape == (4, 3, 6, 5)

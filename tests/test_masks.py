@@ -214,7 +214,7 @@ def test_torch_and_tf_shapes_with_masks() -> None:
     torch = pytest.importorskip("torch")
     with stoker.Loader(images, masks=masks, **kw) as loader:
         for x, m in loader.torch():
-            assert x.shape == (4, 24, 24, 3) and m.shape == (4, 24, 24)
+            assert x.shape == (4, 3, 24, 24) and m.shape == (4, 24, 24)  # masks never permuted
             assert m.dtype == torch.uint8
     tf = pytest.importorskip("tensorflow")
     with stoker.Loader(images, masks=masks, **kw) as loader:
@@ -223,6 +223,9 @@ def test_torch_and_tf_shapes_with_masks() -> None:
         assert dataset.element_spec[1].dtype == tf.uint8
         for x, m in dataset:
             assert tuple(x.shape) == (4, 24, 24, 3) and tuple(m.shape) == (4, 24, 24)
+        first = loader.tf(layout="channels_first")
+        assert first.element_spec[0].shape.as_list() == [4, 3, 24, 24]
+        assert first.element_spec[1].shape.as_list() == [4, 24, 24]  # masks never permuted
 
 
 @pytest.mark.timeout(30)

@@ -74,3 +74,21 @@ def test_resumed_loader_continues_and_keeps_the_cardinality(image_folder: pathli
     assert [len(e) for e in epochs] == [4, 4]  # 2 batches of epoch 0, then 2 of epoch 1, ...
     for (x, y), (ex, ey) in zip(epochs[0] + epochs[1], expected, strict=True):
         assert np.array_equal(x, ex) and np.array_equal(y, ey)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("dtype", [None, "float32"])
+def test_channels_first_layout(image_folder: pathlib.Path, dtype) -> None:
+    kw = {"workers": 0, "augment": "eval", "shuffle": False}
+    expected = _numpy_stream(image_folder, 2, **kw)
+    with stoker.Loader(image_folder, **SMALL, **kw) as loader:
+        ds = loader.tf(layout="channels_first", dtype=dtype)
+        spec = ds.element_spec[0]
+        assert spec.shape.as_list() == [None, 3, 32, 32]
+        assert spec.dtype == (tf.uint8 if dtype is None else tf.float32)
+        assert int(ds.cardinality()) == len(loader)
+        got = [x.numpy() for x, _ in ds.take(2)]
+        with pytest.raises(stoker.ConfigError, match="layout='NCHW'"):
+            loader.tf(layout="NCHW")
+    for x, (ex, _) in zip(got, expected, strict=True):
+        assert np.array_equal(x, ex.transpose(0, 3, 1, 2).astype(x.dtype))

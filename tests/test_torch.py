@@ -55,10 +55,11 @@ def test_training_loop_learns(image_folder: pathlib.Path) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_no_device_is_zero_copy_nhwc(image_folder: pathlib.Path) -> None:
+@pytest.mark.parametrize("option", [{"layout": "channels_last"}, {"channels_last": True}])
+def test_channels_last_layout_is_the_loaders_own_zero_copy(image_folder, option) -> None:
     expected = _numpy_batches(image_folder, workers=0, seed=1)
     with stoker.Loader(image_folder, workers=0, seed=1, **SMALL) as loader:
-        got = list(loader.torch())
+        got = list(loader.torch(**option))
     assert len(got) == len(expected)
     for (x, y), (ex, ey) in zip(got, expected, strict=True):
         assert x.dtype == torch.uint8 and x.shape == (8, 32, 32, 3) and x.is_contiguous()
@@ -66,31 +67,42 @@ def test_no_device_is_zero_copy_nhwc(image_folder: pathlib.Path) -> None:
 
 
 @pytest.mark.timeout(60)
-def test_nchw_uint8_view(image_folder: pathlib.Path) -> None:
+@pytest.mark.parametrize("option", [{}, {"layout": "channels_first"}, {"channels_last": False}])
+def test_nchw_by_default_as_a_free_view(image_folder: pathlib.Path, option) -> None:
+    """PyTorch's (B, C, H, W) unless asked otherwise: a permuted view of the loader's batch
+    (no copy: channels-last memory), equal to the numpy batch transposed."""
     expected = _numpy_batches(image_folder, workers=0, seed=2)
     with stoker.Loader(image_folder, workers=0, seed=2, **SMALL) as loader:
-        for (x, _), (ex, _) in zip(loader.torch(channels_last=False), expected, strict=True):
+        for (x, _), (ex, _) in zip(loader.torch(**option), expected, strict=True):
             assert x.shape == (8, 3, 32, 32) and x.dtype == torch.uint8
             assert x.is_contiguous(memory_format=torch.channels_last)
             assert np.array_equal(x.numpy(), ex.transpose(0, 3, 1, 2))
 
 
 @pytest.mark.timeout(60)
+def test_nchw_default_with_one_channel() -> None:
+    gray = np.random.default_rng(0).integers(0, 256, (8, 12, 10), np.uint8)
+    with stoker.Loader(gray[..., None], batch_size=4, shuffle=False, workers=0) as loader:
+        x, _ = next(iter(loader.torch()))
+    assert x.shape == (4, 1, 12, 10) and np.array_equal(x[:, 0].numpy(), gray[:4])
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("units", [1.0, 255.0])
-@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
 def test_cpu_float_normalised_matches_numpy(image_folder: pathlib.Path, units: float,
-                                            channels_last: bool) -> None:
+                                            layout: str) -> None:
     kw = {"workers": 0, "augment": "eval", "shuffle": False}
     expected = _numpy_batches(image_folder, **kw)
     mean = np.array(IMAGENET_MEAN) * units
     std = np.array(IMAGENET_STD) * units
     with stoker.Loader(image_folder, **SMALL, **kw) as loader:
-        got = list(loader.torch(device="cpu", channels_last=channels_last, dtype=torch.float32,
+        got = list(loader.torch(device="cpu", layout=layout, dtype=torch.float32,
                                 mean=tuple(mean), std=tuple(std)))
     assert [len(y) for _, y in got] == [8, 8, 8, 8, 4]  # the short last batch comes too
     for (x, y), (ex, ey) in zip(got, expected, strict=True):
         ref = (ex.astype(np.float64) / 255.0 - IMAGENET_MEAN) / IMAGENET_STD
-        if not channels_last:
+        if layout == "channels_first":
             ref = ref.transpose(0, 3, 1, 2)
         assert x.dtype == torch.float32 and x.device.type == "cpu"
         assert tuple(x.shape) == ref.shape
@@ -104,10 +116,10 @@ def test_half_precision_and_unit_range(image_folder: pathlib.Path) -> None:
     (ex, _), *_ = _numpy_batches(image_folder, **kw)
     with stoker.Loader(image_folder, **SMALL, **kw) as loader:
         x, _ = next(iter(loader.torch(device="cpu", dtype=torch.bfloat16, mean=0, std=1)))
-    assert x.dtype == torch.bfloat16 and x.shape == (8, 32, 32, 3)
-    np.testing.assert_allclose(x.float().numpy(), ex / 255.0, atol=4e-3)
+    assert x.dtype == torch.bfloat16 and x.shape == (8, 3, 32, 32)
+    np.testing.assert_allclose(x.float().numpy(), ex.transpose(0, 3, 1, 2) / 255.0, atol=4e-3)
     with stoker.Loader(image_folder, **SMALL, **kw) as loader:
-        x, _ = next(iter(loader.torch(device="cpu", dtype=torch.float64)))
+        x, _ = next(iter(loader.torch(device="cpu", dtype=torch.float64, layout="channels_last")))
     assert x.dtype == torch.float64 and np.array_equal(x.numpy(), ex.astype(np.float64))
 
 
@@ -124,7 +136,7 @@ def test_state_dict_delegates_and_resumes(image_folder: pathlib.Path) -> None:
     with stoker.Loader(image_folder, workers=0, seed=3, **SMALL) as loader:
         batches = loader.torch()
         batches.load_state_dict(state)
-        rest = [x.numpy().copy() for x, _ in batches]
+        rest = [x.numpy().transpose(0, 2, 3, 1).copy() for x, _ in batches]
     assert len(rest) == 2
     for x, (ex, _) in zip(rest, expected[2:], strict=True):
         assert np.array_equal(x, ex)
@@ -141,6 +153,10 @@ def test_bad_options_are_refused(image_folder: pathlib.Path) -> None:
             loader.torch(dtype=torch.float32, mean=0.5, std=0.0)
         with pytest.raises(stoker.ConfigError, match="torch.dtype"):
             loader.torch(dtype="float32")
+        with pytest.raises(stoker.ConfigError, match="layout=.NCHW."):
+            loader.torch(layout="NCHW")
+        with pytest.raises(stoker.ConfigError, match="disagree"):
+            loader.torch(layout="channels_last", channels_last=False)
         assert "TorchLoader" in repr(loader.torch(device="cpu"))
 
 

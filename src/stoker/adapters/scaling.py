@@ -1,5 +1,5 @@
 """The image options every adapter takes: an output ``dtype`` with optional ``mean``/``std``
-normalisation, and the channel order. Labels and other fields are never touched.
+normalisation, and the channel order (``layout``). Labels and other fields are never touched.
 
 ``mean``/``std`` are scalars or one value per channel, giving ``(x - mean) / std``. Values all
 <= 1 are read in 0-1 units (torchvision's ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224,
@@ -12,6 +12,19 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+
+LAYOUTS = ("channels_first", "channels_last")
+
+
+def is_channels_first(layout: Any, view: str) -> bool:
+    """Check ``layout=`` of the ``view`` adapter: "channels_first" gives images (B, C, H, W),
+    "channels_last" (B, H, W, C), the loader's own."""
+    if not isinstance(layout, str) or layout not in LAYOUTS:
+        raise ConfigError(
+            f"{view}(layout={layout!r}): use 'channels_first' for (B, C, H, W) images or "
+            "'channels_last' for (B, H, W, C)"
+        )
+    return layout == "channels_first"
 
 
 def channels_of(loader: Any) -> int:

@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from ..batch import map_form
 from .base import owned_batch
-from .scaling import ImageOptions, channels_of
+from .scaling import ImageOptions, channels_of, is_channels_first
 
 __all__ = ["to_tf"]
 
@@ -67,7 +67,13 @@ def _spec(loader: Any, name: str, batch: int | None) -> tf.TensorSpec:
     return tf.TensorSpec((batch, *spec[2]), tf.as_dtype(np.dtype(spec[1])), name=name)
 
 
-def to_tf(loader: Any, dtype: Any = None, mean: Any = None, std: Any = None) -> tf.data.Dataset:
+def to_tf(
+    loader: Any,
+    dtype: Any = None,
+    mean: Any = None,
+    std: Any = None,
+    layout: str = "channels_last",
+) -> tf.data.Dataset:
     """Wrap ``loader`` as a ``tf.data.Dataset``: ``for images, labels in to_tf(train): ...``.
 
     The output signature is exact: the loader's batch structure (``Loader(batch=...)``), each
@@ -76,13 +82,15 @@ def to_tf(loader: Any, dtype: Any = None, mean: Any = None, std: Any = None) -> 
     (see ``adapters.scaling``), labels as the source holds them (``tf.int64`` ``(B,)`` class
     ids, or numeric targets of any dtype and shape), masks ``tf.uint8`` ``(B, H, W)``, ``path``
     ``tf.string``. Also usable as ``model.fit(to_tf(train), epochs=...)`` on Keras' TensorFlow
-    backend.
+    backend. ``layout="channels_first"`` gives images ``(B, C, H, W)`` (transposed in the
+    dataset's map); the default ``"channels_last"`` is TensorFlow's own ``(B, H, W, C)``.
     """
     batch = loader.batch_size if _always_full(loader) else None
     signature = map_form(loader.form, loader.form, lambda name, _: _spec(loader, name, batch))
     dataset = tf.data.Dataset.from_generator(_Epochs(loader), output_signature=signature)
-    image = ImageOptions(channels_of(loader), dtype, mean, std)
-    if image.dtype is not None:
+    first = is_channels_first(layout, "tf")
+    image = ImageOptions(channels_of(loader), dtype, mean, std, channels_first=first)
+    if image.active:
         dataset = dataset.map(_converter(loader.form, image))
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
     options = tf.data.Options()
@@ -93,16 +101,18 @@ def to_tf(loader: Any, dtype: Any = None, mean: Any = None, std: Any = None) -> 
 
 
 def _converter(form: Any, image: ImageOptions) -> Any:
-    """A ``Dataset.map`` function converting the image leaf to ``image``'s dtype/scaling."""
-    assert image.dtype is not None
-    target = tf.as_dtype(image.dtype)
+    """A ``Dataset.map`` function converting the image leaf to ``image``'s dtype/scaling and
+    layout."""
+    target = None if image.dtype is None else tf.as_dtype(image.dtype)
     norm = None if image.norm is None else [tf.constant(v, tf.float32) for v in image.norm]
 
     def convert(x: Any) -> Any:
-        x = tf.cast(x, tf.float32)
-        if norm is not None:
-            x = (x - norm[0]) / norm[1]
-        return tf.cast(x, target)
+        if target is not None:
+            x = tf.cast(x, tf.float32)
+            if norm is not None:
+                x = (x - norm[0]) / norm[1]
+            x = tf.cast(x, target)
+        return tf.transpose(x, (0, 3, 1, 2)) if image.channels_first else x
 
     def apply(*args: Any) -> Any:
         batch = args if isinstance(form, tuple) else args[0]

@@ -14,6 +14,8 @@
 - other devices (``mps``, ``xpu``, ...): a plain ``.to(device)``.
 
 ``dtype``, ``mean`` and ``std`` are applied on the device after the copy, so only ``uint8`` travels.
+Images come as PyTorch's ``(B, C, H, W)`` (``layout="channels_first"``, the default: a free
+permuted view whose memory is ``torch.channels_last``) or as the loader's ``(B, H, W, C)``.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from .cuda import (
     is_text,
     pinner_for,
 )
-from .scaling import channels_of, units
+from .scaling import channels_of, is_channels_first, units
 
 __all__ = ["TorchLoader", "to_torch"]
 
@@ -53,7 +55,8 @@ class TorchLoader(LoaderView):
         self,
         loader: Any,
         device: Any = None,
-        channels_last: bool = True,
+        layout: str | None = None,
+        channels_last: bool | None = None,
         dtype: torch.dtype | None = None,
         mean: Any = None,
         std: Any = None,
@@ -73,7 +76,8 @@ class TorchLoader(LoaderView):
         if zero_copy not in (True, False, "auto"):
             raise ConfigError(f"zero_copy={zero_copy!r}: use 'auto', True or False")
         self.zero_copy = zero_copy
-        self.channels_last = bool(channels_last)
+        self.layout = _layout(layout, channels_last)
+        self.channels_last = not is_channels_first(self.layout, "torch")
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise ConfigError(f"dtype={dtype!r} is not a torch.dtype; pass e.g. torch.float32")
         if (mean is None) != (std is None):
@@ -182,8 +186,21 @@ class TorchLoader(LoaderView):
     def __repr__(self) -> str:
         return (
             f"TorchLoader({self.loader!r}, device={self.device}, "
-            f"channels_last={self.channels_last}, dtype={self.dtype})"
+            f"layout={self.layout!r}, dtype={self.dtype})"
         )
+
+
+def _layout(layout: str | None, channels_last: bool | None) -> str:
+    """``layout=`` (default "channels_first"), or the older ``channels_last=`` bool for it."""
+    if channels_last is None:
+        return "channels_first" if layout is None else layout
+    older = "channels_last" if channels_last else "channels_first"
+    if layout is not None and layout != older:
+        raise ConfigError(
+            f"torch(layout={layout!r}, channels_last={channels_last!r}) disagree: pass layout= "
+            "alone ('channels_first' or 'channels_last')"
+        )
+    return older
 
 
 def to_torch(loader: Any, device: Any = None, **options: Any) -> TorchLoader:
@@ -191,10 +208,13 @@ def to_torch(loader: Any, device: Any = None, **options: Any) -> TorchLoader:
 
     - ``device``: ``None`` gives zero-copy CPU tensors; ``"cuda"``/``"cuda:1"`` copies through
       pinned memory on a side stream, one batch ahead; ``"cpu"`` and others copy plainly.
-    - ``channels_last``: ``True`` keeps the loader's ``(B, H, W, 3)``; ``False`` gives PyTorch's
-      ``(B, 3, H, W)`` shape as a free permuted view, whose memory stays channels-last
-      (``torch.channels_last`` format, which cuDNN convolutions like); call ``.contiguous()`` if
-      you need NCHW-contiguous memory (``.view`` needs it; ``.reshape``/``.flatten`` do not).
+    - ``layout``: ``"channels_first"`` (the default) gives PyTorch's ``(B, C, H, W)`` shape, what
+      ``torchvision`` models and a ``DataLoader`` with ``ToTensor`` give, as a free permuted view
+      whose memory stays channels-last (``torch.channels_last`` format, which cuDNN convolutions
+      like); call ``.contiguous()`` if you need NCHW-contiguous memory (``.view`` needs it;
+      ``.reshape``/``.flatten`` do not). ``"channels_last"`` keeps the loader's
+      ``(B, H, W, C)``. The older ``channels_last=True``/``False`` still means the same as
+      ``layout="channels_last"``/``"channels_first"``.
     - ``dtype``: e.g. ``torch.float32``/``torch.bfloat16``; converts on the device. Without
       ``mean``/``std`` the values stay 0-255.
     - ``mean``/``std``: scalars or 3 per-channel values giving ``(x - mean) / std``. Values all
