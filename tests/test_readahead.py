@@ -320,3 +320,45 @@ def test_auto_page_cache_drops_only_what_cannot_fit(tmp_path, fits):
     reads.close()
     assert (reads.counters.dropped > 0) == (not fits)
     assert (_resident(big) == 0) == (not fits)
+
+
+def _npy_rows(tmp_path, rows=12):
+    """A .npy of ``rows`` images of 64 KiB each (16 pages), written and synced (clean pages),
+    then dropped from the page cache; and its source."""
+    path = tmp_path / "rows.npy"
+    pixels = np.random.default_rng(0).integers(0, 255, (rows, 128, 128, 4), dtype=np.uint8)
+    np.save(path, pixels)
+    os.sync()
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    return path, pixels, open_source(str(path), labels=np.zeros(rows, np.int64))
+
+
+@pytest.mark.timeout(60)
+def test_npy_read_asks_for_the_rows_pages_at_once(tmp_path):
+    path, pixels, source = _npy_rows(tmp_path)
+    before = _resident(path)
+    view = source.read(5)  # a view: nothing touched it yet
+    for _ in range(300):  # MADV_WILLNEED started the row's reads; wait for them to land
+        if _resident(path) >= before + 16:
+            break
+        threading.Event().wait(0.1)
+    assert _resident(path) >= before + 16
+    np.testing.assert_array_equal(view, pixels[5])
+    source.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("window", [4, 0])
+def test_npy_pages_are_dropped_although_the_file_is_mapped(tmp_path, window):
+    path, pixels, source = _npy_rows(tmp_path)
+    reads = ReadAhead(source, ReadSettings(window=window, page_cache="drop"))
+    reads.start(np.arange(12))
+    for k in range(12):
+        np.testing.assert_array_equal(reads.take(k)[0], pixels[k])
+    reads.close()
+    assert reads.counters.dropped == 12
+    # all but the page-cache folios that straddle two rows (a row's drop keeps those whole)
+    assert _resident(path) < os.path.getsize(path) // mmap.PAGESIZE // 2
+    source.close()

@@ -18,6 +18,11 @@ milliseconds, so it lets the window grow further), and never more completed byte
 hung mount, a request with no reply) becomes an ``OSError`` for that sample (a bad sample,
 replaced as usual) and its stuck thread is replaced, so it never blocks the other samples.
 
+A memory-mapped source's sample is copied off the mapping on the reading thread (``_owned``),
+so its page faults happen there; ``NpySource.read`` asks for the row's pages at once
+(``MADV_WILLNEED``), else each fault waits on its own read-around in turn and the window gains
+nothing (measured: benchmarks/README.md, "Memory-mapped rows").
+
 Page-cache citizenship (``page_cache``): ``"drop"`` tells the kernel to drop a sample's file pages
 once its bytes are read (``Source.forget``: ``posix_fadvise(DONTNEED)``); ``"keep"`` never does;
 ``"auto"`` drops only once the dataset is known not to fit in RAM (mean bytes per sample read so
@@ -264,10 +269,14 @@ class ReadAhead:
                 future.set_result(((data, mask), nbytes))
 
     def _plain(self, index: int) -> tuple[Any, Any]:
-        """Read sample ``index`` (and its mask) here and now: no window, no deadline."""
+        """Read sample ``index`` (and its mask) here and now: no window, no deadline. When its
+        pages are to be dropped, a view of a memory map is copied first (else the decode
+        would read back the pages just dropped)."""
         t0 = time.perf_counter()
         data = self.source.read(index)
         mask = self.source.read_mask(index) if self.masks else None
+        if self._drop:
+            data, mask = _owned(data), _owned(mask)
         self._count(index, data, mask, time.perf_counter() - t0)
         return data, mask
 
