@@ -10,7 +10,9 @@ over as it is needed. Nothing about the batch changes: the same samples, read by
 ``Source.read``, decoded in the same order.
 
 The window sizes itself (``window="auto"``): from the measured read latency and the time the
-caller spends between two ``take`` calls (decoding), enough reads are kept in flight to cover a
+caller spends from one ``take``'s return to the next ``take`` (decoding; never the time it
+waited for bytes, which would shrink the window exactly when reads are slow), enough reads are
+kept in flight to cover a
 read's latency three times over (a cold disk's latency varies a lot), between ``MIN_WINDOW`` and
 ``MAX_WINDOW`` (or the source's own ``read_ahead_max``: a remote source's requests take tens of
 milliseconds, so it lets the window grow further), and never more completed bytes held than
@@ -108,8 +110,8 @@ class ReadAhead:
         self._threads: list[threading.Thread] = []
         self._todo: deque[int] = deque()
         self._ahead: deque[tuple[int, cf.Future]] = deque()
-        self._last_take = 0.0
-        self._gap_s = 0.0  # smoothed time between takes (the caller's decode time)
+        self._returned_at = 0.0  # when the last take returned (0: none yet in this batch)
+        self._decode_s = 0.0  # smoothed time from a take's return to the next take (decoding)
         self._pid = os.getpid()
 
     # ------------------------------------------------------------------ caller side
@@ -120,7 +122,7 @@ class ReadAhead:
         if not self.enabled:
             return
         self._todo = deque(int(i) for i in indices)
-        self._last_take = 0.0
+        self._returned_at = 0.0
         self._refill()
 
     def take(self, index: int) -> tuple[Any, Any]:
@@ -128,6 +130,7 @@ class ReadAhead:
         read ahead, else read now (with the same deadline). Raises what the read raised."""
         if not self.enabled:
             return self._plain(index)
+        self._pace()
         future = self._pop(index)
         if future is None:
             future = self._submit(index)
@@ -135,14 +138,14 @@ class ReadAhead:
             result, nbytes = future.result(timeout=self.settings.timeout)
         except cf.TimeoutError:
             self._abandon()
-            future.add_done_callback(self._returned)
+            future.add_done_callback(self._came_back)
             raise OSError(
                 f"{self.source.name(index)}: no bytes after {self.settings.timeout:.0f} s (a "
                 "file or request that never answers: a FIFO, a hung mount, a stalled server?); "
                 "counted as bad"
             ) from None
         finally:
-            self._pace()
+            self._returned_at = time.perf_counter()
         with self._lock:
             self.held -= nbytes
         self._refill()
@@ -179,7 +182,7 @@ class ReadAhead:
             with self._lock:
                 self.held -= future.result()[1]
 
-    def _returned(self, future: cf.Future) -> None:
+    def _came_back(self, future: cf.Future) -> None:
         """An abandoned read finished after all (a slow request, not a dead file): its bytes
         are not held, and its thread serves the window again."""
         self._release(future)
@@ -225,16 +228,15 @@ class ReadAhead:
         self._discard()
 
     def _pace(self) -> None:
-        """Re-size an auto window from the read latency and the time between takes."""
-        now = time.perf_counter()
-        if self._last_take:
-            gap = now - self._last_take
-            self._gap_s = gap if not self._gap_s else 0.9 * self._gap_s + 0.1 * gap
-        self._last_take = now
+        """Re-size an auto window from the read latency and the caller's decode time (from the
+        last take's return to this take)."""
+        if self._returned_at:
+            spent = time.perf_counter() - self._returned_at
+            self._decode_s = spent if not self._decode_s else 0.9 * self._decode_s + 0.1 * spent
         c = self.counters
-        if self.auto and c.reads >= 8 and self._gap_s > 0:
+        if self.auto and c.reads >= 8 and self._decode_s > 0:
             latency = c.latency_s / c.reads
-            need = math.ceil(COVER * latency / self._gap_s) + 1
+            need = math.ceil(COVER * latency / self._decode_s) + 1
             self.window = max(MIN_WINDOW, min(self.max_window, need))
 
     # ------------------------------------------------------------------ reading threads
