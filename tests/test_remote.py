@@ -93,6 +93,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # a burst of connections is accepted, not left to SYN retries
 
     def __init__(self, root):
         super().__init__(("127.0.0.1", 0), _Handler)
