@@ -362,3 +362,62 @@ def test_npy_pages_are_dropped_although_the_file_is_mapped(tmp_path, window):
     # all but the page-cache folios that straddle two rows (a row's drop keeps those whole)
     assert _resident(path) < os.path.getsize(path) // mmap.PAGESIZE // 2
     source.close()
+
+
+@pytest.mark.timeout(60)
+def test_reads_around_the_page_cache_give_the_same_bytes_and_cache_nothing(tmp_path):
+    from stoker.sources.base import DIRECT_KEEP, drop_pages, read_file, read_file_direct
+
+    rng = np.random.default_rng(3)
+    for size in (0, 1, 4095, 4096, 4097, 100_003, DIRECT_KEEP + 4099):
+        path = tmp_path / f"{size}.bin"
+        path.write_bytes(rng.bytes(size))
+        os.sync()
+        drop_pages(str(path))
+        data = read_file_direct(str(path))
+        assert data is not None, "this file system refuses O_DIRECT"
+        assert data == read_file(str(path)) if size else data == b""
+        drop_pages(str(path))
+        assert read_file_direct(str(path)) == path.read_bytes()[:size]
+    path = tmp_path / "cold.bin"
+    path.write_bytes(rng.bytes(1 << 20))
+    os.sync()
+    drop_pages(str(path))
+    assert _resident(path) == 0
+    assert len(read_file_direct(str(path)) or b"") == 1 << 20
+    assert _resident(path) == 0  # read, and not one page cached
+
+
+@pytest.mark.timeout(60)
+def test_a_source_reading_around_the_cache_keeps_every_refusal(image_folder, tmp_path):
+    fifo, gone = tmp_path / "pipe.jpg", tmp_path / "gone.jpg"
+    os.mkfifo(fifo)
+    good = _files(image_folder)[0]
+    gone.write_bytes(good.read_bytes())
+    source = open_source(None, paths=[str(good), str(fifo), str(gone)], labels=[0, 1, 2])
+    assert source.bypass_page_cache()
+    assert source.read(0) == good.read_bytes() and source.forget(0)
+    with pytest.raises(OSError, match="not a regular file"):
+        source.read(1)  # refused at once, never blocks
+    gone.unlink()
+    with pytest.raises(FileNotFoundError):
+        source.read(2)
+
+
+@pytest.mark.timeout(60)
+def test_a_file_system_that_refuses_direct_reads_falls_back(image_folder, tmp_path, monkeypatch):
+    import stoker.sources.base as base
+
+    files = [tmp_path / f"{k}.jpg" for k in range(3)]
+    for f, src in zip(files, _files(image_folder), strict=False):
+        f.write_bytes(src.read_bytes() * 10)
+    os.sync()
+    expected = [f.read_bytes() for f in files]  # (caches their pages)
+    monkeypatch.setattr(base, "read_file_direct", lambda path: None)  # as on a refusing FS
+    source = open_source(None, paths=[str(f) for f in files], labels=[0, 1, 2])
+    reads = ReadAhead(source, ReadSettings(window=2, page_cache="drop"))
+    reads.start(np.arange(3))
+    assert [reads.take(k)[0] for k in range(3)] == expected
+    reads.close()
+    assert source._direct is False and reads.counters.dropped == 3
+    assert sum(_resident(f) for f in files) == 0  # cached reads, then dropped

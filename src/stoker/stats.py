@@ -121,8 +121,9 @@ class StatsReport:
             lines += _listed(self.warned_files)
         if self.pages_dropped:
             lines.append(
-                f"  page cache: pages of {self.pages_dropped:,} samples dropped after reading "
-                "(the dataset does not fit in RAM; page_cache='keep' keeps them)"
+                f"  page cache: {self.pages_dropped:,} samples left no pages in it (read with "
+                "O_DIRECT where the file system allows, else dropped after reading: the dataset "
+                "does not fit in RAM; page_cache='keep' keeps them)"
             )
         if self.decoder:
             lines.append(f"  JPEG decoder: {self.decoder}")

@@ -25,8 +25,10 @@ so its page faults happen there; ``NpySource.read`` asks for the row's pages at 
 (``MADV_WILLNEED``), else each fault waits on its own read-around in turn and the window gains
 nothing (measured: benchmarks/README.md, "Memory-mapped rows").
 
-Page-cache citizenship (``page_cache``): ``"drop"`` tells the kernel to drop a sample's file pages
-once its bytes are read (``Source.forget``: ``posix_fadvise(DONTNEED)``); ``"keep"`` never does;
+Page-cache citizenship (``page_cache``): ``"drop"`` leaves no sample's pages in the page cache:
+files are read with ``O_DIRECT`` where the file system allows it (``Source.bypass_page_cache``:
+no page is cached, and it costs less CPU than a cached read), else the kernel is told to drop
+them once read (``Source.forget``: ``posix_fadvise(DONTNEED)``); ``"keep"`` never does;
 ``"auto"`` drops only once the dataset is known not to fit in RAM (mean bytes per sample read so
 far x samples > the machine's memory), where keeping them would only evict everything else.
 """
@@ -105,6 +107,9 @@ class ReadAhead:
         self.held = self.peak_held = 0  # completed bytes not yet taken
         self.lost = 0  # threads still stuck on reads abandoned past their deadline
         self._drop = self.settings.page_cache == "drop"
+        self._early: list[int] = []  # samples read before "auto" judged the dataset's size
+        if self._drop:
+            source.bypass_page_cache()
         self._lock = threading.Lock()
         self._tasks: queue.SimpleQueue[tuple[int, cf.Future] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -285,16 +290,28 @@ class ReadAhead:
     def _count(self, index: int, data: Any, mask: Any, seconds: float) -> int:
         """Account one read (its size in bytes is returned); drop its pages if asked to."""
         nbytes = size_of(data) + (size_of(mask) if mask is not None else 0)
+        early: list[int] = []
         with self._lock:
             c = self.counters
             c.nbytes, c.reads, c.latency_s = c.nbytes + nbytes, c.reads + 1, c.latency_s + seconds
             c.largest = max(c.largest, nbytes)
-            if self.settings.page_cache == "auto" and c.reads == SIZE_AFTER:
-                ram = memory_bytes()
-                self._drop = bool(ram) and c.nbytes / c.reads * len(self.source) > ram
-        if self._drop and self.source.forget(index):
-            self.counters.dropped += 1
+            if self.settings.page_cache == "auto" and c.reads <= SIZE_AFTER:
+                self._early.append(index)
+                if c.reads == SIZE_AFTER:
+                    ram = memory_bytes()
+                    self._drop = bool(ram) and c.nbytes / c.reads * len(self.source) > ram
+                    early, self._early = (self._early if self._drop else []), []
+        if early:  # larger than RAM: what was read while undecided leaves the cache, and the
+            self._drop_pages(early)  # reads go around it from now on
+            self.source.bypass_page_cache()
+        elif self._drop:
+            self._drop_pages([index])
         return nbytes
+
+    def _drop_pages(self, indices: list[int]) -> None:
+        for index in indices:
+            if self.source.forget(index):
+                self.counters.dropped += 1
 
 
 def _owned(data: Any) -> Any:

@@ -54,6 +54,10 @@ class SubsetSource(Source):
         """The base's, for sample ``indices[index]``."""
         return self.base.forget(int(self.indices[index]))
 
+    def bypass_page_cache(self) -> bool:
+        """The base's."""
+        return self.base.bypass_page_cache()
+
     def pixel_size(self) -> tuple[int, int] | None:
         """The base's."""
         return self.base.pixel_size()
