@@ -177,6 +177,71 @@ def test_parquet_float_and_fixed_size_list_targets(tmp_path, image_folder):
     assert src.labels.dtype == np.float32 and _bits(src.labels) == _bits(boxes)
 
 
+def _shard(path, files, **columns) -> None:
+    data = [f.read_bytes() for f in files]
+    image = pa.array([{"bytes": d, "path": f.name} for d, f in zip(data, files, strict=True)])
+    table = pa.table({"image": image, **columns})
+    pq.write_table(table, path, compression="NONE", use_dictionary=False)
+
+
+@pytest.mark.timeout(120)
+def test_parquet_target_from_several_columns(tmp_path, image_folder):
+    """label_column=[...] stacks named scalar columns into (N, K), their dtype kept bit for
+    bit, across shards and through the workers into the batch."""
+    files = sorted(image_folder.glob("class_*/*.jpg"))[:8]
+    rng = np.random.default_rng(5)
+    box = rng.normal(size=(8, 4)).astype(np.float32)
+    ids = rng.integers(-9, 9, (8, 2)).astype(np.int16)
+    (tmp_path / "shards").mkdir()
+    for k, part in enumerate((slice(0, 5), slice(5, 8))):
+        _shard(
+            tmp_path / "shards" / f"part-{k}.parquet", files[part],
+            label=pa.array(["cat", "dog", "cat", "dog", "cat"][: part.stop - part.start]),
+            x=pa.array(box[part, 0]), y=pa.array(box[part, 1]),
+            w=pa.array(box[part, 2]), h=pa.array(box[part, 3]),
+            a=pa.array(ids[part, 0]), b=pa.array(ids[part, 1]),
+            flag=pa.array(ids[part, 0] > 0),
+        )
+    folder = tmp_path / "shards"
+    src = open_source(folder, label_column=["x", "y", "w", "h"])
+    assert src.labels.dtype == np.float32 and src.labels.shape == (8, 4)
+    assert _bits(src.labels) == _bits(box) and src.classes is None  # not the 'label' classes
+    src = open_source(folder, label_column=["b", "a"])  # the order given
+    assert src.labels.dtype == np.int16 and np.array_equal(src.labels, ids[:, ::-1])
+    assert open_source(folder, label_column=["flag"]).labels.dtype == np.bool_
+    assert open_source(folder).classes == ["cat", "dog"]  # the default 'label' column still
+    with stoker.Loader(folder, label_column=["x", "y", "w", "h"], batch_size=4, image_size=16,
+                       shuffle=False, workers=1, augment=None) as loader:
+        got = np.concatenate([y for _, y in loader])
+    assert got.dtype == np.float32 and _bits(got) == _bits(box)
+
+
+@pytest.mark.timeout(60)
+def test_parquet_target_columns_that_cannot_be_one_are_named(tmp_path, image_folder):
+    files = sorted(image_folder.glob("class_*/*.jpg"))[:3]
+    path = tmp_path / "s.parquet"
+    _shard(
+        path, files,
+        x=pa.array([0.5, 1.0, 2.0], pa.float32()), y=pa.array([1.0, 2.0, 3.0], pa.float64()),
+        z=pa.array([1.0, None, 3.0], pa.float32()), kind=pa.array(["a", "b", "a"]),
+        v=pa.array([0.5, 1.5, 2.5], pa.float32()),
+    )
+    with pytest.raises(SourceError, match=r"s.parquet: no column 'q' \(columns: image, x"):
+        open_source(path, label_column=["x", "q"])
+    with pytest.raises(SourceError, match="no column 'q'"):  # a name given must be there
+        open_source(path, label_column="q")
+    with pytest.raises(SourceError, match=r"differ in dtype \(x: float32, y: float64\)"):
+        open_source(path, label_column=["x", "y"])
+    with pytest.raises(SourceError, match="column 'kind' is string"):
+        open_source(path, label_column=["x", "kind"])
+    with pytest.raises(SourceError, match="column 'z' has 1 null rows"):
+        open_source(path, label_column=["x", "z"])
+    with pytest.raises(SourceError, match="distinct names"):
+        open_source(path, label_column=["x", "x"])
+    assert open_source(path, label_column=["x", "v"]).labels.dtype == np.float32
+    assert open_source(path).labels.tolist() == [-1, -1, -1]  # no 'label' column: unlabeled
+
+
 @pytest.mark.timeout(60)
 def test_array_defaults_keep_the_arrays_as_they_are():
     images = _images(8, 28, 20)

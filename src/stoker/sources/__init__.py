@@ -18,6 +18,7 @@ from .arrays import ArraySource, NpySource
 from .base import Source
 from .dataset import DatasetSource, is_dataset
 from .folder import FolderSource
+from .parquet_targets import label_names
 from .table import PathSource, TableSource
 from .tar import TarSource
 
@@ -69,9 +70,9 @@ def open_source(
     CSV/TSV file, a ``.npy``, ``.parquet``, ``.tar`` or ``.h5``/``.hdf5`` file, a numpy array of
     images (then ``labels`` is an array), or None with ``paths=`` (and ``labels=``).
 
-    ``label_column``: the column(s) holding the target in a CSV/TSV (a name, or a list of names
-    for an ``(N, K)`` target) or Parquet shards (a name); ``columns``: more named numeric
-    columns of a CSV/TSV to read (sample weights), found in ``source.named_columns``.
+    ``label_column``: the column(s) holding the target in a CSV/TSV or Parquet shards (a
+    name, or a list of names of numeric columns for an ``(N, K)`` target); ``columns``: more
+    named numeric columns of a CSV/TSV to read (sample weights), found in ``source.named_columns``.
 
     Segmentation: ``masks=`` pairs each image with a mask, for an array source (a ``(N, H, W)``
     array) or ``paths=`` (a list of mask files); a CSV/TSV with an ``image,mask`` header pairs
@@ -114,11 +115,12 @@ def open_source(
         _check_path(Path(source))
     if table and Path(source).is_file():
         return TableSource(source, label_column, tuple(columns))
-    named = {} if label_column is None else {"label_column": _one_column(label_column)}
+    label_names(label_column)  # checked before any shard is opened
+    named = {} if label_column is None else {"label_column": label_column}
     if isinstance(source, str) and "://" in source:  # remote storage through fsspec
         from .remote import RemoteShardSource
 
-        return RemoteShardSource(source, label_column=named.get("label_column", "label"))
+        return RemoteShardSource(source, label_column=label_column)
     if isinstance(source, (str, os.PathLike)):
         return _open_path(Path(source), labels, named)
     raise SourceError(
@@ -140,16 +142,6 @@ def _is_shards(source: Any) -> bool:
     return path.suffix.lower() == ".parquet" or (path.is_dir() and _folder_kind(path) == "parquet")
 
 
-def _one_column(value: Any) -> str:
-    """Parquet's label column: one name (a vector target is one fixed-size-list column)."""
-    if isinstance(value, str):
-        return value
-    raise SourceError(
-        f"label_column={value!r}: Parquet shards take one column name; store a vector target "
-        "as one fixed-size list column (pa.list_(pa.float32(), K))"
-    )
-
-
 def _check_path(path: Path) -> None:
     """A SourceError naming ``path`` when it is missing or cannot even be looked at (a name
     too long for the file system, a NUL in it, no permission to search a parent folder)."""
@@ -162,7 +154,7 @@ def _check_path(path: Path) -> None:
         raise SourceError(f"{path}: cannot be opened ({reason}); check the path") from None
 
 
-def _open_path(path: Path, labels: Any, named: dict[str, str]) -> Source:
+def _open_path(path: Path, labels: Any, named: dict[str, Any]) -> Source:
     """Open a source given as a path, by what the path is."""
     _check_path(path)
     if labels is not None and path.suffix.lower() != ".npy":

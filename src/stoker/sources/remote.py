@@ -58,7 +58,7 @@ class RemoteShardSource(ShardSource):
         url: str,
         *,
         image_column: str = "image",
-        label_column: str = "label",
+        label_column: str | list[str] | None = None,
         cache_dir: str | os.PathLike | None = None,
         storage_options: dict[str, Any] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
@@ -99,7 +99,7 @@ class RemoteShardSource(ShardSource):
                 self._group_starts.append(
                     np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
                 )
-                labels.append(self._labels(pf))
+                labels.append(self._labels(pf, file_url))
                 hf_classes = hf_classes or _hf_classes(pf)
                 idx = self._remote_index(file_url, pf, actual, tag)
             except (OSError, pa.ArrowException) as exc:
@@ -110,7 +110,7 @@ class RemoteShardSource(ShardSource):
         self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
         self.block_sizes = tuple(int(g) for g in groups)
         self.labels, text_classes = _join_labels(labels, self.url)
-        self.classes = (manifest or {}).get("classes") or hf_classes or text_classes
+        self.classes = self._class_names(manifest, hf_classes, text_classes)
         self._digest = self._make_digest(manifest)
         self.close()  # the main process's handles are not needed until read()
 

@@ -33,8 +33,9 @@ import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError
 from .base import Source, drop_pages
+from .parquet_targets import join_labels as _join_labels
+from .parquet_targets import label_names, shard_targets
 from .shardindex import local_index
-from .targets import parse_column, unlabeled
 
 MANIFEST = "stoker-manifest.json"
 _OPEN_MAPS = 64  # open shard files (descriptors or memory maps) kept per process
@@ -49,7 +50,7 @@ class ShardSource(Source):
         folder_or_files: str | os.PathLike | list[str | os.PathLike],
         *,
         image_column: str = "image",
-        label_column: str = "label",
+        label_column: str | list[str] | None = None,
         cache_dir: str | os.PathLike | None = None,
         access: str = "pread",
     ) -> None:
@@ -77,7 +78,7 @@ class ShardSource(Source):
             rows.append(pf.metadata.num_rows)
             md = pf.metadata
             groups.extend(md.row_group(g).num_rows for g in range(md.num_row_groups))
-            labels.append(self._labels(pf))
+            labels.append(self._labels(pf, path))
             hf_classes = hf_classes or _hf_classes(pf)
             sha = (expected or {}).get("sha256")
             idx = local_index(path, pf, self._value_path(pf), self._cache_dir, sha)
@@ -87,7 +88,7 @@ class ShardSource(Source):
         self.block_sizes = tuple(int(g) for g in groups)
         self._group_starts = [_group_starts(path) for path in self.files]
         self.labels, text_classes = _join_labels(labels, str(folder_or_files))
-        self.classes = (manifest or {}).get("classes") or hf_classes or text_classes
+        self.classes = self._class_names(manifest, hf_classes, text_classes)
         self._digest = self._make_digest(manifest)
         self._reset()
 
@@ -116,13 +117,19 @@ class ShardSource(Source):
         kind = pf.schema_arrow.field(self.image_column).type
         return f"{self.image_column}.bytes" if pa.types.is_struct(kind) else self.image_column
 
-    def _labels(self, pf: pq.ParquetFile) -> np.ndarray | list[Any]:
-        """One shard's label column: numbers (and fixed-size lists of numbers, ``(N, K)``)
-        keep their Arrow dtype; text comes back as cells, for class names."""
-        if self.label_column not in pf.schema_arrow.names:
-            return unlabeled(pf.metadata.num_rows)
-        column = pf.read(columns=[self.label_column]).column(0).combine_chunks()
-        return arrow_targets(column, f"label column {self.label_column!r}")
+    def _labels(self, pf: pq.ParquetFile, where: str = "") -> np.ndarray | list[Any]:
+        """One shard's target: one column (numbers and fixed-size lists of numbers keep their
+        Arrow dtype; text comes back as cells, for class names) or several numeric columns
+        stacked into ``(N, K)`` (see :mod:`.parquet_targets`)."""
+        names, asked = label_names(self.label_column)
+        return shard_targets(pf, names, asked, where or "a shard")
+
+    def _class_names(self, manifest: dict | None, hf: list[str] | None, text: list[str] | None):
+        """The classes of the ``label`` column (manifest, Hugging Face metadata, or its text);
+        a target read from other columns has only those its own text gives."""
+        if label_names(self.label_column)[0] != ["label"]:
+            return text
+        return (manifest or {}).get("classes") or hf or text
 
     def _make_digest(self, manifest: dict | None) -> str:
         h = hashlib.blake2b(digest_size=12)
@@ -356,50 +363,6 @@ def _hf_classes(pf: pq.ParquetFile) -> list[str] | None:
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     return [str(n) for n in names] if isinstance(names, list) else None
-
-
-def arrow_targets(column: pa.Array, where: str) -> np.ndarray | list[Any]:
-    """A Parquet column of labels: integers (nulls -1), floats, bools and fixed-size lists of
-    numbers as numpy arrays of their own dtype; anything else as text cells ('' for null)."""
-    kind = column.type
-    if pa.types.is_integer(kind):
-        return column.fill_null(-1).to_numpy(zero_copy_only=False)
-    if pa.types.is_floating(kind) or pa.types.is_boolean(kind):
-        if column.null_count and pa.types.is_boolean(kind):
-            raise SourceError(f"{where}: null booleans; fill them before training")
-        return column.to_numpy(zero_copy_only=False)
-    if pa.types.is_fixed_size_list(kind) and (
-        pa.types.is_integer(kind.value_type) or pa.types.is_floating(kind.value_type)
-    ):
-        if column.null_count:
-            raise SourceError(f"{where}: some rows have no target (null); fill them")
-        values = column.flatten().to_numpy(zero_copy_only=False)
-        return values.reshape(len(column), kind.list_size)
-    if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_struct(kind):
-        raise SourceError(
-            f"{where}: labels of type {kind} have no fixed shape; store them as a fixed-size "
-            "list (pa.list_(pa.float32(), K)) or as one column per value"
-        )
-    return ["" if v is None else str(v) for v in column.to_pylist()]
-
-
-def _join_labels(parts: list[Any], where: str) -> tuple[np.ndarray, list[str] | None]:
-    """The shards' labels joined: arrays of one dtype and shape kept as they are; text cells
-    parsed as a whole (class names sorted across all shards)."""
-    if all(isinstance(p, np.ndarray) for p in parts):
-        if not parts:
-            return unlabeled(0), None
-        shapes = {(p.dtype.str, p.shape[1:]) for p in parts}
-        if len(shapes) > 1:
-            raise SourceError(f"{where}: the shards' labels differ in dtype or shape ({shapes})")
-        return np.concatenate(parts), None
-    flat = [_cell(v) for p in parts for v in (p.tolist() if isinstance(p, np.ndarray) else p)]
-    return parse_column(flat, where)
-
-
-def _cell(value: Any) -> str:
-    """A label as a text cell; an unlabeled shard's -1 is an empty cell."""
-    return "" if value == -1 else str(value)
 
 
 def _open_parquet(path: str) -> pq.ParquetFile:
