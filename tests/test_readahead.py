@@ -421,3 +421,32 @@ def test_a_file_system_that_refuses_direct_reads_falls_back(image_folder, tmp_pa
     reads.close()
     assert source._direct is False and reads.counters.dropped == 3
     assert sum(_resident(f) for f in files) == 0  # cached reads, then dropped
+
+
+@pytest.mark.timeout(120)
+def test_window_given_up_on_stuck_reads_comes_back_when_they_answer(image_folder, monkeypatch):
+    from stoker.sources import readahead
+
+    monkeypatch.setattr(readahead, "MAX_LOST_THREADS", 1)
+    files = _files(image_folder)[:6]
+    source = _Hung([str(f) for f in files], stuck=2)
+    try:
+        reads = ReadAhead(source, ReadSettings(window=4, timeout=2.0))
+        for lost in (1, 2):  # the same stalled file twice: two threads stuck at once
+            reads.start(np.arange(6))
+            with pytest.raises(OSError, match="no bytes after"):
+                reads.take(2)
+            assert reads.lost == lost
+        assert not reads.enabled  # past the limit: plain reads
+        assert reads.take(3)[0] == files[3].read_bytes()
+        source.release.set()  # the storage answers again: both threads come back
+        for _ in range(300):
+            if reads.enabled:
+                break
+            threading.Event().wait(0.1)
+        assert reads.enabled and reads.lost == 0
+        reads.start(np.arange(6))
+        assert [reads.take(k)[0] for k in range(6)] == [f.read_bytes() for f in files]
+        reads.close()
+    finally:
+        source.release.set()

@@ -214,6 +214,8 @@ def test_missing_manifest_is_a_clear_source_error(server, shard_dir):
         open_source(url)
     with pytest.raises(SourceError, match="not found"):
         RemoteShardSource(f"{server.url}/nowhere/")
+    with pytest.raises(SourceError, match="read_ahead_max=0.*positive int"):
+        RemoteShardSource(f"{server.url}/shards/", read_ahead_max=0)
 
 
 @pytest.mark.timeout(30)

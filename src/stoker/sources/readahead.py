@@ -106,6 +106,7 @@ class ReadAhead:
         self.counters = ReadCounters()
         self.held = self.peak_held = 0  # completed bytes not yet taken
         self.lost = 0  # threads still stuck on reads abandoned past their deadline
+        self._gave_up = False  # too many stuck at once: reading plainly until they come back
         self._drop = self.settings.page_cache == "drop"
         self._early: list[int] = []  # samples read before "auto" judged the dataset's size
         if self._drop:
@@ -189,10 +190,13 @@ class ReadAhead:
 
     def _came_back(self, future: cf.Future) -> None:
         """An abandoned read finished after all (a slow request, not a dead file): its bytes
-        are not held, and its thread serves the window again."""
+        are not held, and its thread serves the window again. Once every stuck thread is back
+        (a stalled server or mount recovered), a window given up on is used again."""
         self._release(future)
         with self._lock:
             self.lost -= 1
+            if self._gave_up and not self.lost:
+                self._gave_up, self.enabled = False, True
 
     def _refill(self) -> None:
         """Start reads while the window has room and the bytes held stay under the cap."""
@@ -229,7 +233,7 @@ class ReadAhead:
             if self.lost <= MAX_LOST_THREADS:
                 self._spawn()
                 return
-        self.enabled = False  # too many dead files: read plainly from now on
+            self._gave_up, self.enabled = True, False  # read plainly until they answer
         self._discard()
 
     def _pace(self) -> None:

@@ -69,7 +69,14 @@ class RemoteShardSource(ShardSource):
         self.url = url.rstrip("/")
         self.protocol = self.url.split("://", 1)[0].lower()
         self.storage_options = dict(storage_options or {})
-        self.timeout, self.read_ahead_max = float(timeout), max(1, int(read_ahead_max))
+        if isinstance(read_ahead_max, bool) or not isinstance(read_ahead_max, int) or (
+            read_ahead_max < 1
+        ):
+            raise SourceError(
+                f"read_ahead_max={read_ahead_max!r}: give the most requests in flight per "
+                f"worker, a positive int (default {READ_AHEAD_MAX})"
+            )
+        self.timeout, self.read_ahead_max = float(timeout), read_ahead_max
         self.access = "remote"
         self.image_column, self.label_column = image_column, label_column
         self._cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache/stoker/index"
