@@ -85,3 +85,18 @@ def slow(image, rng):
 def kill_self(*args):
     """SIGKILL this process (used as a worker's first step: a death during start-up)."""
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SlowSamples:
+    """A per-sample dataset whose ``__getitem__`` takes ``delay`` seconds: ``(4,)`` float32
+    filled with the index (a worker that is busy for a known time)."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        time.sleep(self.delay)
+        return np.full(4, i, np.float32)

@@ -129,6 +129,10 @@ class Report:
     read_bytes: int = 0
     #: Samples whose file pages were dropped from the page cache after reading (page_cache).
     pages_dropped: int = 0
+    #: In a worker: seconds it waited for this task after its previous one (idle for lack of
+    #: work), and seconds the fill took; the prefetch engine sizes the ring from them.
+    idle_s: float = 0.0
+    fill_s: float = 0.0
 
 
 class Assembler:

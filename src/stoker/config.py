@@ -191,18 +191,27 @@ def max_errors(value: Any, n: int) -> int:
     raise ConfigError(f"max_errors={value!r}: give a count (10) or a fraction in [0, 1) (0.001)")
 
 
-def prefetch(value: Any, count: int, held: int, slot_bytes: int) -> tuple[int, int, str]:
-    """``(per_worker, slots, reason)``: batches in flight per worker and slots in the ring."""
+def prefetch(value: Any, count: int, held: int, slot_bytes: int) -> tuple[int, int, int, str]:
+    """``(per_worker, deepest, slots, reason)``: batches in flight per worker to start with,
+    the most the engine may deepen that to, and slots in the ring.
+
+    ``"auto"`` starts at 1 per worker, not 2: while the consumer waits for its next batch it
+    hands each worker its next task at once, so a deeper ring only holds memory (a slot is a
+    whole batch: 38 MB at 256 x 224 x 224 x 3). The engine deepens to 2 per worker when it
+    measures workers waiting for work while the consumer waited for batches (a training step
+    long enough for a worker to finish and sit idle), within a quarter of available memory."""
     if value != "auto":
         depth = positive_int("prefetch", value)
         per_worker = max(1, math.ceil(depth / count))
-        return per_worker, depth + held, "set by you"
+        return per_worker, per_worker, depth + held, "set by you"
     budget = psutil.virtual_memory().available // 4
-    for per_worker in (2, 1):
-        slots = per_worker * count + held
-        if slots * slot_bytes <= budget:
-            why = f"auto: {per_worker} per worker, {slots * slot_bytes / 2**20:.0f} MiB ring"
-            return per_worker, slots, why
+    for deepest in (2, 1):
+        if (deepest * count + held) * slot_bytes <= budget:
+            slots = count + held
+            why = f"auto: 1 per worker, {slots * slot_bytes / 2**20:.0f} MiB ring"
+            if deepest > 1:
+                why += f" (up to {deepest} per worker when the workers are measured waiting)"
+            return 1, deepest, slots, why
     raise ConfigError(
         f"a batch takes {slot_bytes / 2**20:.0f} MiB and {count + held} of them do not fit in a "
         f"quarter of available memory ({budget / 2**20:.0f} MiB): lower batch_size or workers"

@@ -68,6 +68,19 @@ def auto_workers(assembler: Assembler, layout: SlotLayout, batch_size: int) -> t
     return config.auto_workers(cost, batch_size, PROBE_SAMPLES)
 
 
+class Block(mmap.mmap):
+    """Memory of one in-process batch's large fields (private, anonymous, huge pages)."""
+
+    #: Set by an adapter that hands the batch to a framework which keeps it (``owned``):
+    #: the block is then the framework's, never reused, and needs no copy.
+    given = False
+
+    def give(self) -> bool:
+        """Hand this block over for good (the loader forgets it); True."""
+        self.given = True
+        return True
+
+
 class Inline:
     """workers=0: fill each batch in the calling process when asked.
 
@@ -78,12 +91,13 @@ class Inline:
     handed out from it is still referenced (weak references, so nothing is ever overwritten
     under the consumer); a batch the consumer keeps keeps its memory and the next batch gets a
     new block. Small fields (labels, weights, indices) are fresh arrays, so keeping them pins
-    no block."""
+    no block. An adapter whose framework keeps batches (tf.data, JAX on CPU) takes a block
+    over (``Block.give``) instead of copying it, as it took the fresh arrays before."""
 
     def __init__(self, assembler: Assembler, layout: SlotLayout) -> None:
         self.assembler, self.layout = assembler, layout
         self.orphaned = 0
-        self.blocks: list[tuple[mmap.mmap, list[weakref.ref[np.ndarray]]]] = []
+        self.blocks: list[tuple[Block, list[weakref.ref[np.ndarray]]]] = []
 
     def get(self, key: tuple[int, int]) -> tuple[Fields, Report]:
         """The fields of batch ``key`` (epoch, position) and its report."""
@@ -110,9 +124,10 @@ class Inline:
         self.blocks.append((block, refs))
         return out
 
-    def _free_block(self, nbytes: int) -> mmap.mmap:
+    def _free_block(self, nbytes: int) -> Block:
         """A block no handed-out array uses any more (taken off the list), else a new one;
         at most ``KEPT_BLOCKS`` are remembered (one the consumer keeps is its own)."""
+        self.blocks = [(block, refs) for block, refs in self.blocks if not block.given]
         for k, (block, refs) in enumerate(self.blocks):
             if all(ref() is None for ref in refs):
                 del self.blocks[k]
@@ -121,7 +136,7 @@ class Inline:
             del self.blocks[0]
         # private and anonymous (a shared mapping gets no transparent huge pages); huge pages
         # as numpy asks for its large arrays: a 2 MB page faults and misses the TLB 512x less
-        block = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        block = Block(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             block.madvise(mmap.MADV_HUGEPAGE)
         return block
@@ -140,13 +155,13 @@ class Running:
         self.pool: WorkerPool | None = None
         self.engine: Engine | Inline | None = None
         self.pid = os.getpid()
-        self.prefetch_reason, self.folder = "not started", "-"
+        self._reason, self.folder = "not started", "-"
         self.started: list[StartReport] = []
 
     def start_inline(self, assembler: Assembler, layout: SlotLayout) -> None:
         """Load on demand in this process (``workers=0``)."""
         self.engine = Inline(assembler, layout)
-        self.prefetch_reason, self.folder = "none: workers=0 loads on demand", "process memory"
+        self._reason, self.folder = "none: workers=0 loads on demand", "process memory"
 
     def start_pool(self, spec: dict[str, Any], workers: int, prefetch: Any, batches: int,
                    timeout: float, name: Any) -> None:
@@ -154,7 +169,7 @@ class Running:
         a failed start leaves no worker and no segment."""
         layout: SlotLayout = spec["layout"]
         clean_stale()
-        per_worker, slots, self.prefetch_reason = config.prefetch(
+        per_worker, deepest, slots, self._reason = config.prefetch(
             prefetch, workers, HELD, layout.nbytes
         )
         self.folder = pick_folder(slots * layout.nbytes)
@@ -163,11 +178,17 @@ class Running:
             self.pool = WorkerPool(workers, spec, timeout)
             self.started = self.pool.started
             self.engine = Engine(
-                self.pool, layout, slots, per_worker, batches, self.folder, timeout, name
+                self.pool, layout, slots, per_worker, batches, self.folder, timeout, name, deepest
             )
         except BaseException:
             self.close(fast=True)
             raise
+
+    @property
+    def prefetch_reason(self) -> str:
+        """Why the ring has the depth it has (and when the engine deepened it)."""
+        engine = self.engine
+        return self._reason + (engine.deepened if isinstance(engine, Engine) else "")
 
     def prefetch(self) -> int:
         """Batches prefetched ahead of the consumer (0 in-process or before the start)."""
@@ -179,6 +200,7 @@ class Running:
         every segment; safe to call again, or from a signal handler in the middle of a close.
         In a forked child it only forgets them: they are the parent's."""
         engine, pool = self.engine, self.pool
+        self._reason = self.prefetch_reason  # what the engine measured outlives it
         self.engine = self.pool = None
         shutdown.unregister(self)
         if os.getpid() != self.pid:

@@ -66,10 +66,12 @@ def look_ahead(
 
 
 def owned(leaf: Any) -> Any:
-    """``leaf`` itself when it owns its memory, else a copy: memory a framework may keep after
-    the loader reuses the slot the view points into."""
+    """``leaf`` itself when it owns its memory or its memory can be handed over (an in-process
+    batch's block, ``give()``: the loader then never reuses it), else a copy: memory a framework
+    may keep after the loader reuses the slot the view points into."""
     if isinstance(leaf, np.ndarray) and not leaf.flags.owndata:
-        return np.array(leaf)
+        give = getattr(leaf.base, "give", None)
+        return leaf if give is not None and give() else np.array(leaf)
     return leaf
 
 

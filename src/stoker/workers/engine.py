@@ -33,6 +33,45 @@ Key = tuple[int, int]
 POLL_S = 0.2
 HELD = 2  # batches the consumer may hold before their slot is reused (current + previous)
 COPY_BYTES = 1 << 20  # a field this small (labels, weights, indices) is handed out as a copy
+IDLE_SHARE = 0.10  # workers idle for work more than this share of their fill time: deepen
+
+
+class Depth:
+    """Whether the ring is deep enough, measured: over each window of batches, the time the
+    workers waited for their next task (the reply's ``idle_s``; a worker's first task, which
+    waits for the start, is not counted) against their fill time, and how many of the
+    consumer's gets had to wait. Workers idle while the consumer waited means a deeper ring
+    would have had batches ready; workers idle while the consumer never waited means the
+    consumer is the limit, and a deeper ring would only hold memory."""
+
+    def __init__(self, workers: int) -> None:
+        self.window = 4 * workers
+        self.started = [False] * workers
+        self.idle = self.busy = 0.0
+        self.replies = self.gets = self.waits = 0
+
+    def reply(self, wid: int, report: Report) -> None:
+        """Count a worker's reply."""
+        if self.started[wid]:
+            self.idle, self.busy = self.idle + report.idle_s, self.busy + report.fill_s
+            self.replies += 1
+        self.started[wid] = True
+
+    def get(self, waited: bool) -> None:
+        """Count one of the consumer's gets (``waited``: its batch was not ready)."""
+        self.gets += 1
+        self.waits += waited
+
+    def deeper(self) -> float | None:
+        """At the end of a window: the workers' idle share when the ring should deepen, else
+        None (and the next window starts)."""
+        if self.replies < self.window:
+            return None
+        share = self.idle / max(self.busy, 1e-9)
+        waited = self.waits * 4 >= self.gets
+        self.idle = self.busy = 0.0
+        self.replies = self.gets = self.waits = 0
+        return share if waited and share > IDLE_SHARE else None
 
 
 class Engine:
@@ -48,8 +87,12 @@ class Engine:
         folder: str,
         timeout: float,
         name: Callable[[int], str],
+        deepest: int | None = None,
     ) -> None:
         self.pool, self.layout, self.folder = pool, layout, folder
+        self.deepest = per_worker if deepest is None else deepest
+        self.depth = Depth(len(pool.procs))
+        self.deepened = ""  # said in stats() when the ring grew
         self.batches, self.timeout, self.per_worker, self.name = batches, timeout, per_worker, name
         self.segments = [Segment.create(layout.nbytes, f"slot{i}", folder) for i in range(slots)]
         self.free: deque[int] = deque(range(slots))
@@ -70,6 +113,7 @@ class Engine:
             self._reset(key)
         self._reclaim(HELD - 1)
         self._fill_window()
+        self.depth.get(key not in self.done)
         while key not in self.done:
             self._wait_one(key)
             self._fill_window()
@@ -196,6 +240,26 @@ class Engine:
         if kind == "error":
             raise unpack_exception(payload, f"(epoch {epoch}, batch {batch})")
         self.done[key] = (slot, payload)
+        self.depth.reply(wid, payload)
+        if self.per_worker < self.deepest:
+            share = self.depth.deeper()
+            if share is not None:
+                self._deepen(share)
+
+    def _deepen(self, share: float) -> None:
+        """One more batch in flight per worker: a new slot for each worker."""
+        self.per_worker += 1
+        for _ in self.load:
+            slot = len(self.segments)
+            seg = Segment.create(self.layout.nbytes, f"slot{slot}", self.folder)
+            self.segments.append(seg)
+            for added, _ in self.watchers:
+                added(seg)
+            self.free.append(slot)
+        self.deepened = (
+            f"; deepened to {self.per_worker} per worker: the workers waited for work "
+            f"{share:.0%} of their fill time while the consumer waited for batches"
+        )
 
     def close(self) -> None:
         """Unlink every slot segment (the pool is closed by its owner); copies still reading

@@ -102,21 +102,28 @@ class _Worker:
     def run(self) -> None:
         """Serve tasks until told to stop or the parent goes away."""
         while True:
+            t0 = time.perf_counter()
             try:
                 task = self.conn.recv()
             except (EOFError, OSError):
                 return  # the parent closed its end (or died: its watcher ends this process)
             if task is None:
                 return
+            idle = time.perf_counter() - t0  # waiting for work: the engine sizes the ring by it
             try:
-                self.conn.send(self.serve(*task))
+                self.conn.send(self.serve(*task, idle=idle))
             except (OSError, ValueError):
                 return  # the parent stopped listening: end quietly, never with a traceback
 
-    def serve(self, epoch: int, batch: int, slot: int, handle: tuple[str, int]) -> tuple:
-        """Fill one batch; the reply says it is done, or carries the exception."""
+    def serve(
+        self, epoch: int, batch: int, slot: int, handle: tuple[str, int], *, idle: float = 0.0
+    ) -> tuple:
+        """Fill one batch; the reply says it is done (with ``idle``, the seconds this worker
+        waited for the task, and the fill's own), or carries the exception."""
         try:
+            t0 = time.perf_counter()
             report = self.assembler.fill(epoch, batch, self.views(slot, handle), self.status)
+            report.idle_s, report.fill_s = idle, time.perf_counter() - t0
             self.status[1] += 1
             return ("ok", epoch, batch, slot, report)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
