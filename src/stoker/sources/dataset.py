@@ -36,7 +36,8 @@ from .targets import NUMERIC_KINDS
 
 FieldSpec = tuple[str, str, tuple[int, ...]]
 GLOBALS_KEY = 0x6C0B
-"""Spawn key of the global RNGs' seed: a stream apart from ``sample_rng()``'s own."""
+"""Mixed into the global RNGs' seeds: streams apart from ``sample_rng()``'s own."""
+_M64 = (1 << 64) - 1
 _RNG: contextvars.ContextVar[np.random.Generator | None] = contextvars.ContextVar(
     "stoker_sample_rng", default=None
 )
@@ -54,17 +55,38 @@ def sample_rng() -> np.random.Generator:
     return rng
 
 
+def _splitmix(x: int) -> int:
+    """One splitmix64 step: a well-spread 64-bit mix of ``x`` (stable, ~0.3 µs)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def global_seeds(entropy: Any) -> tuple[int, int, int]:
+    """Seeds of numpy's global RNG (32 bits: its fast legacy seeding), Python's ``random`` and
+    torch (64 bits each) from a sample's ``(seed, epoch, index)``, mixed apart from each other.
+    A SeedSequence would cost ~35 µs more per sample (numpy's array seeding included)."""
+    h = GLOBALS_KEY
+    for word in entropy if isinstance(entropy, (list, tuple)) else [entropy]:
+        word = int(word)
+        h = _splitmix(h ^ (word & _M64))
+        while word >> 64:  # a seed wider than 64 bits: every bit counts
+            word >>= 64
+            h = _splitmix(h ^ (word & _M64))
+    return h & 0xFFFFFFFF, _splitmix(h ^ 1), _splitmix(h ^ 2)
+
+
 def seed_globals(rng: np.random.Generator) -> None:
     """Seed numpy's global RNG, Python's ``random`` and (when imported) torch's CPU generator
-    from the seed sequence of ``rng`` (``SeedSequence([seed, epoch, index])``), keyed apart."""
-    seq = rng.bit_generator.seed_seq
-    entropy = getattr(seq, "entropy", None)
-    words = np.random.SeedSequence(entropy, spawn_key=(GLOBALS_KEY,)).generate_state(10)
-    np.random.seed(words[:4])  # three different keys: no two generators share a stream
-    random.seed(int.from_bytes(words[4:8].tobytes(), "little"))
+    from the seed sequence of ``rng`` (``SeedSequence([seed, epoch, index])``): ~12 µs."""
+    entropy = getattr(rng.bit_generator.seed_seq, "entropy", None)
+    numpy_seed, random_seed, torch_seed = global_seeds(entropy)
+    np.random.seed(numpy_seed)
+    random.seed(random_seed)
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "default_generator"):
-        torch.default_generator.manual_seed(int(words[8]) << 32 | int(words[9]))
+        torch.default_generator.manual_seed(torch_seed)
 
 
 def _global_states() -> tuple[Any, Any, Any]:
