@@ -105,7 +105,8 @@ def arrow_targets(column: pa.Array, where: str) -> np.ndarray | list[Any]:
     if pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_struct(kind):
         raise SourceError(
             f"{where}: labels of type {kind} have no fixed shape; store them as a fixed-size "
-            "list (pa.list_(pa.float32(), K)) or as one column per value"
+            "list (pa.list_(pa.float32(), K)) or as one column per value, named together in "
+            "label_column=[...]"
         )
     return ["" if v is None else str(v) for v in column.to_pylist()]
 
