@@ -27,7 +27,7 @@ def _numpy(loader):
 
 def _torch(device):
     def make(loader):
-        return _stream(loader.torch(device=device))
+        return _stream(loader.torch(device=device, layout="channels_last"))  # as numpy
     return make
 
 
