@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -185,7 +186,7 @@ def main() -> int:
                   ratio_line("PSS stoker / DataLoader", results[names[0]][1], results[base][1],
                              "<= 1.0")]
     print(table(ratios, ["ratio", "value", "goal", "verdict"]))
-    os.unlink(data) if os.path.exists(data) else None
+    shutil.rmtree(tmp, ignore_errors=True)  # the data file and its folder
     return 0
 
 
