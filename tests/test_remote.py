@@ -293,7 +293,8 @@ def test_read_ahead_window_bounds_the_ranged_reads_in_flight(server, shard_dir):
 def test_auto_window_grows_past_the_local_maximum_to_cover_network_latency(server, shard_dir):
     url = _serve(server, shard_dir)
     src = RemoteShardSource(url, read_ahead_max=MAX_WINDOW + 8)
-    server.delay = 0.3  # every request takes far longer than a (here empty) decode
+    server.delay = 1.0  # every request takes far longer than a (here empty) decode, and long
+    # enough that a busy machine still fills the window before the first ones answer
     server.reset()
     order = np.tile(np.arange(len(src)), 4)
     reads = ReadAhead(src, ReadSettings(window="auto"))
