@@ -291,7 +291,7 @@ def test_running_out_of_file_descriptors_is_a_stoker_error_naming_the_limit():
 
 @pytest.mark.timeout(60)
 def test_workers_above_the_cores_warn_with_the_cost_and_far_above_is_an_error():
-    cpus = stoker.config.usable_cpus()
+    cpus = stoker.loader.config.usable_cpus()
     images = helpers.make_marked_array(n=8, marked=-1)
     with pytest.warns(StokerWarning, match=f"more than the {cpus} usable CPU cores.*MiB"):
         stoker.Loader(images, batch_size=2, workers=cpus + 1).close()

@@ -11,11 +11,12 @@ from .errors import (
     ResourceLimitError,
     SourceError,
     StokerError,
+    StokerWarning,
     TooManyErrors,
     WorkerDied,
     WorkerHung,
 )
-from .loader import Loader, StokerWarning
+from .loader import Loader
 from .sources.dataset import sample_rng
 from .stats import Figures, StatsReport, WaitMeter
 

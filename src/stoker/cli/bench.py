@@ -11,10 +11,9 @@ from typing import Any
 
 import psutil
 
-from .. import config
 from ..assemble import Assembler
 from ..decode import decoder_name, jpegcrop
-from ..loader import Loader
+from ..loader import Loader, config
 from ..workers.jobs import map_jobs
 
 

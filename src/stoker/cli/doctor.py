@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 
-from .. import config
 from ..decode import decoder_name, jpegcrop
+from ..loader import config
 from ..workers import slots
 
 

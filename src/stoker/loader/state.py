@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 STATE_VERSION = 1
 #: what must match between a saved state and the loader resuming from it

@@ -10,16 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import batch as batch_mod
+from .. import batch as batch_mod
+from .. import pixels as pixels_mod
+from ..assemble import Columns, Plan
+from ..errors import ConfigError
+from ..sources import open_source
+from ..sources.base import Source
+from ..transforms import CustomPipeline, make_pipeline
+from ..workers.slots import FieldSpec, SlotLayout
 from . import config
-from . import pixels as pixels_mod
-from .assemble import Columns, Plan
-from .errors import ConfigError
 from .selection import check_split, select
-from .sources import open_source
-from .sources.base import Source
-from .transforms import CustomPipeline, make_pipeline
-from .workers.slots import FieldSpec, SlotLayout
 
 
 @dataclass

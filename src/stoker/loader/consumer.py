@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import StokerError
+from ..errors import StokerError
 
 
 class Guard:

@@ -9,19 +9,19 @@ from typing import Any
 
 import numpy as np
 
-from . import batch as batch_mod
+from .. import batch as batch_mod
+from .. import order as order_mod
+from ..assemble import Assembler, Report
+from ..decode import decoder_name
+from ..errors import ConfigError, StokerError, StokerWarning, TooManyErrors
+from ..sources.targets import class_ids
+from ..stats import Stats, StatsReport, WaitMeter
+from ..workers.engine import Engine
+from ..workers.launch import describe as describe_start
 from . import config, wiring
-from . import order as order_mod
-from .assemble import Assembler, Report
 from .consumer import Guard
-from .decode import decoder_name
-from .errors import ConfigError, StokerError, StokerWarning, TooManyErrors
 from .running import Inline, Running, auto_workers, warn_if_slow_decoder
-from .sources.targets import class_ids
 from .state import advance_state, check_state, make_state
-from .stats import Stats, StatsReport, WaitMeter
-from .workers.engine import Engine
-from .workers.launch import describe as describe_start
 
 Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
 Fields = dict[str, np.ndarray]
@@ -341,7 +341,7 @@ class Loader:
     def keras(self, dtype: Any = None, mean: Any = None, std: Any = None) -> Any:
         """A ``keras.utils.PyDataset`` over this loader, for ``model.fit`` on any backend;
         ``dtype``/``mean``/``std`` convert the images (``mean=0, std=1``: [0, 1])."""
-        from .adapters.keras import to_keras
+        from ..adapters.keras import to_keras
 
         return to_keras(self, dtype=dtype, mean=mean, std=std)
 
@@ -366,34 +366,34 @@ class Loader:
         """A Keras callback that puts each epoch's ``data_wait`` and ``input_img_s`` into
         ``logs`` (History, the progress bar, CSVLogger, TensorBoard), counting only training
         steps; list it before CSVLogger/TensorBoard in ``callbacks=``."""
-        from .adapters.keras import WaitReport
+        from ..adapters.keras import WaitReport
 
         return WaitReport(self)
 
     def keras_checkpoint(self, path: Any, save_freq: Any = "epoch") -> Any:
         """A Keras callback that saves this loader's position to ``path`` (JSON) as training
         goes, and restores it now if ``path`` exists; pair it with ``BackupAndRestore``."""
-        from .adapters.keras import LoaderCheckpoint
+        from ..adapters.keras import LoaderCheckpoint
 
         return LoaderCheckpoint(self, path, save_freq=save_freq)
 
     def torch(self, device: Any = None, **kwargs: Any) -> Any:
         """An iterable of torch tensors, copied to ``device`` ahead of use."""
-        from .adapters.torch import to_torch
+        from ..adapters.torch import to_torch
 
         return to_torch(self, device=device, **kwargs)
 
     def jax(self, sharding: Any = None, **kwargs: Any) -> Any:
         """An iterable of jax arrays, put on the device(s) ahead of use (``dtype``, ``mean``,
         ``std`` convert the images there)."""
-        from .adapters.jax import to_jax
+        from ..adapters.jax import to_jax
 
         return to_jax(self, sharding=sharding, **kwargs)
 
     def tf(self, **kwargs: Any) -> Any:
         """A ``tf.data.Dataset`` of this loader's batches (one epoch per iteration;
         ``dtype``, ``mean``, ``std`` convert the images)."""
-        from .adapters.tf import to_tf
+        from ..adapters.tf import to_tf
 
         return to_tf(self, **kwargs)
 

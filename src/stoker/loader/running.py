@@ -12,16 +12,16 @@ from typing import Any
 
 import numpy as np
 
+from .. import order as order_mod
+from ..assemble import Assembler, Report
+from ..decode import jpegcrop
+from ..errors import StokerWarning
+from ..workers import shutdown
+from ..workers.engine import COPY_BYTES, HELD, Engine
+from ..workers.launch import StartReport
+from ..workers.pool import WorkerPool
+from ..workers.slots import SlotLayout, clean_stale, pick_folder
 from . import config
-from . import order as order_mod
-from .assemble import Assembler, Report
-from .decode import jpegcrop
-from .errors import StokerWarning
-from .workers import shutdown
-from .workers.engine import COPY_BYTES, HELD, Engine
-from .workers.launch import StartReport
-from .workers.pool import WorkerPool
-from .workers.slots import SlotLayout, clean_stale, pick_folder
 
 Fields = dict[str, np.ndarray]
 PROBE_SAMPLES = 8

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import order
-from .errors import ConfigError
-from .sources.base import Source
-from .sources.subset import SubsetSource, pick_classes
-from .sources.targets import class_ids
+from .. import order
+from ..errors import ConfigError
+from ..sources.base import Source
+from ..sources.subset import SubsetSource, pick_classes
+from ..sources.targets import class_ids
 
 SUBSETS = ("training", "validation")
 
