@@ -10,6 +10,7 @@ import mmap
 import os
 import tarfile
 import threading
+import time
 
 import h5py
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 import stoker
 from stoker.cli.convert import convert
 from stoker.sources import open_source
-from stoker.sources.readahead import ReadAhead, ReadSettings
+from stoker.sources.readahead import MIN_WINDOW, ReadAhead, ReadSettings
 from stoker.sources.table import PathSource
 
 
@@ -450,3 +451,37 @@ def test_window_given_up_on_stuck_reads_comes_back_when_they_answer(image_folder
         reads.close()
     finally:
         source.release.set()
+
+
+@pytest.mark.timeout(120)
+def test_auto_reads_plainly_while_reads_are_cheap_and_opens_the_window_when_they_slow(
+    image_folder,
+):
+    files = _files(image_folder)[:8]
+    count = 64
+    source = open_source(None, paths=[str(files[k % 8]) for k in range(count)],
+                         labels=np.zeros(count, np.int64))
+    plain_read = source.read
+    where: dict[int, str] = {}
+
+    def read(index):  # warm files, then a slow disk from sample 32 on
+        where[index] = threading.current_thread().name
+        if index >= 32:
+            time.sleep(0.05)
+        return plain_read(index)
+
+    source.read = read
+    reads = ReadAhead(source, ReadSettings(window="auto"))
+    reads.start(np.arange(count))
+    windows = []
+    for k in range(count):
+        assert reads.take(k)[0] == files[k % 8].read_bytes()
+        windows.append(reads.window)
+        time.sleep(0.02)  # the caller's decode: 20 ms a sample
+    reads.close()
+    cheap = [where[k] for k in range(16, 32)]
+    assert cheap.count("MainThread") == len(cheap), cheap  # plain reads, no thread hand-off
+    assert 0 in windows[8:32]
+    slow = [where[k] for k in range(48, 64)]
+    assert slow.count("stoker-read") >= 12, slow  # the window opened for the slow reads
+    assert max(windows[40:]) >= MIN_WINDOW

@@ -9,7 +9,10 @@ read at once on threads (file reads release the GIL), and ``take(index)`` hands 
 over as it is needed. Nothing about the batch changes: the same samples, read by the same
 ``Source.read``, decoded in the same order.
 
-The window sizes itself (``window="auto"``): from the measured read latency and the time the
+While reads are cheap next to decoding (a warm page cache), ``window="auto"`` reads plainly on
+the decoding thread: threads would cost more than they hide (``ENTER``/``LEAVE``). Such a plain
+read has no deadline of its own (the loader's ``timeout`` still ends a worker stuck in one).
+Once reads cost more, the window sizes itself: from the measured read latency and the time the
 caller spends from one ``take``'s return to the next ``take`` (decoding; never the time it
 waited for bytes, which would shrink the window exactly when reads are slow), enough reads are
 kept in flight to cover a
@@ -53,6 +56,15 @@ MIN_WINDOW = 4
 MAX_WINDOW = 32
 START_WINDOW = 8
 COVER = 3  # reads in flight cover this many read latencies of decoding
+# "auto" reads plainly, on the decoding thread, until a read costs more than ENTER x the
+# caller's decode time, and goes back to plain reads below LEAVE x. The window's threads are not
+# free: on 2 busy cores their wake-ups and the GIL made each decode 15-30 % slower (benchmarks/
+# cold.py on a quiet machine: 1.72 vs 1.35 ms cold, 1.37 vs 1.2 ms warm), so they pay only where
+# a read costs a good part of a decode: a cold folder on a slow disk, remote shards. Measured
+# there: warm 1,169-1,189 img/s with the window vs 1,237-1,330 plain; Parquet cold (the kernel's
+# own readahead makes its reads ~0.4 ms) 915-934 vs 1,023-1,055; a cold folder (reads ~0.7 ms
+# against 1.6 ms of decode) 789-921 vs 856-868; remote at 30 ms a request 267-289 vs 51-53.
+ENTER, LEAVE = 0.5, 0.25
 DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
 MAX_LOST_THREADS = 32  # threads stuck at once on dead files before read-ahead gives up
 IDLE_S = 10.0  # a reading thread with nothing to do for this long ends
@@ -118,6 +130,7 @@ class ReadAhead:
         self._ahead: deque[tuple[int, cf.Future]] = deque()
         self._returned_at = 0.0  # when the last take returned (0: none yet in this batch)
         self._decode_s = 0.0  # smoothed time from a take's return to the next take (decoding)
+        self._latency_s = 0.0  # smoothed time one read takes (plain or on a thread)
         self._pid = os.getpid()
 
     # ------------------------------------------------------------------ caller side
@@ -138,6 +151,13 @@ class ReadAhead:
             return self._plain(index)
         self._pace()
         future = self._pop(index)
+        if future is None and self.window == 0:  # auto, reads cheap: read here, measured
+            if self._todo and self._todo[0] == index:
+                self._todo.popleft()  # never read ahead later, should the window reopen
+            try:
+                return self._plain(index)
+            finally:
+                self._returned_at = time.perf_counter()
         if future is None:
             future = self._submit(index)
         try:
@@ -237,16 +257,19 @@ class ReadAhead:
         self._discard()
 
     def _pace(self) -> None:
-        """Re-size an auto window from the read latency and the caller's decode time (from the
-        last take's return to this take)."""
+        """Re-size an auto window from the recent read latency and the caller's decode time
+        (from the last take's return to this take): 0 (plain reads) while reads are cheap."""
         if self._returned_at:
             spent = time.perf_counter() - self._returned_at
             self._decode_s = spent if not self._decode_s else 0.9 * self._decode_s + 0.1 * spent
-        c = self.counters
-        if self.auto and c.reads >= 8 and self._decode_s > 0:
-            latency = c.latency_s / c.reads
-            need = math.ceil(COVER * latency / self._decode_s) + 1
-            self.window = max(MIN_WINDOW, min(self.max_window, need))
+        if not (self.auto and self.counters.reads >= 8 and self._decode_s > 0):
+            return
+        share = self._latency_s / self._decode_s
+        if self.window == 0 and share < ENTER or self.window and share < LEAVE:
+            self.window = 0
+            return
+        need = math.ceil(COVER * share) + 1
+        self.window = max(MIN_WINDOW, min(self.max_window, need))
 
     # ------------------------------------------------------------------ reading threads
 
@@ -298,6 +321,8 @@ class ReadAhead:
         with self._lock:
             c = self.counters
             c.nbytes, c.reads, c.latency_s = c.nbytes + nbytes, c.reads + 1, c.latency_s + seconds
+            late = self._latency_s
+            self._latency_s = seconds if not late else 0.9 * late + 0.1 * seconds
             c.largest = max(c.largest, nbytes)
             if self.settings.page_cache == "auto" and c.reads <= SIZE_AFTER:
                 self._early.append(index)
