@@ -74,3 +74,9 @@ def test_in_process_block_is_handed_over_not_copied_and_never_reused():
     with stoker.Loader(images, batch_size=16, workers=1, shuffle=False) as loader:
         x, _y = next(iter(loader))
         assert owned(x) is not x and np.array_equal(owned(x), x)  # a ring slot is copied
+
+
+def test_a_long_idle_reads_as_a_multiple_not_thousands_of_percent():
+    from stoker.workers.engine import idle_words
+
+    assert idle_words(0.25) == "25% of" and idle_words(45.69) == "45.7x"

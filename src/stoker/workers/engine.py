@@ -36,6 +36,11 @@ COPY_BYTES = 1 << 20  # a field this small (labels, weights, indices) is handed 
 IDLE_SHARE = 0.10  # workers idle for work more than this share of their fill time: deepen
 
 
+def idle_words(share: float) -> str:
+    """A wait as a share of the fill time, readable past 100 %: "25% of", "45.7x"."""
+    return f"{share:.0%} of" if share < 1 else f"{share:.1f}x"
+
+
 class Depth:
     """Whether the ring is deep enough, measured: over each window of batches, the time the
     workers waited for their next task (the reply's ``idle_s``; a worker's first task, which
@@ -258,7 +263,7 @@ class Engine:
             self.free.append(slot)
         self.deepened = (
             f"; deepened to {self.per_worker} per worker: the workers waited for work "
-            f"{share:.0%} of their fill time while the consumer waited for batches"
+            f"{idle_words(share)} their fill time while the consumer waited for batches"
         )
 
     def close(self) -> None:
