@@ -85,12 +85,10 @@ class ReadSettings:
 
 @dataclass
 class ReadCounters:
-    """What reading cost so far: bytes, reads, seconds the reads took on their threads, and the
-    largest sample read."""
+    """What reading cost so far: bytes, reads and the largest sample read."""
 
     nbytes: int = 0
     reads: int = 0
-    latency_s: float = 0.0
     largest: int = 0
     dropped: int = 0  # samples whose pages were dropped from the page cache
 
@@ -320,7 +318,7 @@ class ReadAhead:
         early: list[int] = []
         with self._lock:
             c = self.counters
-            c.nbytes, c.reads, c.latency_s = c.nbytes + nbytes, c.reads + 1, c.latency_s + seconds
+            c.nbytes, c.reads = c.nbytes + nbytes, c.reads + 1
             late = self._latency_s
             self._latency_s = seconds if not late else 0.9 * late + 0.1 * seconds
             c.largest = max(c.largest, nbytes)
