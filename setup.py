@@ -6,6 +6,9 @@
 headers, the library or a C compiler are missing the install goes on without it,
 ``stoker.decode.jpegcrop.AVAILABLE`` is then False, stoker decodes JPEGs with simplejpeg
 (about 20-25% more CPU per image) and warns once, at the first ``Loader``, with the fix.
+
+``stoker.sources._readfiles`` (POSIX threads only, no library) runs the read-ahead window's
+file reads off the interpreter; without it the window reads on Python threads.
 """
 
 from setuptools import Extension, setup
@@ -17,6 +20,11 @@ setup(
             sources=["src/stoker/decode/_jpeg.c"],
             libraries=["jpeg"],
             optional=True,
-        )
+        ),
+        Extension(
+            "stoker.sources._readfiles",
+            sources=["src/stoker/sources/_readfiles.c"],
+            optional=True,
+        ),
     ],
 )

@@ -49,6 +49,7 @@ import common  # noqa: E402
 
 MAKE_DATASET = "/work/shared/make_dataset.py"
 PEERS = ("stoker", "stoker-noahead", "torch-simplejpeg", "tf-fused")
+# also: stoker-window (read_ahead=8, native reads), stoker-pywindow (8, on Python threads)
 SHARD_PEERS = ("stoker-parquet", "stoker-parquet-noahead")
 GB = 1e9
 
@@ -245,11 +246,12 @@ def make_pipeline(name: str, data: str) -> tuple[Any, Any]:
     import peers
 
     if name.startswith("stoker"):
+        if name.endswith("pywindow"):  # the window's reads on Python threads (the A/B)
+            os.environ["STOKER_NATIVE_READS"] = "0"
         import stoker
 
         loader = stoker.Loader(data, batch_size=256, image_size=224, augment="train",
-                               workers=2, seed=0, shuffle=True,
-                               read_ahead=0 if name.endswith("noahead") else "auto")
+                               workers=2, seed=0, shuffle=True, read_ahead=_read_ahead(name))
         return loader.stream(), loader
     items = common.list_items(data)
     pipe = peers.make(name, items, batch_size=256, workers=2, autotune=True)
@@ -259,6 +261,17 @@ def make_pipeline(name: str, data: str) -> tuple[Any, Any]:
             yield from pipe.epoch()
 
     return endless(), pipe
+
+
+def _read_ahead(name: str) -> int | str:
+    """A stoker peer's read_ahead: 0 for "-noahead", 8 for "-window"/"-pywindow" (N for
+    "-windowN"), else auto."""
+    if name.endswith("noahead"):
+        return 0
+    tail = name.rsplit("window", 1)
+    if len(tail) == 2:
+        return int(tail[1]) if tail[1].isdigit() else 8
+    return "auto"
 
 
 def run_one(name: str, data: str, seconds: float) -> dict[str, Any]:
@@ -280,6 +293,7 @@ def run_one(name: str, data: str, seconds: float) -> dict[str, Any]:
     }
     if name.startswith("stoker"):
         out["stats"] = str(obj.stats())
+        print(out["stats"], file=sys.stderr)
     obj.close()
     return out
 

@@ -18,9 +18,18 @@ import pytest
 
 import stoker
 from stoker.cli.convert import convert
-from stoker.sources import open_source
+from stoker.sources import filereads, open_source
 from stoker.sources.readahead import MIN_WINDOW, ReadAhead, ReadSettings
 from stoker.sources.table import PathSource
+
+
+@pytest.fixture(params=["native", "python"])
+def backend(request, monkeypatch):
+    """The window's reads on native threads (sources.filereads) or on Python threads."""
+    if request.param == "native" and not filereads.AVAILABLE:
+        pytest.fail("stoker.sources._readfiles is not built: python setup.py build_ext --inplace")
+    monkeypatch.setattr(filereads, "AVAILABLE", request.param == "native")
+    return request.param
 
 
 def _files(folder):
@@ -102,7 +111,7 @@ def test_read_ahead_in_workers_and_on_resume(image_folder):
 
 
 @pytest.mark.timeout(60)
-def test_bytes_held_ahead_stay_under_the_cap(image_folder):
+def test_bytes_held_ahead_stay_under_the_cap(image_folder, backend):
     source = open_source(str(image_folder))
     sizes = [len(source.read(i)) for i in range(len(source))]
     cap = 3 * max(sizes)
@@ -116,6 +125,12 @@ def test_bytes_held_ahead_stay_under_the_cap(image_folder):
     assert 0 < reads.peak_held <= cap + max(sizes)
     assert reads.counters.reads == len(source) and reads.counters.nbytes == sum(sizes)
     assert reads.held == 0
+    if backend == "native":
+        live, stuck, _ = reads._native._reader.threads()
+        assert 0 < live <= 16 and stuck == 0
+        reads.close()
+        assert reads._native._reader.pending() == 0
+        return
     threads = list(reads._threads)
     assert 0 < len(threads) <= 17  # window + 1
     reads.close()
@@ -409,6 +424,7 @@ def test_a_source_reading_around_the_cache_keeps_every_refusal(image_folder, tmp
 def test_a_file_system_that_refuses_direct_reads_falls_back(image_folder, tmp_path, monkeypatch):
     import stoker.sources.base as base
 
+    monkeypatch.setattr(filereads, "AVAILABLE", False)  # the Python reads' fallback
     files = [tmp_path / f"{k}.jpg" for k in range(3)]
     for f, src in zip(files, _files(image_folder), strict=False):
         f.write_bytes(src.read_bytes() * 10)
@@ -485,3 +501,212 @@ def test_auto_reads_plainly_while_reads_are_cheap_and_opens_the_window_when_they
     slow = [where[k] for k in range(48, 64)]
     assert slow.count("stoker-read") >= 12, slow  # the window opened for the slow reads
     assert max(windows[40:]) >= MIN_WINDOW
+
+
+# ---------------------------------------------------------------------------- native reads
+
+
+def _direct_allowed(folder) -> bool:
+    probe = folder / "direct-probe"
+    probe.write_bytes(b"x" * 4096)
+    try:
+        os.close(os.open(probe, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["keep", "drop"])
+def test_native_reads_give_every_file_byte_for_byte(tmp_path, policy):
+    """Sizes around the O_DIRECT block (0, 1, 4095-4097, 1 MiB + 1) and image + mask pairs,
+    read in a shuffled order through the native window: the bytes are the files' own."""
+    sizes = [0, 1, 4095, 4096, 4097, 65_537, (1 << 20) + 1, 12_345]
+    rng = np.random.default_rng(5)
+    images, masks = [], []
+    for k, size in enumerate(sizes):
+        images.append(tmp_path / f"i{k}.jpg")
+        images[-1].write_bytes(rng.integers(0, 256, size, dtype=np.uint8).tobytes())
+        masks.append(tmp_path / f"m{k}.png")
+        masks[-1].write_bytes(bytes([k]) * (size // 3 + 1))
+    expected = [(p.read_bytes(), m.read_bytes()) for p, m in zip(images, masks, strict=True)]
+    os.sync()
+    for path in images + masks:  # clean pages, dropped: the reads go to the disk
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    source = open_source(None, paths=[str(p) for p in images], labels=list(range(len(sizes))))
+    source.mask_index = open_source(None, paths=[str(p) for p in masks],
+                                    labels=list(range(len(sizes)))).index
+    reads = ReadAhead(source, ReadSettings(window=4, page_cache=policy))
+    assert reads._native is not None
+    order = rng.permutation(len(sizes))
+    reads.start(order)
+    assert [reads.take(int(k)) for k in order] == [expected[k] for k in order]
+    reads.close()
+    assert reads.counters.reads == len(sizes)
+    resident = sum(_resident(p) for p in images + masks if p.stat().st_size)
+    if policy == "drop":  # O_DIRECT: nothing cached, each counted as dropped
+        assert resident == 0 and reads.counters.dropped == len(sizes)
+        if _direct_allowed(tmp_path):  # and never a cached read in its place
+            assert reads._native._reader.threads()[2] == 0
+    else:
+        assert resident > 0 and reads.counters.dropped == 0
+
+
+@pytest.mark.timeout(120)
+def test_a_native_read_past_its_deadline_blocks_only_itself(image_folder, tmp_path):
+    """A 256 MB file (a throttled reader: it cannot be read in 10 ms) in the window: its
+    sample fails with "no bytes after" while the samples behind it arrive, its thread is
+    replaced, and once its read ends the stuck thread is counted back."""
+    files = _files(image_folder)[:6]
+    slow = tmp_path / "slow.jpg"
+    with open(slow, "wb") as f:
+        f.truncate(256 << 20)  # sparse: reading it still copies 256 MB
+    paths = [str(files[0]), str(slow), *map(str, files[1:])]
+    source = open_source(None, paths=paths, labels=list(range(len(paths))))
+    reads = ReadAhead(source, ReadSettings(window=4, timeout=0.01, page_cache="keep"))
+    reads.start(np.arange(len(paths)))
+    reads.settings = ReadSettings(window=4, timeout=60.0, page_cache="keep")
+    assert reads.take(0)[0] == files[0].read_bytes()
+    reads.settings = ReadSettings(window=4, timeout=0.01, page_cache="keep")
+    with pytest.raises(OSError, match="no bytes after"):
+        reads.take(1)
+    reads.settings = ReadSettings(window=4, timeout=60.0, page_cache="keep")
+    assert [reads.take(k)[0] for k in range(2, len(paths))] == [f.read_bytes() for f in files[1:]]
+    for _ in range(600):  # the big read ends: its buffer is freed, its thread serves again
+        if reads._native._reader.threads()[1] == 0:
+            break
+        time.sleep(0.1)
+    assert reads._native._reader.threads()[1] == 0
+    reads.close()
+
+
+def test_a_source_that_reads_its_own_way_is_never_bypassed(image_folder):
+    """A subclass (or an instance) with its own ``read`` keeps it: the native reader, which
+    reads whole files itself, is used only for the stock file read."""
+    files = [str(f) for f in _files(image_folder)[:3]]
+    plain = open_source(None, paths=files, labels=[0, 1, 2])
+    assert ReadAhead(plain, ReadSettings(window=2))._native is not None
+    hung = _Hung(files, stuck=-1)
+    assert hung.native_reads() is None and ReadAhead(hung, ReadSettings(window=2))._native is None
+    patched = open_source(None, paths=files, labels=[0, 1, 2])
+    patched.read = lambda index: b"mine"
+    assert patched.native_reads() is None
+    reads = ReadAhead(patched, ReadSettings(window=2))
+    reads.start(np.arange(3))
+    assert [reads.take(k)[0] for k in range(3)] == [b"mine"] * 3
+    reads.close()
+
+
+@pytest.mark.timeout(120)
+def test_auto_opens_the_native_window_once_a_read_costs_a_tenth_of_a_decode(image_folder):
+    """Native reads: plain while a read is a small share of the caller's decode (a warm file
+    against 30 ms of decoding), the window as soon as reads cost more than a tenth of it (the
+    same reads, with almost no decoding between takes)."""
+    files = _files(image_folder)[:8]
+    count = 160  # the smoothed decode time falls from 30 ms to near 0 within ~60 samples
+    source = open_source(None, paths=[str(files[k % 8]) for k in range(count)],
+                         labels=np.zeros(count, np.int64))
+    reads = ReadAhead(source, ReadSettings(window="auto"))
+    assert reads._native is not None
+    reads.start(np.arange(count))
+    windows = []
+    for k in range(count):
+        assert reads.take(k)[0] == files[k % 8].read_bytes()
+        windows.append(reads.window)
+        if k < 40:
+            time.sleep(0.03)  # slow decoding: reads are cheap next to it
+    reads.close()
+    assert windows[16:40].count(0) >= 20, windows  # plain reads
+    assert max(windows[120:]) >= MIN_WINDOW, windows  # the window opened
+
+
+@pytest.mark.timeout(60)
+def test_native_reads_after_fork_use_the_childs_own_threads(image_folder):
+    """A window made before a fork (its reader's threads live in the parent only) reads in
+    the child on threads of its own."""
+    files = _files(image_folder)[:6]
+    source = open_source(None, paths=[str(f) for f in files], labels=list(range(6)))
+    reads = ReadAhead(source, ReadSettings(window=3))
+    reads.start(np.arange(3))
+    assert [reads.take(k)[0] for k in range(3)] == [f.read_bytes() for f in files[:3]]
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if every read is right
+        ok = False
+        try:
+            reads.start(np.arange(6))
+            ok = [reads.take(k)[0] for k in range(6)] == [f.read_bytes() for f in files]
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    reads.start(np.arange(6))  # the parent's reader still works
+    assert [reads.take(k)[0] for k in range(6)] == [f.read_bytes() for f in files]
+    reads.close()
+
+
+@pytest.fixture(scope="module")
+def shard_folder(image_folder, tmp_path_factory):
+    """The image folder converted to small Parquet shards (images stored verbatim)."""
+    root = tmp_path_factory.mktemp("native-shards") / "shards"
+    convert(image_folder, root, shard_bytes=60_000, row_group_bytes=12_000, progress=False)
+    return root
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("policy", ["keep", "drop"])
+def test_native_reads_give_every_shard_image_byte_for_byte(shard_folder, policy):
+    """Parquet shards read natively (one byte range each, unaligned: O_DIRECT reads the blocks
+    around it) give exactly ShardSource.read's bytes, in a shuffled order."""
+    from stoker.sources.shards import ShardSource
+
+    source = ShardSource(shard_folder)
+    expected = [source.read(i) for i in range(len(source))]
+    fds = len(os.listdir("/proc/self/fd"))
+    reads = ReadAhead(source, ReadSettings(window=6, page_cache=policy))
+    assert reads._native is not None and reads._native_kind == "ranges"
+    order = np.random.default_rng(2).permutation(len(source))
+    reads.start(order)
+    reads.take(int(order[0]))
+    reads.start(order)  # the window in flight discarded: its descriptors closed all the same
+    assert [reads.take(int(k))[0] for k in order] == [expected[k] for k in order]
+    reads.close()
+    assert reads.counters.dropped == (len(source) + 1 if policy == "drop" else 0)
+    if policy == "drop" and _direct_allowed(shard_folder):  # unaligned ranges, whole blocks
+        assert reads._native._reader.threads()[2] == 0
+    for _ in range(100):  # reads abandoned while running close theirs when they end
+        if len(os.listdir("/proc/self/fd")) == fds:
+            break
+        time.sleep(0.05)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert ShardSource(shard_folder, access="mmap").native_reads() is None  # its own way
+
+
+@pytest.mark.timeout(120)
+def test_a_shard_cut_short_mid_epoch_gives_bad_samples_not_wrong_bytes(shard_folder, tmp_path):
+    """A shard truncated after the epoch started: the image cut in two is a short read (an
+    OSError naming the shard and row, which the loader counts as a bad sample), never
+    wrong bytes."""
+    import shutil
+
+    from stoker.sources.shards import ShardSource
+
+    copy = tmp_path / "shards"
+    shutil.copytree(shard_folder, copy)
+    source = ShardSource(copy)
+    first = source.files[0]
+    rows = int(source.starts[1]) if len(source.starts) > 1 else len(source)
+    reads = ReadAhead(source, ReadSettings(window=4))
+    reads.start(np.arange(rows))
+    assert reads.take(0)[0] == source.read(0)
+    last = source.file_range(rows - 1)
+    with open(first, "r+b") as f:
+        f.truncate(last[1] + 3)  # the last image of the shard keeps 3 of its bytes
+    reads.start(np.arange(rows))
+    with pytest.raises(OSError, match=rf"\[row {rows - 1}\]: short read \(3 of"):
+        for k in range(rows):
+            reads.take(k)
+    reads.close()

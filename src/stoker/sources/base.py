@@ -81,6 +81,27 @@ class Source:
         then has nothing left to drop); default False."""
         return False
 
+    def native_reads(self) -> str | None:
+        """How the read-ahead window may read this source on native threads
+        (``sources.filereads``): ``"files"`` (each sample one whole file: ``file_paths``),
+        ``"ranges"`` (one byte range of a file: ``file_range``), or None (the default: a read
+        is more than that, a row, a request, a subclass's own ``read``)."""
+        return None
+
+    def file_paths(self, index: int) -> tuple[str, str | None]:
+        """Sample ``index``'s file and mask file (None without masks); ``"files"`` sources."""
+        raise NotImplementedError
+
+    def file_range(self, index: int) -> tuple[str, int, int, int] | None:
+        """``(path, offset, length, fd)`` of sample ``index``'s bytes (``fd``: a descriptor of
+        the file the caller closes, or -1); ``"ranges"`` sources (None for a sample that is not
+        one stored range: it is read the usual way)."""
+        raise NotImplementedError
+
+    def reads_direct(self) -> bool:
+        """Whether reads go around the page cache now (``bypass_page_cache`` took effect)."""
+        return False
+
     def name(self, index: int) -> str:
         """A human-readable name of sample ``index`` (its file path, or ``array[i]``)."""
         return f"sample {index}"
@@ -192,6 +213,21 @@ class FileListSource(Source):
         self._direct = hasattr(os, "O_DIRECT")
         return self._direct
 
+    def reads_direct(self) -> bool:
+        """True once reads use ``O_DIRECT`` (and the file system has not refused it)."""
+        return self._direct
+
+    def native_reads(self) -> str | None:
+        """``"files"``, unless a subclass or the instance reads files its own way (``read``,
+        ``_read`` or ``read_mask`` replaced): then None, and its own read is used."""
+        own = ("read", "_read", "read_mask")
+        return "files" if all(stock(self, FileListSource, n) for n in own) else None
+
+    def file_paths(self, index: int) -> tuple[str, str | None]:
+        """The image file's path and the mask file's (None without masks)."""
+        mask = self.mask_index.path(index) if self.mask_index is not None else None
+        return self.index.path(index), mask
+
     def forget(self, index: int) -> bool:
         """Drop the file's (and its mask's) pages from the page cache (nothing to drop when
         the reads bypass it)."""
@@ -226,6 +262,11 @@ class FileListSource(Source):
         return h.hexdigest()
 
 
+def stock(source: Source, kind: type, name: str) -> bool:
+    """Whether ``source.<name>`` is ``kind``'s own method (not a subclass's or the instance's)."""
+    return getattr(getattr(source, name), "__func__", None) is getattr(kind, name)
+
+
 def file_fingerprint(path: Path, parts: tuple[object, ...], labels: np.ndarray) -> str:
     """Digest of one file's resolved path, ``parts``, size and mtime, and the labels."""
     st = os.stat(path)
@@ -244,9 +285,14 @@ def read_file(path: str) -> bytes:
     with open(fd, "rb") as f:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = next((k for t, k in _KINDS if t(mode)), "special file")
-            raise OSError(errno.EINVAL, f"not a regular file (a {kind}); refused", path)
+            raise not_regular(path, mode)
         return f.read()
+
+
+def not_regular(path: str, mode: int) -> OSError:
+    """The error for a path that names a FIFO, socket, device or folder, not an image file."""
+    kind = next((k for t, k in _KINDS if t(mode)), "special file")
+    return OSError(errno.EINVAL, f"not a regular file (a {kind}); refused", path)
 
 
 DIRECT_ALIGN = 4096  # O_DIRECT buffers, offsets and lengths: multiples of the block size

@@ -9,9 +9,16 @@ read at once on threads (file reads release the GIL), and ``take(index)`` hands 
 over as it is needed. Nothing about the batch changes: the same samples, read by the same
 ``Source.read``, decoded in the same order.
 
+Who reads: where a sample is one whole file (folders, CSV and path lists) or one byte range of
+a file (Parquet shards), native threads do (``Source.native_reads``; ``sources.filereads``, the
+C module ``_readfiles``: no GIL, no future, a wake-up only when the reads fall behind), else
+Python threads (tars, ``.npy``, HDF5, remote requests, a subclass's own ``read``).
+
 While reads are cheap next to decoding (a warm page cache), ``window="auto"`` reads plainly on
-the decoding thread: threads would cost more than they hide (``ENTER``/``LEAVE``). Such a plain
-read has no deadline of its own (the loader's ``timeout`` still ends a worker stuck in one).
+the decoding thread: threads would cost more than they hide (``ENTER``/``LEAVE``; native reads
+cost less, so they open the window at a tenth of a decode: ``NATIVE_ENTER``/``NATIVE_LEAVE``).
+Such a plain read has no deadline of its own (the loader's ``timeout`` still ends a worker
+stuck in one).
 Once reads cost more, the window sizes itself: from the measured read latency and the time the
 caller spends from one ``take``'s return to the next ``take`` (decoding; never the time it
 waited for bytes, which would shrink the window exactly when reads are slow), enough reads are
@@ -50,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from . import filereads
 from .base import Source
 
 MIN_WINDOW = 4
@@ -65,6 +73,11 @@ COVER = 3  # reads in flight cover this many read latencies of decoding
 # own readahead makes its reads ~0.4 ms) 915-934 vs 1,023-1,055; a cold folder (reads ~0.7 ms
 # against 1.6 ms of decode) 789-921 vs 856-868; remote at 30 ms a request 267-289 vs 51-53.
 ENTER, LEAVE = 0.5, 0.25
+# Native reads (sources.filereads: no GIL, one wake-up per few reads) cost the decoding thread
+# far less, so they open the window as soon as a read costs a tenth of a decode: a cold folder
+# (reads ~0.25-0.5 ms against ~1.5 ms of decode) gains ~10 % (benchmarks/README.md, "Native
+# reads"), while warm reads (~0.05 ms, a share of ~0.03) stay plain.
+NATIVE_ENTER, NATIVE_LEAVE = 0.1, 0.05
 DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
 MAX_LOST_THREADS = 32  # threads stuck at once on dead files before read-ahead gives up
 IDLE_S = 10.0  # a reading thread with nothing to do for this long ends
@@ -130,6 +143,9 @@ class ReadAhead:
         self._decode_s = 0.0  # smoothed time from a take's return to the next take (decoding)
         self._latency_s = 0.0  # smoothed time one read takes (plain or on a thread)
         self._pid = os.getpid()
+        self._native = _native_reads(source, self.max_window)
+        self._native_kind = source.native_reads() if self._native else None
+        self._native_mode()
 
     # ------------------------------------------------------------------ caller side
 
@@ -159,20 +175,32 @@ class ReadAhead:
         if future is None:
             future = self._submit(index)
         try:
-            result, nbytes = future.result(timeout=self.settings.timeout)
+            result = self._wait(index, future)
+        finally:
+            self._returned_at = time.perf_counter()
+        self._refill()
+        return result
+
+    def _wait(self, index: int, future: Any) -> tuple[Any, Any]:
+        """The read's result, once it is done (raises what it raised, or an OSError past the
+        deadline: a bad sample)."""
+        timeout = self.settings.timeout
+        if self._native is not None:
+            try:
+                (data, mask), seconds = future.result(timeout)
+            except filereads.Late:
+                raise _late(self.source.name(index), timeout) from None
+            self._count(index, data, mask, seconds, dropped=self._drop)
+            self.held = len(self._ahead) * self.counters.largest
+            return data, mask
+        try:
+            result, nbytes = future.result(timeout=timeout)
         except cf.TimeoutError:
             self._abandon()
             future.add_done_callback(self._came_back)
-            raise OSError(
-                f"{self.source.name(index)}: no bytes after {self.settings.timeout:.0f} s (a "
-                "file or request that never answers: a FIFO, a hung mount, a stalled server?); "
-                "counted as bad"
-            ) from None
-        finally:
-            self._returned_at = time.perf_counter()
+            raise _late(self.source.name(index), timeout) from None
         with self._lock:
             self.held -= nbytes
-        self._refill()
         return result
 
     def close(self) -> None:
@@ -186,7 +214,9 @@ class ReadAhead:
 
     # ------------------------------------------------------------------ window
 
-    def _pop(self, index: int) -> cf.Future | None:
+    def _pop(self, index: int) -> Any:
+        if self._ahead and self._ahead[0][0] == index:  # taken in order: the usual case
+            return self._ahead.popleft()[1]
         for k, (i, future) in enumerate(self._ahead):
             if i == index:
                 del self._ahead[k]
@@ -194,6 +224,12 @@ class ReadAhead:
         return None
 
     def _discard(self) -> None:
+        if self._native is not None:
+            self._native.discard()
+            self.held = 0
+            self._ahead.clear()
+            self._todo.clear()
+            return
         for _, future in self._ahead:
             if not future.cancel():
                 future.add_done_callback(self._release)
@@ -219,16 +255,22 @@ class ReadAhead:
     def _refill(self) -> None:
         """Start reads while the window has room and the bytes held stay under the cap."""
         largest = self.counters.largest  # a read's size is judged by the largest seen so far
+        native = self._native is not None  # its reads are in flight until taken
         while self._todo and len(self._ahead) < self.window:
-            pending = sum(1 for _, f in self._ahead if not f.done())
+            pending = len(self._ahead) if native else sum(1 for _, f in self._ahead if not f.done())
             if pending and not largest:
                 return  # no size known yet: one read first
             if self._ahead and self.held + (pending + 1) * largest > self.settings.max_bytes:
                 return
             index = self._todo.popleft()
             self._ahead.append((index, self._submit(index)))
+        if self._native is not None:  # its bytes are in C until taken: bounded by the window
+            self.held = len(self._ahead) * largest
+            self.peak_held = max(self.peak_held, self.held)
 
-    def _submit(self, index: int) -> cf.Future:
+    def _submit(self, index: int) -> Any:
+        if self._native is not None:
+            return self._native_submit(index)
         future: cf.Future = cf.Future()
         if os.getpid() != self._pid:  # forked: this process has none of the parent's threads
             self._pid, self._threads, self.lost = os.getpid(), [], 0
@@ -238,6 +280,14 @@ class ReadAhead:
             if len(self._threads) - self.lost < self.window + 1:
                 self._spawn()
         return future
+
+    def _native_submit(self, index: int) -> Any:
+        if self._native_kind == "files":
+            return self._native.submit(index, self.source.file_paths(index))  # type: ignore[union-attr]
+        where = self.source.file_range(index)
+        if where is None:  # not one stored range (a null image): read when taken, as usual
+            return filereads.Deferred(self.source, index)
+        return self._native.submit_range(index, self.source.name(index), where)  # type: ignore[union-attr]
 
     def _spawn(self) -> None:
         thread = threading.Thread(target=self._serve, daemon=True, name="stoker-read")
@@ -263,7 +313,8 @@ class ReadAhead:
         if not (self.auto and self.counters.reads >= 8 and self._decode_s > 0):
             return
         share = self._latency_s / self._decode_s
-        if self.window == 0 and share < ENTER or self.window and share < LEAVE:
+        enter, leave = (NATIVE_ENTER, NATIVE_LEAVE) if self._native else (ENTER, LEAVE)
+        if self.window == 0 and share < enter or self.window and share < leave:
             self.window = 0
             return
         need = math.ceil(COVER * share) + 1
@@ -312,8 +363,11 @@ class ReadAhead:
         self._count(index, data, mask, time.perf_counter() - t0)
         return data, mask
 
-    def _count(self, index: int, data: Any, mask: Any, seconds: float) -> int:
-        """Account one read (its size in bytes is returned); drop its pages if asked to."""
+    def _count(
+        self, index: int, data: Any, mask: Any, seconds: float, dropped: bool = False
+    ) -> int:
+        """Account one read (its size in bytes is returned); drop its pages if asked to
+        (``dropped``: the native reader dropped them already)."""
         nbytes = size_of(data) + (size_of(mask) if mask is not None else 0)
         early: list[int] = []
         with self._lock:
@@ -331,14 +385,37 @@ class ReadAhead:
         if early:  # larger than RAM: what was read while undecided leaves the cache, and the
             self._drop_pages(early)  # reads go around it from now on
             self.source.bypass_page_cache()
+            self._native_mode()
+        elif dropped:
+            self.counters.dropped += 1
         elif self._drop:
             self._drop_pages([index])
         return nbytes
+
+    def _native_mode(self) -> None:
+        """Tell the native reader how reads treat the page cache now."""
+        if self._native is not None:
+            self._native.set_mode(self.source.reads_direct(), self._drop)
 
     def _drop_pages(self, indices: list[int]) -> None:
         for index in indices:
             if self.source.forget(index):
                 self.counters.dropped += 1
+
+
+def _native_reads(source: Source, threads: int) -> filereads.NativeReads | None:
+    """A native reader where the source's samples are whole files or byte ranges of files
+    (``Source.native_reads``) and the C module is built; None (Python threads) otherwise."""
+    if not (filereads.AVAILABLE and source.read_ahead and source.native_reads()):
+        return None
+    return filereads.NativeReads(threads)
+
+
+def _late(name: str, timeout: float) -> OSError:
+    return OSError(
+        f"{name}: no bytes after {timeout:.0f} s (a file or request that never answers: a "
+        "FIFO, a hung mount, a stalled server?); counted as bad"
+    )
 
 
 def _owned(data: Any) -> Any:

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError
-from .base import Source, drop_pages
+from .base import Source, drop_pages, stock
 from .parquet_targets import join_labels as _join_labels
 from .parquet_targets import label_names, shard_targets
 from .shardindex import local_index
@@ -207,6 +207,27 @@ class ShardSource(Source):
                 )
             return data
         return self._read_group(shard, row, index)
+
+    def native_reads(self) -> str | None:
+        """``"ranges"`` when every image is stored verbatim, read with ``pread`` by this class's
+        own ``read`` (not a memory map, not a subclass's reads: remote shards)."""
+        if self.access != "pread" or not self.read_ahead or not stock(self, ShardSource, "read"):
+            return None
+        return "ranges"
+
+    def file_range(self, index: int) -> tuple[str, int, int, int] | None:
+        """``(shard path, offset, length, fd)`` of sample ``index``'s image bytes (None: a
+        null image); ``fd`` duplicates this process's descriptor on the shard (the caller
+        closes it), so reads through it keep the kernel's readahead of that shard."""
+        shard, row = self.locate(index)
+        entry = self._acquire(shard)
+        try:
+            offset, length = (int(v) for v in entry[1][row + 2])
+            if offset < 0:
+                return None
+            return str(self.files[shard]), offset, length, os.dup(entry[0])
+        finally:
+            self._let_go(shard, entry)
 
     def forget(self, index: int) -> bool:
         """Drop the image's byte range of its shard from the page cache."""

@@ -58,6 +58,22 @@ class SubsetSource(Source):
         """The base's."""
         return self.base.bypass_page_cache()
 
+    def reads_direct(self) -> bool:
+        """The base's."""
+        return self.base.reads_direct()
+
+    def native_reads(self) -> str | None:
+        """The base's."""
+        return self.base.native_reads()
+
+    def file_paths(self, index: int) -> tuple[str, str | None]:
+        """The base's paths of sample ``indices[index]``."""
+        return self.base.file_paths(int(self.indices[index]))
+
+    def file_range(self, index: int) -> tuple[str, int, int, int] | None:
+        """The base's byte range of sample ``indices[index]``."""
+        return self.base.file_range(int(self.indices[index]))
+
     def pixel_size(self) -> tuple[int, int] | None:
         """The base's."""
         return self.base.pixel_size()
