@@ -65,3 +65,4 @@ def test_doctor_reports_shared_memory_and_decoders(capsys):
     main(["doctor"])
     out = capsys.readouterr().out
     assert "/dev/shm" in out and "decoders:" in out and "stale stoker segments" in out
+    assert "file reads ahead of decoding: native threads" in out

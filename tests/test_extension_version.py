@@ -1,6 +1,7 @@
 """A C extension built from another version of stoker's source (an editable install not rebuilt
 after a pull) is refused at import with a message saying to rebuild, and JPEGs still decode
-(through simplejpeg) instead of every image failing with the extension's TypeError."""
+(through simplejpeg) instead of every image failing with the extension's TypeError; a stale
+native reader (``_readfiles``) is refused the same way and the window reads on Python threads."""
 
 from __future__ import annotations
 
@@ -45,3 +46,37 @@ def test_a_stale_build_is_refused_and_jpegs_still_decode(image_folder):
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ok" in out.stdout and "python setup.py build_ext --inplace" in out.stdout
+
+
+NATIVE_READS = textwrap.dedent(
+    """
+    import sys, types
+    old = types.ModuleType("stoker.sources._readfiles")  # a build from another stoker
+    old.__file__, old.API_VERSION = "/old/_readfiles.so", 0
+    sys.modules["stoker.sources._readfiles"] = old
+    import numpy as np
+    import stoker
+    from stoker.cli.doctor import doctor
+    from stoker.sources import filereads, open_source
+    from stoker.sources.readahead import ReadAhead, ReadSettings
+    assert not filereads.AVAILABLE and "another stoker version" in filereads.STALE
+    files = sorted(__import__("pathlib").Path(sys.argv[1]).glob("*/*.jpg"))[:4]
+    source = open_source(None, paths=[str(f) for f in files], labels=[0, 1, 2, 3])
+    reads = ReadAhead(source, ReadSettings(window=2))
+    assert reads._native is None  # the window reads on Python threads
+    reads.start(np.arange(4))
+    assert [reads.take(k)[0] for k in range(4)] == [f.read_bytes() for f in files]
+    print(doctor())
+    """
+)
+
+
+def test_a_stale_native_reader_is_refused_and_the_window_reads_on_python_threads(image_folder):
+    from stoker.sources import filereads
+
+    assert filereads.AVAILABLE, "build it: python setup.py build_ext --inplace"
+    out = subprocess.run([sys.executable, "-c", NATIVE_READS, str(image_folder)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "file reads ahead of decoding: Python threads: the built /old/_readfiles.so" in out.stdout
+    assert "python setup.py build_ext --inplace" in out.stdout

@@ -6,6 +6,7 @@ import importlib.metadata as md
 import os
 
 from ..decode import decoder_name, jpegcrop
+from ..sources import filereads
 from ..loader import config
 from ..workers import slots
 
@@ -37,6 +38,7 @@ def doctor(clean: bool = False) -> str:
         f"opencv {_version('opencv-python-headless')}, pillow {_version('pillow')}",
         f"JPEG decoder in use: {decoder_name()}",
         *([] if jpegcrop.AVAILABLE else [f"  {jpegcrop.missing_message()}"]),
+        f"file reads ahead of decoding: {filereads.describe()}",
         "frameworks: "
         + ", ".join(f"{p} {_version(p)}" for p in ("keras", "tensorflow-cpu", "torch", "jax")),
     ]

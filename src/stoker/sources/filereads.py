@@ -24,13 +24,27 @@ from .base import not_regular
 
 API_VERSION = 1  # equal to STOKER_READFILES_API in _readfiles.c
 
+STALE = ""  # why a built module is not used (a build from another stoker)
 try:
     from . import _readfiles  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - built without a C compiler
     _readfiles = None
 if _readfiles is not None and getattr(_readfiles, "API_VERSION", 0) != API_VERSION:
-    _readfiles = None  # a build from another stoker: Python threads read instead
+    STALE = f"the built {_readfiles.__file__} is from another stoker version"
+    _readfiles = None  # Python threads read instead
+# STOKER_NATIVE_READS=0 reads on Python threads (the A/B of benchmarks/cold.py's -pywindow)
 AVAILABLE = _readfiles is not None and os.environ.get("STOKER_NATIVE_READS", "1") != "0"
+
+
+def describe() -> str:
+    """Who runs the read-ahead window's file reads, and the fix when it is not native."""
+    if AVAILABLE:
+        return "native threads (stoker.sources._readfiles)"
+    if _readfiles is not None:
+        return "Python threads (turned off by STOKER_NATIVE_READS=0)"
+    why = STALE or "stoker.sources._readfiles is not built (no C compiler at install?)"
+    return (f"Python threads: {why}; the window then costs each decode more CPU. Fix: rebuild "
+            "(pip install -e . in a clone, or python setup.py build_ext --inplace)")
 
 
 class Late(Exception):
