@@ -6,8 +6,8 @@ import importlib.metadata as md
 import os
 
 from ..decode import decoder_name, jpegcrop
-from ..sources import filereads
 from ..loader import config
+from ..sources import filereads
 from ..workers import slots
 
 
