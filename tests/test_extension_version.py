@@ -78,5 +78,5 @@ def test_a_stale_native_reader_is_refused_and_the_window_reads_on_python_threads
     out = subprocess.run([sys.executable, "-c", NATIVE_READS, str(image_folder)],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "file reads ahead of decoding: Python threads: the built /old/_readfiles.so" in out.stdout
+    assert "reads ahead of decoding: Python threads: the built /old/_readfiles.so" in out.stdout
     assert "python setup.py build_ext --inplace" in out.stdout
