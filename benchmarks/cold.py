@@ -18,7 +18,9 @@ What it does
 4. Reports img/s (median of rounds), MB/s read (the process tree's read_bytes from storage per
    second), peak PSS of the process tree (sampled every 0.5 s from this process), page-cache
    growth (the system's Cached memory, end minus start of the timed window: other processes'
-   I/O counts too), and the disk's own random-read rate with 32 reads in flight.
+   I/O counts too), the machine's CPU time by kind over each timed run (``/proc/stat``: user,
+   sys, irq, steal, idle: where a cold epoch's CPU goes), and the disk's own random-read rate
+   with 2/8/32 reads in flight.
 
 Usage
     python benchmarks/cold.py --size small --seconds 20 --rounds 1       # check the script
@@ -274,12 +276,30 @@ def _read_ahead(name: str) -> int | str:
     return "auto"
 
 
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def cpu_ticks() -> list[int]:
+    """The machine's CPU time so far by kind (``/proc/stat``'s first line)."""
+    with open("/proc/stat") as f:
+        return [int(v) for v in f.readline().split()[1 : 1 + len(CPU_FIELDS)]]
+
+
+def cpu_shares(before: list[int], after: list[int]) -> dict[str, float]:
+    """Percent of the machine's CPU time by kind between two ``cpu_ticks``: where a cold run's
+    CPU goes (decoding, the kernel's I/O, the hypervisor's steal) against a warm one's."""
+    spent = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(spent) or 1
+    return {k: round(100 * v / total, 1) for k, v in zip(CPU_FIELDS, spent, strict=True)}
+
+
 def run_one(name: str, data: str, seconds: float) -> dict[str, Any]:
     """Time ``name`` for ``seconds`` after its first batch (in this, a fresh process)."""
     t0 = time.perf_counter()
     stream, obj = make_pipeline(name, data)
     common.batch_len(next(stream))
     first = time.perf_counter() - t0
+    cpu0 = cpu_ticks()
     read0, cached0, t1 = tree_read_bytes(), psutil.virtual_memory().cached, time.perf_counter()
     images = 0
     while time.perf_counter() - t1 < seconds:
@@ -287,6 +307,7 @@ def run_one(name: str, data: str, seconds: float) -> dict[str, Any]:
     dt = time.perf_counter() - t1
     read1, cached1 = tree_read_bytes(), psutil.virtual_memory().cached
     out = {
+        "cpu": cpu_shares(cpu0, cpu_ticks()),
         "name": name, "images": images, "seconds": dt, "img_s": images / dt,
         "mb_s": (read1 - read0) / GB * 1000 / dt, "cache_growth_gb": (cached1 - cached0) / GB,
         "first_batch_s": first,
@@ -314,8 +335,15 @@ def measure(name: str, data: Path, seconds: float, cold: bool) -> dict[str, Any]
     tag = "cold" if cold else "warm"
     print(f"  {tag} {name:24s} {result['img_s']:7,.0f} img/s  {result['mb_s']:6,.0f} MB/s  "
           f"PSS {result['peak_pss_mib']:5,.0f} MiB  cache {result['cache_growth_gb']:+5.1f} GB  "
-          f"first batch {result['first_batch_s']:.1f} s", flush=True)
+          f"first batch {result['first_batch_s']:.1f} s  CPU {_cpu_line(result['cpu'])}",
+          flush=True)
     return result
+
+
+def _cpu_line(cpu: dict[str, float]) -> str:
+    irq = cpu["irq"] + cpu["softirq"]
+    return (f"user {cpu['user']:.0f}% sys {cpu['system']:.0f}% irq {irq:.0f}% "
+            f"steal {cpu['steal']:.0f}% idle {cpu['idle'] + cpu['iowait']:.0f}%")
 
 
 # ---------------------------------------------------------------------------- report

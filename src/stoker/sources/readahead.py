@@ -16,7 +16,8 @@ Python threads (tars, ``.npy``, HDF5, remote requests, a subclass's own ``read``
 
 While reads are cheap next to decoding (a warm page cache), ``window="auto"`` reads plainly on
 the decoding thread: threads would cost more than they hide (``ENTER``/``LEAVE``; native reads
-cost less, so they open the window at a tenth of a decode: ``NATIVE_ENTER``/``NATIVE_LEAVE``).
+of whole files cost less, so they open the window at a tenth of a decode: ``NATIVE_ENTER``/
+``NATIVE_LEAVE``).
 Such a plain read has no deadline of its own (the loader's ``timeout`` still ends a worker
 stuck in one).
 Once reads cost more, the window sizes itself: from the measured read latency and the time the
@@ -73,10 +74,12 @@ COVER = 3  # reads in flight cover this many read latencies of decoding
 # own readahead makes its reads ~0.4 ms) 915-934 vs 1,023-1,055; a cold folder (reads ~0.7 ms
 # against 1.6 ms of decode) 789-921 vs 856-868; remote at 30 ms a request 267-289 vs 51-53.
 ENTER, LEAVE = 0.5, 0.25
-# Native reads (sources.filereads: no GIL, one wake-up per few reads) cost the decoding thread
-# far less, so they open the window as soon as a read costs a tenth of a decode: a cold folder
-# (reads ~0.25-0.5 ms against ~1.5 ms of decode) gains ~10 % (benchmarks/README.md, "Native
-# reads"), while warm reads (~0.05 ms, a share of ~0.03) stay plain.
+# Native reads of whole files (sources.filereads: no GIL, a wake-up only when the reads fall
+# behind) cost the decoding thread far less, so they open the window as soon as a read costs a
+# tenth of a decode: a cold folder (reads ~0.5 ms against ~1.5 ms of decode) gains 7-15 %
+# (benchmarks/README.md, "Native reads"), while warm reads (a share of ~0.05) stay plain.
+# Parquet shards keep ENTER/LEAVE: the kernel reads a shard ahead by itself, and their native
+# window measured no faster than plain reads (944-1,023 vs 965-1,039 img/s cold).
 NATIVE_ENTER, NATIVE_LEAVE = 0.1, 0.05
 DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
 MAX_LOST_THREADS = 32  # threads stuck at once on dead files before read-ahead gives up
@@ -313,7 +316,8 @@ class ReadAhead:
         if not (self.auto and self.counters.reads >= 8 and self._decode_s > 0):
             return
         share = self._latency_s / self._decode_s
-        enter, leave = (NATIVE_ENTER, NATIVE_LEAVE) if self._native else (ENTER, LEAVE)
+        files = self._native_kind == "files"
+        enter, leave = (NATIVE_ENTER, NATIVE_LEAVE) if files else (ENTER, LEAVE)
         if self.window == 0 and share < enter or self.window and share < leave:
             self.window = 0
             return
