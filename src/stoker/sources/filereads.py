@@ -73,7 +73,7 @@ class NativeReads:
         self._reader.submit(2 * index, path)
         if mask is not None:
             self._reader.submit(2 * index + 1, mask)
-        return NativeRead(self._reader, index, path, mask)
+        return NativeRead(self._reader, index, path, mask, dropped=self._mode[1])
 
     def submit_range(self, index: int, name: str, where: tuple[str, int, int, int]) -> NativeRead:
         """Queue ``length`` bytes at ``offset`` of the file (``where``: path, offset, length and
@@ -82,7 +82,7 @@ class NativeReads:
         self._fresh()
         path, offset, length, fd = where
         self._reader.submit(2 * index, path, offset, length, fd)
-        return NativeRead(self._reader, index, path, None, length, name)
+        return NativeRead(self._reader, index, path, None, length, name, self._mode[1])
 
     def _fresh(self) -> None:
         if os.getpid() != self._pid:  # forked: the parent's threads are not here
@@ -98,6 +98,8 @@ class NativeReads:
 
 class Deferred:
     """A sample the native reader cannot read (not one stored range): read when taken."""
+
+    dropped = False  # read the usual way: its pages are the caller's to drop
 
     def __init__(self, source: Any, index: int) -> None:
         self.source, self.index = source, index
@@ -117,9 +119,10 @@ class NativeRead:
     """One sample's read in flight; ``result`` waits for it."""
 
     def __init__(self, reader: Any, index: int, path: str, mask: str | None,
-                 length: int = -1, name: str = "") -> None:
+                 length: int = -1, name: str = "", dropped: bool = False) -> None:
         self._reader, self.index, self.path, self.mask = reader, index, path, mask
         self.length, self.name = length, name  # a byte range: its length, the sample's name
+        self.dropped = dropped  # its pages leave the page cache as it is read
 
     def done(self) -> bool:
         """Unknown without waiting: counted as in flight until taken."""

@@ -193,7 +193,7 @@ class ReadAhead:
                 (data, mask), seconds = future.result(timeout)
             except filereads.Late:
                 raise _late(self.source.name(index), timeout) from None
-            self._count(index, data, mask, seconds, dropped=self._drop)
+            self._count(index, data, mask, seconds, dropped=future.dropped)
             self.held = len(self._ahead) * self.counters.largest
             return data, mask
         try:
@@ -371,7 +371,8 @@ class ReadAhead:
         self, index: int, data: Any, mask: Any, seconds: float, dropped: bool = False
     ) -> int:
         """Account one read (its size in bytes is returned); drop its pages if asked to
-        (``dropped``: the native reader dropped them already)."""
+        (``dropped``: the native reader dropped them already: it was queued after the policy
+        said so)."""
         nbytes = size_of(data) + (size_of(mask) if mask is not None else 0)
         early: list[int] = []
         with self._lock:
