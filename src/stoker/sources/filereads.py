@@ -57,14 +57,15 @@ class NativeReads:
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self._pid = os.getpid()
-        self._reader = _readfiles.Reader(threads=threads)
+        self._reader: Any = _readfiles.Reader(threads=threads)
         self._mode = (False, False)
 
     def set_mode(self, direct: bool, drop: bool) -> None:
         """Reads queued from now on: ``direct`` around the page cache (``O_DIRECT``, cached
         where the file system refuses it), ``drop`` their pages from the cache after."""
         self._mode = (direct, drop)
-        self._reader.set_mode(direct, drop)
+        if self._reader is not None:
+            self._reader.set_mode(direct, drop)
 
     def submit(self, index: int, paths: tuple[str, str | None]) -> NativeRead:
         """Queue sample ``index``'s file (and mask file) and return its pending read."""
@@ -85,15 +86,22 @@ class NativeReads:
         return NativeRead(self._reader, index, path, None, length, name, self._mode[1])
 
     def _fresh(self) -> None:
-        if os.getpid() != self._pid:  # forked: the parent's threads are not here
-            mode = self._mode
-            self.__init__(self.threads)  # type: ignore[misc]
-            self.set_mode(*mode)
+        """A reader of this process's own (after a fork, or after ``close``)."""
+        if self._reader is None or os.getpid() != self._pid:
+            self._pid, self._reader = os.getpid(), _readfiles.Reader(threads=self.threads)
+            self._reader.set_mode(*self._mode)
 
     def discard(self) -> None:
         """Abandon every read not taken (queued ones are never read)."""
-        if os.getpid() == self._pid:
+        if self._reader is not None and os.getpid() == self._pid:
             self._reader.discard()
+
+    def close(self) -> None:
+        """Abandon every read not taken and let the threads end (a later read starts new
+        ones)."""
+        self.discard()
+        if os.getpid() == self._pid:
+            self._reader = None  # its threads end once their reads do
 
 
 class Deferred:

@@ -209,6 +209,8 @@ class ReadAhead:
     def close(self) -> None:
         """Drop the window and stop the threads."""
         self._discard()
+        if self._native is not None:
+            self._native.close()
         if os.getpid() == self._pid:
             with self._lock:
                 for _ in self._threads:
