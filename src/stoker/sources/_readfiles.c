@@ -10,11 +10,11 @@
  * releasing the GIL, with a deadline; a read past it is abandoned (freed when it ends) and
  * another thread takes the place of the stuck one.
  *
- * Reader(threads, direct, drop) ; submit(tag, path[, offset, length]: a byte range, as a
- * shard's image) ; take(tag, timeout) -> (bytes, seconds) (a range: fewer bytes at the file's
- * end), or
- * (errno, st_mode) on failure (st_mode != 0: not a regular file), or None past the deadline;
- * discard() abandons every read not taken; set_mode(direct, drop); pending().
+ * Reader(threads, direct, drop); submit(tag, path[, offset, length, fd]: a byte range, as a
+ * shard's image, through a descriptor the read takes over); take(tag, timeout) -> (bytes,
+ * seconds) (a range: fewer bytes at the file's end), or (errno, st_mode, seconds) on failure
+ * (st_mode != 0: not a regular file), or None past the deadline; discard() abandons every read
+ * not taken; set_mode(direct, drop); pending(); threads().
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -165,6 +165,12 @@ static int read_job(job_t *j, int fd, size_t size) {
     return j->offset >= 0 ? read_range(j, fd) : read_to_end(j, fd, size);
 }
 
+static int open_cached(job_t *j) { /* O_DIRECT refused: read this file the cached way */
+    j->direct = 0;
+    j->refused = 1;
+    return open(j->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+}
+
 static void run_job(job_t *j) {
     double t0 = now_s();
     int flags = O_RDONLY | O_NONBLOCK | O_CLOEXEC;
@@ -180,22 +186,16 @@ static void run_job(job_t *j) {
     } else {
         fd = open(j->path, flags);
     }
-    if (fd < 0 && errno == EINVAL && j->direct) { /* this file system refuses O_DIRECT */
-        j->direct = 0;
-        j->refused = 1;
-        fd = open(j->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    }
+    if (fd < 0 && errno == EINVAL && j->direct) fd = open_cached(j); /* refused at open */
     if (fd < 0) { j->err = errno; goto out; }
     struct stat st;
     if (fstat(fd, &st) != 0) { j->err = errno; close(fd); goto out; }
     if (!S_ISREG(st.st_mode)) { j->err = EINVAL; j->mode = st.st_mode; close(fd); goto out; }
     j->err = read_job(j, fd, (size_t)st.st_size);
 #ifdef O_DIRECT
-    if (j->err == EINVAL && j->direct) { /* refused at the read: read it the cached way */
+    if (j->err == EINVAL && j->direct) { /* refused at the read */
         close(fd);
-        j->direct = 0;
-        j->refused = 1;
-        fd = open(j->path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        fd = open_cached(j);
         if (fd < 0) { j->err = errno; goto out; }
         j->skip = 0;
         j->err = read_job(j, fd, (size_t)st.st_size);

@@ -295,6 +295,13 @@ def not_regular(path: str, mode: int) -> OSError:
     return OSError(errno.EINVAL, f"not a regular file (a {kind}); refused", path)
 
 
+def short_read(name: str, got: int, length: int) -> OSError:
+    """The error for a stored image range that ends early: its shard was cut or replaced."""
+    return OSError(
+        f"{name}: short read ({got} of {length} bytes); the shard was truncated or replaced"
+    )
+
+
 DIRECT_ALIGN = 4096  # O_DIRECT buffers, offsets and lengths: multiples of the block size
 DIRECT_KEEP = 4 << 20  # largest buffer a reading thread keeps between reads
 _buffers = threading.local()  # each reading thread's aligned buffer, reused

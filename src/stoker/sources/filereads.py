@@ -19,7 +19,7 @@ import os
 import time
 from typing import Any
 
-from .base import not_regular
+from .base import not_regular, short_read
 
 API_VERSION = 1  # equal to STOKER_READFILES_API in _readfiles.c
 
@@ -57,7 +57,7 @@ class NativeReads:
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self._pid = os.getpid()
-        self._reader: Any = _readfiles.Reader(threads=threads)
+        self._reader: Any = None  # made at the first read (_fresh): most windows never read
         self._mode = (False, False)
 
     def set_mode(self, direct: bool, drop: bool) -> None:
@@ -86,7 +86,7 @@ class NativeReads:
         return NativeRead(self._reader, index, path, None, length, name, self._mode[1])
 
     def _fresh(self) -> None:
-        """A reader of this process's own (after a fork, or after ``close``)."""
+        """A reader of this process's own (at the first read, after a fork or a ``close``)."""
         if self._reader is None or os.getpid() != self._pid:
             self._pid, self._reader = os.getpid(), _readfiles.Reader(threads=self.threads)
             self._reader.set_mode(*self._mode)
@@ -112,10 +112,6 @@ class Deferred:
     def __init__(self, source: Any, index: int) -> None:
         self.source, self.index = source, index
 
-    def done(self) -> bool:
-        """Not read until taken."""
-        return False
-
     def result(self, timeout: float) -> tuple[tuple[Any, None], float]:
         """``((data, None), seconds)``, read now by the source (raises what it raises)."""
         t0 = time.perf_counter()
@@ -132,17 +128,12 @@ class NativeRead:
         self.length, self.name = length, name  # a byte range: its length, the sample's name
         self.dropped = dropped  # its pages leave the page cache as it is read
 
-    def done(self) -> bool:
-        """Unknown without waiting: counted as in flight until taken."""
-        return False
-
     def result(self, timeout: float) -> tuple[tuple[bytes, bytes | None], float]:
         """``((data, mask), seconds the reads took)``; raises the read's OSError, or ``Late``
         past ``timeout`` seconds (the read is abandoned)."""
         data, seconds = self._take(2 * self.index, self.path, timeout)
         if 0 <= self.length != len(data):
-            raise OSError(f"{self.name}: short read ({len(data)} of {self.length} bytes); the "
-                          "shard was truncated or replaced")
+            raise short_read(self.name, len(data), self.length)
         mask = None
         if self.mask is not None:
             mask, more = self._take(2 * self.index + 1, self.mask, timeout)

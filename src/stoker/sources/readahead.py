@@ -17,19 +17,17 @@ Python threads (tars, ``.npy``, HDF5, remote requests, a subclass's own ``read``
 While reads are cheap next to decoding (a warm page cache), ``window="auto"`` reads plainly on
 the decoding thread: threads would cost more than they hide (``ENTER``/``LEAVE``; native reads
 of whole files cost less, so they open the window at a tenth of a decode: ``NATIVE_ENTER``/
-``NATIVE_LEAVE``).
-Such a plain read has no deadline of its own (the loader's ``timeout`` still ends a worker
-stuck in one).
-Once reads cost more, the window sizes itself: from the measured read latency and the time the
-caller spends from one ``take``'s return to the next ``take`` (decoding; never the time it
-waited for bytes, which would shrink the window exactly when reads are slow), enough reads are
-kept in flight to cover a
-read's latency three times over (a cold disk's latency varies a lot), between ``MIN_WINDOW`` and
-``MAX_WINDOW`` (or the source's own ``read_ahead_max``: a remote source's requests take tens of
-milliseconds, so it lets the window grow further), and never more completed bytes held than
-``max_bytes``. Every read has a deadline (``timeout``): a file that never answers (a FIFO, a
-hung mount, a request with no reply) becomes an ``OSError`` for that sample (a bad sample,
-replaced as usual) and its stuck thread is replaced, so it never blocks the other samples.
+``NATIVE_LEAVE``). Such a plain read has no deadline of its own (the loader's ``timeout`` still
+ends a worker stuck in one). Once reads cost more, the window sizes itself: from the measured
+read latency and the time the caller spends from one ``take``'s return to the next ``take``
+(decoding; never the time it waited for bytes, which would shrink the window exactly when reads
+are slow), enough reads are kept in flight to cover a read's latency three times over (a cold
+disk's latency varies a lot), between ``MIN_WINDOW`` and ``MAX_WINDOW`` (or the source's own
+``read_ahead_max``: a remote source's requests take tens of milliseconds, so it lets the window
+grow further), and never more completed bytes held than ``max_bytes``. Every read has a deadline
+(``timeout``): a file that never answers (a FIFO, a hung mount, a request with no reply) becomes
+an ``OSError`` for that sample (a bad sample, replaced as usual) and its stuck thread is
+replaced, so it never blocks the other samples.
 
 A memory-mapped source's sample is copied off the mapping on the reading thread (``_owned``),
 so its page faults happen there; ``NpySource.read`` asks for the row's pages at once
@@ -146,8 +144,10 @@ class ReadAhead:
         self._decode_s = 0.0  # smoothed time from a take's return to the next take (decoding)
         self._latency_s = 0.0  # smoothed time one read takes (plain or on a thread)
         self._pid = os.getpid()
-        self._native = _native_reads(source, self.max_window)
-        self._native_kind = source.native_reads() if self._native else None
+        # "files", "ranges" (native threads read: sources.filereads) or None (Python threads)
+        usable = filereads.AVAILABLE and source.read_ahead
+        self._native_kind = source.native_reads() if usable else None
+        self._native = filereads.NativeReads(self.max_window) if self._native_kind else None
         self._native_mode()
 
     # ------------------------------------------------------------------ caller side
@@ -194,7 +194,6 @@ class ReadAhead:
             except filereads.Late:
                 raise _late(self.source.name(index), timeout) from None
             self._count(index, data, mask, seconds, dropped=future.dropped)
-            self.held = len(self._ahead) * self.counters.largest
             return data, mask
         try:
             result, nbytes = future.result(timeout=timeout)
@@ -232,12 +231,10 @@ class ReadAhead:
         if self._native is not None:
             self._native.discard()
             self.held = 0
-            self._ahead.clear()
-            self._todo.clear()
-            return
-        for _, future in self._ahead:
-            if not future.cancel():
-                future.add_done_callback(self._release)
+        else:
+            for _, future in self._ahead:
+                if not future.cancel():
+                    future.add_done_callback(self._release)
         self._ahead.clear()
         self._todo.clear()
 
@@ -269,7 +266,7 @@ class ReadAhead:
                 return
             index = self._todo.popleft()
             self._ahead.append((index, self._submit(index)))
-        if self._native is not None:  # its bytes are in C until taken: bounded by the window
+        if native:  # its bytes are in C until taken: bounded by the window
             self.held = len(self._ahead) * largest
             self.peak_held = max(self.peak_held, self.held)
 
@@ -408,14 +405,6 @@ class ReadAhead:
         for index in indices:
             if self.source.forget(index):
                 self.counters.dropped += 1
-
-
-def _native_reads(source: Source, threads: int) -> filereads.NativeReads | None:
-    """A native reader where the source's samples are whole files or byte ranges of files
-    (``Source.native_reads``) and the C module is built; None (Python threads) otherwise."""
-    if not (filereads.AVAILABLE and source.read_ahead and source.native_reads()):
-        return None
-    return filereads.NativeReads(threads)
 
 
 def _late(name: str, timeout: float) -> OSError:

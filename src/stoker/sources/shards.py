@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError
-from .base import Source, drop_pages, stock
+from .base import Source, drop_pages, short_read, stock
 from .parquet_targets import join_labels as _join_labels
 from .parquet_targets import label_names, shard_targets
 from .shardindex import local_index
@@ -201,10 +201,7 @@ class ShardSource(Source):
             finally:
                 self._let_go(shard, entry)
             if len(data) != length:
-                raise OSError(
-                    f"{self.name(index)}: short read ({len(data)} of {length} bytes); "
-                    "the shard was truncated or replaced"
-                )
+                raise short_read(self.name(index), len(data), length)
             return data
         return self._read_group(shard, row, index)
 
