@@ -6,7 +6,8 @@ What it does
    its files (real copies, never links: a link shares its pages). ``--size``: GB, or ``small``
    (2 GB, to check the script); default 1.5 x RAM. Free disk space is checked first and the
    script says what it needs. Optionally converts part of it to Parquet shards
-   (``stoker convert``; ``--parquet-gb``) for the same measurement on shards.
+   (``stoker convert``; ``--parquet-gb``) and to WebDataset tars (``--tar-gb``) for the same
+   measurement on shards and tars.
 2. Before each cold run, drops every file's pages from the page cache
    (``posix_fadvise(DONTNEED)`` on each file, after one ``sync``), so the run reads from disk.
 3. Runs each pipeline in its own process for ``--seconds`` after its first batch, alternating
@@ -53,6 +54,8 @@ MAKE_DATASET = "/work/shared/make_dataset.py"
 PEERS = ("stoker", "stoker-noahead", "torch-simplejpeg", "tf-fused")
 # also: stoker-window (read_ahead=8, native reads), stoker-pywindow (8, on Python threads)
 SHARD_PEERS = ("stoker-parquet", "stoker-parquet-noahead")
+# "-py": read_ahead="auto" on Python threads (STOKER_NATIVE_READS=0: how tars read before)
+TAR_PEERS = ("stoker-tar", "stoker-tar-py", "stoker-tar-noahead")
 GB = 1e9
 
 
@@ -120,17 +123,23 @@ def build_big(root: Path, base: Path, size: float, extra: float) -> Path:
     return big
 
 
-def build_shards(shards: Path, big: Path, size: float) -> Path:
-    """Parquet shards (``stoker convert``) in ``shards`` of the first ``size`` bytes' worth of
-    ``big``'s files (whole copies of the base set); reused when complete."""
-    stamp = shards / ".complete"
-    items = common.list_items(big)
+def first_files(folder: Path, size: float) -> tuple[list[tuple[str, int]], int]:
+    """``folder``'s first ``size`` bytes' worth of ``(path, label)`` (whole copies of the base
+    set, in listing order) and their bytes."""
     picked, total = [], 0
-    for path, label in items:
+    for path, label in common.list_items(folder):
         if total >= size:
             break
         picked.append((path, label))
         total += os.path.getsize(path)
+    return picked, total
+
+
+def build_shards(shards: Path, big: Path, size: float) -> Path:
+    """Parquet shards (``stoker convert``) in ``shards`` of the first ``size`` bytes' worth of
+    ``big``'s files (whole copies of the base set); reused when complete."""
+    stamp = shards / ".complete"
+    picked, total = first_files(big, size)
     if stamp.is_file() and stamp.read_text().strip() == str(len(picked)):
         print(f"reusing {shards}: {len(picked)} images", flush=True)
         return shards
@@ -152,6 +161,49 @@ def build_shards(shards: Path, big: Path, size: float) -> Path:
     stamp.write_text(str(len(picked)))
     print(f"  converted in {time.perf_counter() - t0:.0f} s", flush=True)
     return shards
+
+
+def build_tars(tars: Path, big: Path, size: float, per_tar: float = GB) -> Path:
+    """WebDataset tars (``<key>.jpg`` + ``<key>.cls`` members, ``per_tar`` bytes each) in
+    ``tars`` of the first ``size`` bytes' worth of ``big``'s files; reused when complete."""
+    import io
+    import tarfile
+
+    stamp = tars / ".complete"
+    picked, total = first_files(big, size)
+    if stamp.is_file() and stamp.read_text().strip() == str(len(picked)):
+        print(f"reusing {tars}: {len(picked)} images", flush=True)
+        return scanned(tars)
+    if tars.exists():
+        shutil.rmtree(tars)
+    check_space(tars.parent, 1.05 * total + GB)
+    tars.mkdir(parents=True)
+    print(f"writing {len(picked)} files ({total / GB:.1f} GB) to tars in {tars} ...", flush=True)
+    t0, tar, written = time.perf_counter(), None, per_tar
+    for k, (path, label) in enumerate(picked):
+        if written >= per_tar:
+            if tar is not None:
+                tar.close()
+            tar, written = tarfile.open(tars / f"shard-{k:07d}.tar", "w"), 0
+        tar.add(path, arcname=f"{k:07d}.jpg")
+        info = tarfile.TarInfo(f"{k:07d}.cls")
+        info.size = len(b"%d" % label)
+        tar.addfile(info, io.BytesIO(b"%d" % label))
+        written += os.path.getsize(path)
+    if tar is not None:
+        tar.close()
+    os.sync()
+    stamp.write_text(str(len(picked)))
+    print(f"  written in {time.perf_counter() - t0:.0f} s", flush=True)
+    return scanned(tars)
+
+
+def scanned(tars: Path) -> Path:
+    """``tars``, once stoker's scan of them is cached (not in a timed run)."""
+    from stoker.sources.tar import TarSource
+
+    TarSource(tars).close()
+    return tars
 
 
 def data_files(folder: Path) -> list[str]:
@@ -248,7 +300,7 @@ def make_pipeline(name: str, data: str) -> tuple[Any, Any]:
     import peers
 
     if name.startswith("stoker"):
-        if name.endswith("pywindow"):  # the window's reads on Python threads (the A/B)
+        if name.endswith(("pywindow", "-py")):  # the window's reads on Python threads (A/B)
             os.environ["STOKER_NATIVE_READS"] = "0"
         import stoker
 
@@ -382,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peers", default=",".join(PEERS))
     ap.add_argument("--parquet-gb", type=float, default=0.0,
                     help="also measure stoker on Parquet shards of this many GB (0: skip)")
+    ap.add_argument("--tar-gb", type=float, default=0.0,
+                    help="also measure stoker on WebDataset tars of this many GB (0: skip)")
     ap.add_argument("--no-warm", action="store_true", help="skip the warm runs")
     ap.add_argument("--disk-seconds", type=float, default=15.0,
                     help="seconds of the disk's random-read probe (0: skip)")
@@ -404,11 +458,14 @@ def main(argv: list[str] | None = None) -> int:
     ram = psutil.virtual_memory().total
     size = 2 * GB if args.size == "small" else float(args.size) * GB if args.size else 1.5 * ram
     parquet = min(args.parquet_gb * GB, size)
+    tar_size = min(args.tar_gb * GB, size)
     root.mkdir(parents=True, exist_ok=True)
     base = base_set(root)
-    big = build_big(root, base, size, extra=1.05 * parquet + folder_bytes(base))
+    big = build_big(root, base, size, extra=1.05 * (parquet + tar_size) + folder_bytes(base))
     shards = build_shards(root / "shards", big, parquet) if parquet else None
     base_shards = build_shards(root / "base-shards", base, size) if parquet else None
+    tars = build_tars(root / "tars", big, tar_size) if tar_size else None
+    base_tars = build_tars(root / "base-tars", base, size) if tar_size else None
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
     disk = disk_ceilings(big, args.disk_seconds) if args.disk_seconds else []
     if args.disk_only:
@@ -419,11 +476,14 @@ def main(argv: list[str] | None = None) -> int:
         common.warm_page_cache(p for p, _ in common.list_items(base))
     for k in range(args.rounds):
         print(f"round {k + 1} of {args.rounds}", flush=True)
-        order = names[k % len(names):] + names[: k % len(names)]
+        shift = k % len(names) if names else 0  # --peers "": the shard and tar peers only
+        order = names[shift:] + names[:shift]
         for name in order:
             results.append(measure(name, big, args.seconds, cold=True))
         for name in SHARD_PEERS if shards else ():
             results.append(measure(name, shards, args.seconds, cold=True))
+        for name in TAR_PEERS if tars else ():
+            results.append(measure(name, tars, args.seconds, cold=True))
         if not args.no_warm:
             common.warm_page_cache(p for p, _ in common.list_items(base))
             for name in order:
@@ -431,6 +491,9 @@ def main(argv: list[str] | None = None) -> int:
             if base_shards is not None:
                 common.warm_page_cache(data_files(base_shards))
                 results.append(measure(SHARD_PEERS[0], base_shards, args.seconds, cold=False))
+            if base_tars is not None:
+                common.warm_page_cache(data_files(base_tars))
+                results.append(measure(TAR_PEERS[0], base_tars, args.seconds, cold=False))
     header = ["pipeline", "cache", "img/s", "range", "MB/s read", "peak PSS MiB",
               "cache growth GB", "first batch s"]
     print(common.table(summarize(results), header))

@@ -8,9 +8,11 @@ import ctypes
 import io
 import mmap
 import os
+import re
 import tarfile
 import threading
 import time
+from pathlib import Path
 
 import h5py
 import numpy as np
@@ -657,24 +659,24 @@ def test_native_reads_after_fork_use_the_childs_own_threads(image_folder):
     reads.close()
 
 
-@pytest.fixture(scope="module")
-def shard_folder(image_folder, tmp_path_factory):
-    """The image folder converted to small Parquet shards (images stored verbatim)."""
-    root = tmp_path_factory.mktemp("native-shards") / "shards"
-    convert(image_folder, root, shard_bytes=60_000, row_group_bytes=12_000, progress=False)
-    return root
+def _range_source(kind: str, path):
+    """The Parquet shards' or the tar's source (each image one byte range of its file)."""
+    from stoker.sources.shards import ShardSource
+    from stoker.sources.tar import TarSource
+
+    return ShardSource(path) if kind == "parquet" else TarSource(path)
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["parquet", "tar"])
 @pytest.mark.parametrize("policy", ["keep", "drop"])
-def test_native_reads_give_every_shard_image_byte_for_byte(shard_folder, policy):
-    """Parquet shards read natively (one byte range each, unaligned: O_DIRECT reads the blocks
-    around it) give exactly ShardSource.read's bytes, in a shuffled order."""
-    from stoker.sources.shards import ShardSource
-
-    source = ShardSource(shard_folder)
-    expected = [source.read(i) for i in range(len(source))]
+def test_native_reads_give_every_shard_image_byte_for_byte(sources, kind, policy):
+    """Parquet shards and tars read natively (one byte range each, unaligned: O_DIRECT reads
+    the blocks around it) give exactly the source's own read's bytes, in a shuffled order."""
+    path = sources[kind][0]
     fds = len(os.listdir("/proc/self/fd"))
+    source = _range_source(kind, path)
+    expected = [source.read(i) for i in range(len(source))]
     reads = ReadAhead(source, ReadSettings(window=6, page_cache=policy))
     assert reads._native is not None and reads._native_kind == "ranges"
     order = np.random.default_rng(2).permutation(len(source))
@@ -684,39 +686,65 @@ def test_native_reads_give_every_shard_image_byte_for_byte(shard_folder, policy)
     assert [reads.take(int(k))[0] for k in order] == [expected[k] for k in order]
     refused = reads._native._reader.threads()[2]
     reads.close()
+    source.close()
     assert reads.counters.dropped == (len(source) + 1 if policy == "drop" else 0)
-    if policy == "drop" and _direct_allowed(shard_folder):  # unaligned ranges, whole blocks
+    if policy == "drop" and _direct_allowed(Path(path).parent):  # unaligned: whole blocks
         assert refused == 0
     for _ in range(100):  # reads abandoned while running close theirs when they end
         if len(os.listdir("/proc/self/fd")) == fds:
             break
         time.sleep(0.05)
     assert len(os.listdir("/proc/self/fd")) == fds
-    assert ShardSource(shard_folder, access="mmap").native_reads() is None  # its own way
+
+
+def test_range_sources_that_read_their_own_way_are_not_read_natively(sources):
+    """A memory-mapped shard source, or a tar subclass with its own read, keeps its own reads."""
+    from stoker.sources.shards import ShardSource
+    from stoker.sources.tar import TarSource
+
+    class Marked(TarSource):
+        def read(self, index):
+            return b"own " + super().read(index)
+
+    assert ShardSource(sources["parquet"][0], access="mmap").native_reads() is None
+    assert Marked(sources["tar"][0]).native_reads() is None
+    reads = ReadAhead(Marked(sources["tar"][0]), ReadSettings(window=4))
+    reads.start(np.arange(4))
+    assert all(reads.take(k)[0].startswith(b"own ") for k in range(4))
+    reads.close()
+
+
+def _place(source, index: int) -> tuple[str, int]:
+    """(file, offset) of a range source's sample ``index`` (the descriptor handed over closed)."""
+    path, offset, _, fd = source.file_range(index)
+    os.close(fd)
+    return path, offset
 
 
 @pytest.mark.timeout(120)
-def test_a_shard_cut_short_mid_epoch_gives_bad_samples_not_wrong_bytes(shard_folder, tmp_path):
-    """A shard truncated after the epoch started: the image cut in two is a short read (an
-    OSError naming the shard and row, which the loader counts as a bad sample), never
+@pytest.mark.parametrize("kind", ["parquet", "tar"])
+def test_a_shard_cut_short_mid_epoch_gives_bad_samples_not_wrong_bytes(sources, kind, tmp_path):
+    """A shard (or tar) truncated after the epoch started: the image cut in two is a short read
+    (an OSError naming the file and sample, which the loader counts as a bad sample), never
     wrong bytes."""
     import shutil
 
-    from stoker.sources.shards import ShardSource
-
-    copy = tmp_path / "shards"
-    shutil.copytree(shard_folder, copy)
-    source = ShardSource(copy)
-    first = source.files[0]
-    rows = int(source.starts[1]) if len(source.starts) > 1 else len(source)
+    original = Path(sources[kind][0])
+    copy = tmp_path / original.name
+    (shutil.copytree if original.is_dir() else shutil.copy)(original, copy)
+    source = _range_source(kind, copy)
+    first = _place(source, 0)[0]
+    rows = [i for i in range(len(source)) if _place(source, i)[0] == first]
     reads = ReadAhead(source, ReadSettings(window=4))
-    reads.start(np.arange(rows))
-    assert reads.take(0)[0] == source.read(0)
-    last = source.file_range(rows - 1)
+    assert reads._native_kind == "ranges"
+    reads.start(np.array(rows))
+    assert reads.take(rows[0])[0] == source.read(rows[0])
+    last = max(rows, key=lambda i: _place(source, i)[1])
     with open(first, "r+b") as f:
-        f.truncate(last[1] + 3)  # the last image of the shard keeps 3 of its bytes
-    reads.start(np.arange(rows))
-    with pytest.raises(OSError, match=rf"\[row {rows - 1}\]: short read \(3 of"):
-        for k in range(rows):
+        f.truncate(_place(source, last)[1] + 3)  # the file's last image keeps 3 of its bytes
+    reads.start(np.array(rows))
+    with pytest.raises(OSError, match=re.escape(source.name(last)) + r": short read \(3 of"):
+        for k in rows:
             reads.take(k)
     reads.close()
+    source.close()

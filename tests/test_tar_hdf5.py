@@ -97,6 +97,50 @@ def test_loader_over_tars_with_two_workers(tar_folder, image_folder):
     assert not marker.exists()
 
 
+@pytest.mark.timeout(60)
+def test_a_big_tars_scan_is_cached_and_rebuilt_when_the_tar_changes(
+    tar_folder, tmp_path, monkeypatch
+):
+    """A tar's scan is kept under cache_dir (the tar folder is never written) and reused, with
+    its labels and refused members; a changed tar (new mtime) or a damaged cache is scanned
+    again; a cache folder that cannot be written only means no cache."""
+    import os
+
+    from stoker.sources import tar as tar_module
+
+    folder, images, labels, _ = tar_folder
+    monkeypatch.setattr(tar_module, "MIN_CACHED_BYTES", 0)
+    cache, before = tmp_path / "cache", sorted(folder.iterdir())
+    with pytest.warns(UserWarning, match="refused 3 tar member"):
+        first = TarSource(folder, cache_dir=cache)
+    assert len(list(cache.glob("*.json"))) == 2 and sorted(folder.iterdir()) == before
+
+    def no_scan(path):
+        raise AssertionError(f"{path} scanned again")
+
+    monkeypatch.setattr(tar_module, "_scan", no_scan)
+    with pytest.warns(UserWarning, match="refused 3 tar member"):
+        again = TarSource(folder, cache_dir=cache)
+    assert again.labels.tolist() == labels and [again.read(i) for i in range(36)] == images
+    assert again.offsets.tolist() == first.offsets.tolist() and again.refused == first.refused
+    monkeypatch.undo()
+    monkeypatch.setattr(tar_module, "MIN_CACHED_BYTES", 0)
+    shard = folder / "shard-0000.tar"
+    with tarfile.open(shard, "a") as tar:  # one more sample: the cached scan is stale
+        _add(tar, "s/00036.jpg", images[0])
+    os.utime(shard, ns=(1, 1))
+    damaged = tar_module._cache_file(cache, str(folder / "shard-0001.tar"))
+    damaged.write_text('{"version": 1, "stamp": [')
+    with pytest.warns(UserWarning, match="refused 3 tar member"):
+        changed = TarSource(folder, cache_dir=cache)
+    assert len(changed) == 37 and changed.read(20) == images[0]
+    readonly = tmp_path / "readonly"
+    readonly.write_text("a file, not a folder")  # nothing can be written under it
+    assert len(TarSource(folder / "shard-0000.tar", cache_dir=readonly)) == 21
+    for s in (first, again, changed):
+        s.close()
+
+
 def test_compressed_tar_is_refused_with_a_message(tmp_path, image_folder):
     images, _ = _jpegs(image_folder)
     with tarfile.open(tmp_path / "x.tar", "w:gz") as tar:  # gzip data behind a .tar name

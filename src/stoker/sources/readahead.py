@@ -10,9 +10,9 @@ over as it is needed. Nothing about the batch changes: the same samples, read by
 ``Source.read``, decoded in the same order.
 
 Who reads: where a sample is one whole file (folders, CSV and path lists) or one byte range of
-a file (Parquet shards), native threads do (``Source.native_reads``; ``sources.filereads``, the
-C module ``_readfiles``: no GIL, no future, a wake-up only when the reads fall behind), else
-Python threads (tars, ``.npy``, HDF5, remote requests, a subclass's own ``read``).
+a file (Parquet shards, tars), native threads do (``Source.native_reads``; ``sources.filereads``,
+the C module ``_readfiles``: no GIL, no future, a wake-up only when the reads fall behind), else
+Python threads (``.npy``, HDF5, remote requests, a subclass's own ``read``).
 
 While reads are cheap next to decoding (a warm page cache), ``window="auto"`` reads plainly on
 the decoding thread: threads would cost more than they hide (``ENTER``/``LEAVE``; native reads
@@ -76,8 +76,9 @@ ENTER, LEAVE = 0.5, 0.25
 # behind) cost the decoding thread far less, so they open the window as soon as a read costs a
 # tenth of a decode: a cold folder (reads ~0.5 ms against ~1.5 ms of decode) gains 7-15 %
 # (benchmarks/README.md, "Native reads"), while warm reads (a share of ~0.05) stay plain.
-# Parquet shards keep ENTER/LEAVE: the kernel reads a shard ahead by itself, and their native
-# window measured no faster than plain reads (944-1,023 vs 965-1,039 img/s cold).
+# Byte ranges (Parquet shards, tars) keep ENTER/LEAVE: the kernel reads a shard ahead by itself,
+# and the native
+# window on Parquet measured no faster than plain reads (944-1,023 vs 965-1,039 img/s cold).
 NATIVE_ENTER, NATIVE_LEAVE = 0.1, 0.05
 DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
 MAX_LOST_THREADS = 32  # threads stuck at once on dead files before read-ahead gives up

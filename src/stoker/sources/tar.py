@@ -2,7 +2,10 @@
 dot of the file name), e.g. ``n01/img_7.jpg`` + ``n01/img_7.cls``.
 
 The tars are indexed once with :mod:`tarfile` (headers only; label members are small and read
-then); ``read(i)`` is then one ``pread`` at the image's offset. Nothing is ever extracted to
+then); ``read(i)`` is then one ``pread`` at the image's offset. A cold scan reads most of the tar
+(the kernel reads ahead past each header), so a big tar's scan is cached (``~/.cache/stoker/tar``,
+JSON, never pickle; the tar itself is never written) and reused while its size and mtime are
+unchanged. Nothing is ever extracted to
 disk. Members whose names are absolute or contain ``..`` are refused (counted in ``refused``
 and warned about), and serialised-object members (``.pyd``, ``.pickle``...) are ignored: stoker
 never unpickles data. Only uncompressed ``.tar`` files are accepted (a compressed tar cannot be
@@ -11,7 +14,9 @@ read at an offset).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import tarfile
 import warnings
@@ -21,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from .base import PathIndex, Source, drop_pages
+from .base import PathIndex, Source, drop_pages, short_read, stock
 from .targets import parse_column
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
@@ -43,13 +48,19 @@ def split_key(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext.lower()
 
 
+CACHE_VERSION = 1
+MIN_CACHED_BYTES = 64 << 20  # a smaller tar is scanned faster than its cache is checked
+
+
 class TarSource(Source):
     """WebDataset-style ``.tar`` shards (a folder of them, one file, or a list)."""
 
     read_ahead = True
 
-    def __init__(self, tars: str | os.PathLike | list[str | os.PathLike]) -> None:
+    def __init__(self, tars: str | os.PathLike | list[str | os.PathLike],
+                 cache_dir: str | os.PathLike | None = None) -> None:
         self.tars = _list_tars(tars)
+        cache = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "stoker" / "tar"
         members: list[str] = []
         tar_ids: list[int] = []
         offsets: list[int] = []
@@ -57,11 +68,13 @@ class TarSource(Source):
         raw_labels: list[Any] = []
         self.refused: list[str] = []
         for t, path in enumerate(self.tars):
-            for _key, image, label in self._scan(path):
-                members.append(image.name)
+            samples, refused = members_of(path, cache)
+            self.refused.extend(refused)
+            for name, offset, size, label in samples:
+                members.append(name)
                 tar_ids.append(t)
-                offsets.append(image.offset_data)
-                sizes.append(image.size)
+                offsets.append(offset)
+                sizes.append(size)
                 raw_labels.append(label)
         if not members:
             raise SourceError(
@@ -85,38 +98,6 @@ class TarSource(Source):
             self.labels, self.classes = parse_column(cells, f"{tars}: labels")
         self._fds: dict[int, int] = {}
 
-    def _scan(self, path: str) -> list[tuple[str, tarfile.TarInfo, str | None]]:
-        """(key, image member, label text) of each sample in one tar, in archive order."""
-        groups: dict[str, dict[str, tarfile.TarInfo]] = {}
-        try:
-            with tarfile.open(path, mode="r:") as tar:
-                for member in tar:
-                    if not member.isfile() or member.issparse():
-                        continue
-                    if unsafe_member_name(member.name):
-                        self.refused.append(f"{path}:{member.name}")
-                        continue
-                    key, ext = split_key(member.name)
-                    groups.setdefault(key, {})[ext] = member
-                samples = []
-                for key, parts in groups.items():
-                    image = next((parts[e] for e in IMAGE_KEYS if e in parts), None)
-                    if image is None:
-                        continue
-                    label_member = next((parts[e] for e in LABEL_KEYS if e in parts), None)
-                    label = None
-                    if label_member is not None and label_member.size <= _MAX_LABEL_BYTES:
-                        f = tar.extractfile(label_member)  # a file object; never written out
-                        if f is not None:
-                            label = f.read().decode("utf-8", "replace").strip() or None
-                    samples.append((key, image, label))
-        except (tarfile.TarError, OSError) as exc:
-            raise SourceError(
-                f"{path}: cannot read as an uncompressed tar ({exc}); WebDataset shards must be "
-                "plain .tar files"
-            ) from None
-        return samples
-
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fds": {}}
 
@@ -125,8 +106,20 @@ class TarSource(Source):
         size = int(self.sizes[index])
         data = os.pread(self._fd(index), size, int(self.offsets[index]))
         if len(data) != size:
-            raise OSError(f"{self.name(index)}: short read ({len(data)} of {size} bytes)")
+            raise short_read(self.name(index), len(data), size)
         return data
+
+    def native_reads(self) -> str | None:
+        """``"ranges"``: an image is one byte range of its tar (None when a subclass or the
+        instance reads its own way: then its ``read`` is used)."""
+        return "ranges" if stock(self, TarSource, "read") else None
+
+    def file_range(self, index: int) -> tuple[str, int, int, int]:
+        """``(tar path, offset, length, fd)`` of sample ``index``'s image member; ``fd``
+        duplicates this process's descriptor of the tar (the caller closes it), so reads
+        through it keep the kernel's readahead of that tar."""
+        path = self.tars[int(self.tar_ids[index])]
+        return path, int(self.offsets[index]), int(self.sizes[index]), os.dup(self._fd(index))
 
     def forget(self, index: int) -> bool:
         """Drop the member's byte range of its tar from the page cache."""
@@ -163,6 +156,97 @@ class TarSource(Source):
         fds, self._fds = self._fds, {}
         for fd in fds.values():
             os.close(fd)
+
+
+Sample = tuple[str, int, int, str | None]  # image member's name, offset, size; label text
+
+
+def members_of(path: str, cache_dir: Path) -> tuple[list[Sample], list[str]]:
+    """The samples of one tar (in archive order) and the unsafe member names it refused: from
+    the scan cached under ``cache_dir`` while the tar's size and mtime are unchanged, else
+    scanned (and cached when the tar is big enough for its scan to take a while: a cold scan
+    reads the whole tar, ~30 s for 8 GB)."""
+    st = os.stat(path)
+    stamp = [st.st_size, st.st_mtime_ns]
+    where = _cache_file(cache_dir, path)
+    cached = _load_scan(where, stamp)
+    if cached is not None:
+        return cached
+    samples, refused = _scan(path)
+    if st.st_size >= MIN_CACHED_BYTES:
+        _save_scan(where, stamp, samples, refused)
+    return samples, refused
+
+
+def _cache_file(cache_dir: Path, path: str) -> Path:
+    key = hashlib.blake2b(os.path.abspath(path).encode("utf-8", "surrogateescape"), digest_size=10)
+    return cache_dir / f"{key.hexdigest()}.json"
+
+
+def _load_scan(where: Path, stamp: list[int]) -> tuple[list[Sample], list[str]] | None:
+    """The cached scan at ``where`` if it is this version's and stamped ``stamp``; else None
+    (missing, stale or damaged: the tar is scanned again)."""
+    try:
+        meta = json.loads(where.read_text(encoding="utf-8"))
+        if meta["version"] != CACHE_VERSION or meta["stamp"] != stamp:
+            return None
+        samples = [(str(n), int(o), int(z), None if y is None else str(y))
+                   for n, o, z, y in meta["samples"]]
+        return samples, [str(r) for r in meta["refused"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _save_scan(where: Path, stamp: list[int], samples: list[Sample], refused: list[str]) -> None:
+    """Write a tar's scan (JSON, never pickle), atomically; best effort: a read-only home just
+    means no cache."""
+    meta = {"version": CACHE_VERSION, "stamp": stamp, "samples": samples, "refused": refused}
+    tmp = where.with_name(f"{where.name}.{os.getpid()}.tmp")
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(meta), encoding="utf-8")
+        os.replace(tmp, where)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def _scan(path: str) -> tuple[list[Sample], list[str]]:
+    """(name, offset, size, label text) of each sample in one tar, in archive order, and the
+    members refused for unsafe names (headers only; label members are small and read here)."""
+    groups: dict[str, dict[str, tarfile.TarInfo]] = {}
+    refused: list[str] = []
+    try:
+        with tarfile.open(path, mode="r:") as tar:
+            for member in tar:
+                if not member.isfile() or member.issparse():
+                    continue
+                if unsafe_member_name(member.name):
+                    refused.append(f"{path}:{member.name}")
+                    continue
+                key, ext = split_key(member.name)
+                groups.setdefault(key, {})[ext] = member
+            samples = [_sample(tar, parts) for parts in groups.values()]
+    except (tarfile.TarError, OSError) as exc:
+        raise SourceError(
+            f"{path}: cannot read as an uncompressed tar ({exc}); WebDataset shards must be "
+            "plain .tar files"
+        ) from None
+    return [s for s in samples if s is not None], refused
+
+
+def _sample(tar: tarfile.TarFile, parts: dict[str, tarfile.TarInfo]) -> Sample | None:
+    """One key's sample: its image member and its label member's text (None: no image)."""
+    image = next((parts[e] for e in IMAGE_KEYS if e in parts), None)
+    if image is None:
+        return None
+    label_member = next((parts[e] for e in LABEL_KEYS if e in parts), None)
+    label = None
+    if label_member is not None and label_member.size <= _MAX_LABEL_BYTES:
+        f = tar.extractfile(label_member)  # a file object; never written out
+        if f is not None:
+            label = f.read().decode("utf-8", "replace").strip() or None
+    return image.name, image.offset_data, image.size, label
 
 
 def _list_tars(spec: Any) -> list[str]:
