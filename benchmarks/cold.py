@@ -15,7 +15,9 @@ What it does
    stoker with read_ahead=0 (each worker reads, then decodes: the old path), torch DataLoader
    + simplejpeg (2 workers) and tf.data with decode_and_crop_jpeg (num_parallel_calls
    AUTOTUNE). Same work for all: shuffled, RandomResizedCrop 224 + flip, batch 256, 2 workers.
-   Then the same pipelines warm, on the base set (it fits in RAM; read once before).
+   Then the same pipelines warm, on ``--warm-copies`` copies of the base set (6 by default,
+   ~3.5 GB: it fits in RAM, read once before, and no pipeline reaches an epoch's end in a
+   timed run; 1: the base set itself).
 4. Reports img/s (median of rounds), MB/s read (the process tree's read_bytes from storage per
    second), peak PSS of the process tree (sampled every 0.5 s from this process), page-cache
    growth (the system's Cached memory, end minus start of the timed window: other processes'
@@ -86,13 +88,13 @@ def check_space(root: Path, need: float) -> None:
     print(f"disk: {free / GB:.1f} GB free at {root}, {need / GB:.1f} GB needed", flush=True)
 
 
-def build_big(root: Path, base: Path, size: float, extra: float) -> Path:
-    """An ImageFolder of ``ceil(size / base size)`` distinct copies of the base set, with a
-    labels.csv; reused when a complete one of that many copies is there."""
+def build_big(root: Path, base: Path, size: float, extra: float, name: str = "big") -> Path:
+    """An ImageFolder ``root/name`` of ``ceil(size / base size)`` distinct copies of the base
+    set, with a labels.csv; reused when a complete one of that many copies is there."""
     items = common.list_items(base)
     base_size = sum(os.path.getsize(p) for p, _ in items)
     copies = max(1, math.ceil(size / base_size))
-    big = root / "big"
+    big = root / name
     stamp = big / ".complete"
     if stamp.is_file() and stamp.read_text().strip() == str(copies):
         print(f"reusing {big}: {copies} copies, {copies * base_size / GB:.1f} GB", flush=True)
@@ -121,6 +123,16 @@ def build_big(root: Path, base: Path, size: float, extra: float) -> Path:
     stamp.write_text(str(copies))
     print(f"  built in {time.perf_counter() - t0:.0f} s", flush=True)
     return big
+
+
+def warm_set(root: Path, base: Path, copies: int) -> Path:
+    """The folder warm runs read: the base set, or ``copies`` distinct copies of it (an epoch
+    of the 6,000-file set is 5-9 s, so a 30 s run crossed several epoch ends, and each
+    pipeline's restart there, tf.data's shuffle and map refill above all, is not its steady
+    rate)."""
+    if copies <= 1:
+        return base
+    return build_big(root, base, (copies - 0.5) * folder_bytes(base), extra=0.0, name="warm")
 
 
 def first_files(folder: Path, size: float) -> tuple[list[tuple[str, int]], int]:
@@ -436,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also measure stoker on Parquet shards of this many GB (0: skip)")
     ap.add_argument("--tar-gb", type=float, default=0.0,
                     help="also measure stoker on WebDataset tars of this many GB (0: skip)")
+    ap.add_argument("--warm-copies", type=int, default=6,
+                    help="the warm set: this many copies of the base set (fits in RAM; big "
+                    "enough that no pipeline reaches an epoch's end in a timed run)")
     ap.add_argument("--no-warm", action="store_true", help="skip the warm runs")
     ap.add_argument("--disk-seconds", type=float, default=15.0,
                     help="seconds of the disk's random-read probe (0: skip)")
@@ -464,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     big = build_big(root, base, size, extra=1.05 * (parquet + tar_size) + folder_bytes(base))
     shards = build_shards(root / "shards", big, parquet) if parquet else None
     base_shards = build_shards(root / "base-shards", base, size) if parquet else None
+    warm = warm_set(root, base, args.warm_copies)
     tars = build_tars(root / "tars", big, tar_size) if tar_size else None
     base_tars = build_tars(root / "base-tars", base, size) if tar_size else None
     names = [n.strip() for n in args.peers.split(",") if n.strip()]
@@ -473,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     results: list[dict[str, Any]] = []
     if not args.no_warm:
-        common.warm_page_cache(p for p, _ in common.list_items(base))
+        common.warm_page_cache(p for p, _ in common.list_items(warm))
     for k in range(args.rounds):
         print(f"round {k + 1} of {args.rounds}", flush=True)
         shift = k % len(names) if names else 0  # --peers "": the shard and tar peers only
@@ -485,9 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in TAR_PEERS if tars else ():
             results.append(measure(name, tars, args.seconds, cold=True))
         if not args.no_warm:
-            common.warm_page_cache(p for p, _ in common.list_items(base))
+            common.warm_page_cache(p for p, _ in common.list_items(warm))
             for name in order:
-                results.append(measure(name, base, args.seconds, cold=False))
+                results.append(measure(name, warm, args.seconds, cold=False))
             if base_shards is not None:
                 common.warm_page_cache(data_files(base_shards))
                 results.append(measure(SHARD_PEERS[0], base_shards, args.seconds, cold=False))
