@@ -53,8 +53,10 @@ def decoder(files: list[str], seconds: float, start: Any, out: Any) -> None:
     out.put(done / (time.perf_counter() - t0))
 
 
-def reader(files: list[str], rate: float, direct: bool, start: Any, stop: Any, out: Any) -> None:
-    """Read ``files`` in turn at ``rate`` files/s on native threads, 32 in flight at most."""
+def reader(files: list[str], rate: float, direct: bool, prefix: int, start: Any, stop: Any,
+           out: Any) -> None:
+    """Read ``files`` in turn at ``rate`` files/s on native threads, 32 in flight at most
+    (``prefix`` > 0: only each file's first ``prefix`` bytes)."""
     from stoker.sources import _readfiles  # type: ignore[attr-defined]
 
     pool = _readfiles.Reader(threads=32)
@@ -65,7 +67,11 @@ def reader(files: list[str], rate: float, direct: bool, start: Any, stop: Any, o
     while not stop.is_set():
         now = time.perf_counter() - t0
         if sent < int(now * rate) and sent - taken < 32:
-            pool.submit(sent, files[sent % len(files)])
+            path = files[sent % len(files)]
+            if prefix:
+                pool.submit(sent, path, 0, prefix, -1)
+            else:
+                pool.submit(sent, path)
             sent += 1
         elif taken < sent:  # blocks until the oldest read ends
             got = pool.take(taken, 5.0)
@@ -87,7 +93,7 @@ def one_run(sample: list[str], cold_files: list[str], args: argparse.Namespace,
              for _ in range(2)]
     if rate:
         procs.append(ctx.Process(target=reader, args=(cold_files, rate, not args.cached,
-                                                      start, stop, reads)))
+                                                      args.prefix_kb * 1024, start, stop, reads)))
     for p in procs:
         p.start()
     time.sleep(3.0)  # let them import and load
@@ -123,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, action="append",
                     help="files/s to read beside the decoders (repeatable; default 1000)")
     ap.add_argument("--cached", action="store_true", help="read through the page cache")
+    ap.add_argument("--prefix-kb", type=int, default=0,
+                    help="read only each file's first N KiB (0: whole files): is a read's cost "
+                    "per request or per byte?")
     args = ap.parse_args(argv)
     files = cold.data_files(args.data)
     random.Random(0).shuffle(files)
@@ -137,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             beside = one_run(sample, rest, args, rate)
             print(f"round {rnd + 1}: decode beside {beside['files_s']:,.0f} files/s "
                   f"({beside['mb_s']:,.0f} MB/s{', cached' if args.cached else ', O_DIRECT'})"
+                  f"{f' first {args.prefix_kb} KiB' if args.prefix_kb else ''}"
                   f" {beside['decodes_s']:,.0f}/s = {beside['decodes_s'] / alone['decodes_s']:.3f}"
                   f" of alone; the reader's own CPU: user {beside['reader_user']:.1%} sys "
                   f"{beside['reader_sys']:.1%} of a core; "
