@@ -95,13 +95,10 @@ def build_big(root: Path, base: Path, size: float, extra: float, name: str = "bi
     base_size = sum(os.path.getsize(p) for p, _ in items)
     copies = max(1, math.ceil(size / base_size))
     big = root / name
-    stamp = big / ".complete"
-    if stamp.is_file() and stamp.read_text().strip() == str(copies):
+    if complete(big, copies):
         print(f"reusing {big}: {copies} copies, {copies * base_size / GB:.1f} GB", flush=True)
         return big
-    if big.exists():
-        shutil.rmtree(big)
-    check_space(root, copies * base_size + extra + 2 * GB)  # + the shards and a margin
+    start_fresh(big, copies * base_size + extra + 2 * GB)  # + the shards and a margin
     print(f"building {big}: {copies} copies of {len(items)} files = "
           f"{copies * base_size / GB:.1f} GB ...", flush=True)
     t0 = time.perf_counter()
@@ -119,10 +116,28 @@ def build_big(root: Path, base: Path, size: float, extra: float, name: str = "bi
     with cf.ThreadPoolExecutor(4) as pool:
         list(pool.map(lambda job: shutil.copyfile(*job), jobs, chunksize=256))
     (big / "labels.csv").write_text("path,label\n" + "\n".join(rows) + "\n")
-    os.sync()
-    stamp.write_text(str(copies))
-    print(f"  built in {time.perf_counter() - t0:.0f} s", flush=True)
+    mark_complete(big, copies, "built", t0)
     return big
+
+
+def complete(folder: Path, count: int) -> bool:
+    """Whether ``folder`` was built whole for ``count`` (its ``.complete`` stamp says so)."""
+    stamp = folder / ".complete"
+    return stamp.is_file() and stamp.read_text().strip() == str(count)
+
+
+def start_fresh(folder: Path, need: float) -> None:
+    """Delete what a build of ``folder`` left unfinished; check ``need`` bytes are free."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    check_space(folder.parent, need)
+
+
+def mark_complete(folder: Path, count: int, done: str, t0: float) -> None:
+    """Stamp ``folder`` as built whole for ``count``, once its files are on disk."""
+    os.sync()
+    (folder / ".complete").write_text(str(count))
+    print(f"  {done} in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 def warm_set(root: Path, base: Path, copies: int) -> Path:
@@ -150,14 +165,11 @@ def first_files(folder: Path, size: float) -> tuple[list[tuple[str, int]], int]:
 def build_shards(shards: Path, big: Path, size: float) -> Path:
     """Parquet shards (``stoker convert``) in ``shards`` of the first ``size`` bytes' worth of
     ``big``'s files (whole copies of the base set); reused when complete."""
-    stamp = shards / ".complete"
     picked, total = first_files(big, size)
-    if stamp.is_file() and stamp.read_text().strip() == str(len(picked)):
+    if complete(shards, len(picked)):
         print(f"reusing {shards}: {len(picked)} images", flush=True)
         return shards
-    if shards.exists():
-        shutil.rmtree(shards)
-    check_space(shards.parent, 1.05 * total + GB)
+    start_fresh(shards, 1.05 * total + GB)
     listing = shards.parent / f"{shards.name}.csv"
     listing.write_text("path,label\n" + "".join(f"{p},{y}\n" for p, y in picked))
     print(f"converting {len(picked)} files ({total / GB:.1f} GB) to Parquet in {shards} ...",
@@ -169,9 +181,7 @@ def build_shards(shards: Path, big: Path, size: float) -> Path:
     from stoker.sources.shards import ShardSource
 
     ShardSource(shards).close()  # builds the byte-offset index now, not in a timed run
-    os.sync()
-    stamp.write_text(str(len(picked)))
-    print(f"  converted in {time.perf_counter() - t0:.0f} s", flush=True)
+    mark_complete(shards, len(picked), "converted", t0)
     return shards
 
 
@@ -181,14 +191,11 @@ def build_tars(tars: Path, big: Path, size: float, per_tar: float = GB) -> Path:
     import io
     import tarfile
 
-    stamp = tars / ".complete"
     picked, total = first_files(big, size)
-    if stamp.is_file() and stamp.read_text().strip() == str(len(picked)):
+    if complete(tars, len(picked)):
         print(f"reusing {tars}: {len(picked)} images", flush=True)
         return scanned(tars)
-    if tars.exists():
-        shutil.rmtree(tars)
-    check_space(tars.parent, 1.05 * total + GB)
+    start_fresh(tars, 1.05 * total + GB)
     tars.mkdir(parents=True)
     print(f"writing {len(picked)} files ({total / GB:.1f} GB) to tars in {tars} ...", flush=True)
     t0, tar, written = time.perf_counter(), None, per_tar
@@ -198,15 +205,14 @@ def build_tars(tars: Path, big: Path, size: float, per_tar: float = GB) -> Path:
                 tar.close()
             tar, written = tarfile.open(tars / f"shard-{k:07d}.tar", "w"), 0
         tar.add(path, arcname=f"{k:07d}.jpg")
+        text = b"%d" % label
         info = tarfile.TarInfo(f"{k:07d}.cls")
-        info.size = len(b"%d" % label)
-        tar.addfile(info, io.BytesIO(b"%d" % label))
+        info.size = len(text)
+        tar.addfile(info, io.BytesIO(text))
         written += os.path.getsize(path)
     if tar is not None:
         tar.close()
-    os.sync()
-    stamp.write_text(str(len(picked)))
-    print(f"  written in {time.perf_counter() - t0:.0f} s", flush=True)
+    mark_complete(tars, len(picked), "written", t0)
     return scanned(tars)
 
 
@@ -399,12 +405,13 @@ def measure(name: str, data: Path, seconds: float, cold: bool) -> dict[str, Any]
     tag = "cold" if cold else "warm"
     print(f"  {tag} {name:24s} {result['img_s']:7,.0f} img/s  {result['mb_s']:6,.0f} MB/s  "
           f"PSS {result['peak_pss_mib']:5,.0f} MiB  cache {result['cache_growth_gb']:+5.1f} GB  "
-          f"first batch {result['first_batch_s']:.1f} s  CPU {_cpu_line(result['cpu'])}",
+          f"first batch {result['first_batch_s']:.1f} s  CPU {cpu_line(result['cpu'])}",
           flush=True)
     return result
 
 
-def _cpu_line(cpu: dict[str, float]) -> str:
+def cpu_line(cpu: dict[str, float]) -> str:
+    """``cpu_shares`` in one line: user, sys, irq (hard + soft), steal, idle (+ iowait)."""
     irq = cpu["irq"] + cpu["softirq"]
     return (f"user {cpu['user']:.0f}% sys {cpu['system']:.0f}% irq {irq:.0f}% "
             f"steal {cpu['steal']:.0f}% idle {cpu['idle'] + cpu['iowait']:.0f}%")

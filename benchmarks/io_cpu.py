@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         cold.drop_cache(args.data)
         alone = one_run(sample, [], args, 0)
         print(f"round {rnd + 1}: decode alone {alone['decodes_s']:,.0f}/s  "
-              f"{cold._cpu_line(alone['cpu'])}", flush=True)
+              f"{cold.cpu_line(alone['cpu'])}", flush=True)
         for rate in args.rate or [1000.0]:
             rest = files[200 + rnd * 200_000:]
             beside = one_run(sample, rest, args, rate)
@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                   f" of alone; the reader's own CPU: user {beside['reader_user']:.1%} sys "
                   f"{beside['reader_sys']:.1%} of a core; "
                   f"{beside['requests_s'] / max(beside['files_s'], 1):.2f} disk requests a file"
-                  f"  {cold._cpu_line(beside['cpu'])}", flush=True)
+                  f"  {cold.cpu_line(beside['cpu'])}", flush=True)
     return 0
 
 

@@ -262,6 +262,12 @@ class FileListSource(Source):
         return h.hexdigest()
 
 
+def cache_folder(cache_dir: str | os.PathLike | None, kind: str) -> Path:
+    """Where stoker keeps ``kind``'s cache (folder scans, tar scans, shard indexes):
+    ``cache_dir`` when given, else ``~/.cache/stoker/<kind>``."""
+    return Path(cache_dir) if cache_dir else Path.home() / ".cache" / "stoker" / kind
+
+
 def stock(source: Source, kind: type, name: str) -> bool:
     """Whether ``source.<name>`` is ``kind``'s own method (not a subclass's or the instance's)."""
     return getattr(getattr(source, name), "__func__", None) is getattr(kind, name)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..decode import IMAGE_EXTENSIONS
 from ..errors import SourceError, StokerWarning
-from .base import FileListSource, PathIndex
+from .base import FileListSource, PathIndex, cache_folder
 
 CACHE_VERSION = 1
 MIN_CACHED = 2000  # smaller folders scan faster than a cache check is worth writing
@@ -89,7 +89,7 @@ class FolderSource(FileListSource):
 
     def __init__(self, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
         self.root = Path(root)
-        cache = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "stoker" / "scan"
+        cache = cache_folder(cache_dir, "scan")
         key = hashlib.blake2b(str(self.root.resolve()).encode(), digest_size=10).hexdigest()
         self._cache = cache / key
         if not self._load_cache():

@@ -77,8 +77,8 @@ ENTER, LEAVE = 0.5, 0.25
 # tenth of a decode: a cold folder (reads ~0.5 ms against ~1.5 ms of decode) gains 7-15 %
 # (benchmarks/README.md, "Native reads"), while warm reads (a share of ~0.05) stay plain.
 # Byte ranges (Parquet shards, tars) keep ENTER/LEAVE: the kernel reads a shard ahead by itself,
-# and the native
-# window on Parquet measured no faster than plain reads (944-1,023 vs 965-1,039 img/s cold).
+# and a native window open all the time measured no faster (Parquet: 944-1,023 vs 965-1,039
+# img/s cold with plain reads; tars: read_ahead=8 or 16 999-1,033 vs 1,028-1,049 with these).
 NATIVE_ENTER, NATIVE_LEAVE = 0.1, 0.05
 DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
 MAX_LOST_THREADS = 32  # threads stuck at once on dead files before read-ahead gives up

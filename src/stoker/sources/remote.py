@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError, one_line
+from .base import cache_folder
 from .shardindex import cache_path, index_valid, locate_values, write_index
 from .shards import MANIFEST, ShardSource, _hf_classes, _join_labels
 
@@ -79,7 +79,7 @@ class RemoteShardSource(ShardSource):
         self.timeout, self.read_ahead_max = float(timeout), read_ahead_max
         self.access = "remote"
         self.image_column, self.label_column = image_column, label_column
-        self._cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache/stoker/index"
+        self._cache_dir = cache_folder(cache_dir, "index")
         self._reset()
         entries, manifest = self._list()
         self.files = [e[0] for e in entries]

@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError
-from .base import Source, drop_pages, short_read, stock
+from .base import Source, cache_folder, drop_pages, short_read, stock
 from .parquet_targets import join_labels as _join_labels
 from .parquet_targets import label_names, shard_targets
 from .shardindex import local_index
@@ -59,7 +59,7 @@ class ShardSource(Source):
         self.access = access
         self.files, manifest = _list_shards(folder_or_files)
         self.image_column, self.label_column = image_column, label_column
-        self._cache_dir = Path(cache_dir) if cache_dir else Path.home() / ".cache/stoker/index"
+        self._cache_dir = cache_folder(cache_dir, "index")
         rows: list[int] = []
         groups: list[int] = []
         labels: list[Any] = []

@@ -5,11 +5,10 @@ The tars are indexed once with :mod:`tarfile` (headers only; label members are s
 then); ``read(i)`` is then one ``pread`` at the image's offset. A cold scan reads most of the tar
 (the kernel reads ahead past each header), so a big tar's scan is cached (``~/.cache/stoker/tar``,
 JSON, never pickle; the tar itself is never written) and reused while its size and mtime are
-unchanged. Nothing is ever extracted to
-disk. Members whose names are absolute or contain ``..`` are refused (counted in ``refused``
-and warned about), and serialised-object members (``.pyd``, ``.pickle``...) are ignored: stoker
-never unpickles data. Only uncompressed ``.tar`` files are accepted (a compressed tar cannot be
-read at an offset).
+unchanged. Nothing is ever extracted to disk. Members whose names are absolute or contain ``..``
+are refused (counted in ``refused`` and warned about), and serialised-object members (``.pyd``,
+``.pickle``...) are ignored: stoker never unpickles data. Only uncompressed ``.tar`` files are
+accepted (a compressed tar cannot be read at an offset).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from .base import PathIndex, Source, drop_pages, short_read, stock
+from .base import PathIndex, Source, cache_folder, drop_pages, short_read, stock
 from .targets import parse_column
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
@@ -60,7 +59,7 @@ class TarSource(Source):
     def __init__(self, tars: str | os.PathLike | list[str | os.PathLike],
                  cache_dir: str | os.PathLike | None = None) -> None:
         self.tars = _list_tars(tars)
-        cache = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "stoker" / "tar"
+        cache = cache_folder(cache_dir, "tar")
         members: list[str] = []
         tar_ids: list[int] = []
         offsets: list[int] = []
