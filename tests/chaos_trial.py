@@ -1,16 +1,23 @@
 """One kill trial, run inside a private mount namespace with a fresh tmpfs on /dev/shm.
 
-``python chaos_trial.py train DATA`` is the training process: a stoker Loader over an
-ImageFolder, iterated epoch after epoch by a consumer that does no work (input-bound: the
-workers are always busy), printing ``MID``/``END`` in each epoch and ``CLOSING`` before
-``close()`` in its third epoch.
+``python chaos_trial.py train DATA MOMENT EPOCH`` is the training process: a stoker Loader over
+an ImageFolder, iterated epoch after epoch by a consumer that does no work (input-bound: the
+workers are always busy), closed in its third epoch. At MOMENT of epoch EPOCH it stops where it
+is and says so with a line ``AT MOMENT EPOCH``, then waits for its signal:
+
+- ``mid``: after the epoch's second batch, the loader running;
+- ``end``: after the epoch's last batch, before the next epoch starts;
+- ``close-pool`` / ``close-ring``: inside ``close()``, just before the workers are stopped, or
+  after they are stopped and just before the ring's segments are unlinked;
+- ``startup``: never (the kill comes at a random time after launch).
 
 ``python chaos_trial.py trial DATA MOMENT DELAY SIGNAL EPOCH`` starts that training process with
-a unique tag in its environment, kills it with SIGNAL at MOMENT (``startup``: DELAY seconds
-after launch; ``mid``/``end``/``close``: DELAY seconds after the line of that name in epoch
-EPOCH, or in the close) and prints one JSON line: the segments (``stoker_*`` in /dev/shm and
-in the trial's TMPDIR) and the tagged processes alive at the kill and still there after a grace
-period. Only the standard library is imported here, so nothing of stoker runs in this process.
+a unique tag in its environment, waits for its ``AT`` line (``startup``: DELAY seconds after
+launch), then DELAY seconds more, and kills it with SIGNAL. So a kill meant for the middle of an
+epoch or of a close lands there by a handshake, on a fast idle machine as on a slow busy one.
+It prints one JSON line: the segments (``stoker_*`` in /dev/shm and in the trial's TMPDIR) and
+the tagged processes alive at the kill and still there after a grace period. Only the standard
+library is imported here, so nothing of stoker runs in this process.
 """
 
 from __future__ import annotations
@@ -28,20 +35,47 @@ import uuid
 GRACE_S = 5.0  # the promise: "within a few seconds" nothing is left
 
 
-def train(data: str) -> None:
+LAST_EPOCH = 2  # the trainer closes its loader in this epoch
+
+
+def _stop_here(moment: str) -> None:
+    """Say where the trainer is, then wait there for the trial's signal."""
+    print(f"AT {moment}", flush=True)
+    while True:
+        time.sleep(3600)
+
+
+def _pause_inside_close(moment: str) -> None:
+    """Make ``close()`` stop at ``close-pool`` (workers still running) or ``close-ring``
+    (workers stopped, the ring's segments not yet unlinked)."""
+    from stoker.workers.engine import Engine
+    from stoker.workers.pool import WorkerPool
+
+    cls, name = (WorkerPool, "close") if moment == "close-pool" else (Engine, "close")
+    original = getattr(cls, name)
+
+    def paused(self, *args, **kwargs):
+        _stop_here(f"{moment} {LAST_EPOCH}")
+        return original(self, *args, **kwargs)
+
+    setattr(cls, name, paused)
+
+
+def train(data: str, moment: str, at_epoch: int) -> None:
     import stoker
 
     loader = stoker.Loader(data, batch_size=4, image_size=96, workers=2, timeout=60)
-    for epoch in range(1000):
+    assert len(loader) > 2, "the trial's folder needs at least three batches an epoch"
+    for epoch in range(LAST_EPOCH + 1):
         for i, _ in enumerate(loader):
-            if i == 1:
-                print(f"MID {epoch}", flush=True)
-        print(f"END {epoch}", flush=True)
-        if epoch == 2:
-            print("CLOSING 2", flush=True)
-            loader.close()
-            print("CLOSED", flush=True)
-            time.sleep(60)
+            if i == 1 and (moment, epoch) == ("mid", at_epoch):
+                _stop_here(f"mid {epoch}")
+        if (moment, epoch) == ("end", at_epoch):
+            _stop_here(f"end {epoch}")
+    if moment.startswith("close"):
+        _pause_inside_close(moment)
+    loader.close()
+    time.sleep(60)
 
 
 def _segments(tmpdir: str) -> list[str]:
@@ -97,17 +131,12 @@ def trial(data: str, moment: str, delay: float, signame: str, epoch: int) -> dic
     tmpdir = tempfile.mkdtemp(prefix="chaos_tmp_")
     env = {**os.environ, "STOKER_CHAOS_TAG": tag.split("=")[1], "TMPDIR": tmpdir}
     proc = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "train", data],
+        [sys.executable, os.path.abspath(__file__), "train", data, moment, str(epoch)],
         stdout=subprocess.PIPE,
         env=env,
     )
-    reached = True
-    if moment == "startup":
-        time.sleep(delay)
-    else:
-        word = "CLOSING" if moment == "close" else moment.upper()
-        reached = _wait_line(proc, f"{word} {epoch}", 120)
-        time.sleep(delay)
+    reached = moment == "startup" or _wait_line(proc, f"AT {moment} {epoch}", 120)
+    time.sleep(delay)
     at_kill = {"segments": len(_segments(tmpdir)), "processes": len(_tagged(tag)) - 1}
     if os.environ.get("CHAOS_DEBUG"):
         print(_segments(tmpdir), _tagged(tag), file=sys.stderr)
@@ -130,7 +159,7 @@ def trial(data: str, moment: str, delay: float, signame: str, epoch: int) -> dic
 
 if __name__ == "__main__":
     if sys.argv[1] == "train":
-        train(sys.argv[2])
+        train(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
         result = trial(sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5], int(sys.argv[6]))
         print(json.dumps(result), flush=True)
