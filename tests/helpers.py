@@ -100,3 +100,18 @@ class SlowSamples:
     def __getitem__(self, i: int) -> np.ndarray:
         time.sleep(self.delay)
         return np.full(4, i, np.float32)
+
+
+def tick_past(path, probe) -> None:
+    """Wait (a handshake with the file system's clock, not a timed sleep) until a change made
+    now gets a later ctime than the last change of any folder under ``path``, so the next
+    change there is visible in the folders' times."""
+    last = max(os.stat(d).st_ctime_ns for d, _, _ in os.walk(path))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with open(probe, "wb") as f:
+            f.write(b"x")
+        if os.stat(probe).st_ctime_ns > last:
+            return
+        time.sleep(0.001)
+    raise AssertionError("the file system's clock did not advance")

@@ -85,7 +85,7 @@ def test_state_of_another_dataset_is_refused(image_folder):
             other.load_state_dict(state)
     state["fingerprint"] = "0" * 24
     with stoker.Loader(image_folder, batch_size=4, workers=0) as loader:
-        with pytest.raises(ConfigError, match="different fingerprint"):
+        with pytest.raises(ConfigError, match="another dataset"):
             loader.load_state_dict(state)
 
 

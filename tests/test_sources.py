@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from helpers import tick_past
 from stoker.errors import SourceError
 from stoker.sources import ArraySource, FolderSource, NpySource, TableSource, open_source
 
@@ -81,7 +82,12 @@ def test_unsupported_type():
         open_source(42)
 
 
-def test_big_folder_scan_is_cached_and_refreshed_when_the_folder_changes(tmp_path, image_folder):
+def test_big_folder_scan_is_cached_and_refreshed_when_the_folder_changes(
+    tmp_path, image_folder, monkeypatch
+):
+    from stoker.sources import folder as folder_module
+
+    monkeypatch.setattr(folder_module, "RACY_S", 0.0)  # cache a scan of a folder made just now
     jpeg = next(image_folder.glob("class_000/*.jpg")).read_bytes()
     root = tmp_path / "big"
     for c in range(2):
@@ -98,6 +104,7 @@ def test_big_folder_scan_is_cached_and_refreshed_when_the_folder_changes(tmp_pat
 
     again = NoScan(root, cache_dir=cache)
     assert again.fingerprint() == first.fingerprint() and again.name(1999) == first.name(1999)
+    tick_past(root, tmp_path / "probe")
     (root / "c1" / "new.jpg").write_bytes(jpeg)
     with pytest.raises(AssertionError, match="scanned"):
         NoScan(root, cache_dir=cache)

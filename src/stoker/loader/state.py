@@ -33,6 +33,13 @@ def check_state(state: dict[str, Any], mine: dict[str, Any]) -> tuple[int, int]:
         raise ConfigError(
             f"state version {state.get('version')!r}; this stoker reads {STATE_VERSION}"
         )
+    if state.get("fingerprint") != mine["fingerprint"]:
+        raise ConfigError(
+            f"this state was saved for another dataset (fingerprint {state.get('fingerprint')!r}"
+            f", this loader's {mine['fingerprint']!r}): its files, their labels or its tars' "
+            "contents differ. Resume with the dataset the state was saved for, or pass {} to "
+            "load_state_dict to start afresh"
+        )
     for key in MUST_MATCH:
         if state.get(key) != mine[key]:
             raise ConfigError(

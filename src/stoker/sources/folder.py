@@ -1,8 +1,14 @@
 """The ImageFolder source: one subfolder per class, labels are the sorted class names.
 
 A scan of a big folder is cached on disk (``~/.cache/stoker/scan``, NPY + JSON, never pickle)
-and reused while every directory's modification time is unchanged: adding, removing or renaming
-a file changes its directory's mtime, so the listing is rebuilt exactly when it could differ.
+and reused while every directory's stamp is unchanged: its device, inode, mtime, ctime, link
+count (subfolders) and size (entries, on file systems that count them). Adding, removing or
+renaming a file changes its directory's mtime and ctime; restoring an mtime (``tar`` or ``rsync``
+unpacking the same times) still changes the ctime, which no user can set; a folder replaced by
+another has another inode. A cache is written only from a scan that saw no change while it ran
+(each directory stamped before it is listed and again after the whole walk) and no change in the
+last ``RACY_S`` seconds (a change inside one tick of the file system's clock leaves its times
+equal), and a cached stamp that lists no folder is never valid.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -19,8 +26,15 @@ from ..decode import IMAGE_EXTENSIONS
 from ..errors import SourceError, StokerWarning
 from .base import FileListSource, PathIndex, cache_folder
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 MIN_CACHED = 2000  # smaller folders scan faster than a cache check is worth writing
+#: A scan is not cached while a folder changed this recently: two changes within one tick of a
+#: file system's clock (up to 2 s on FAT, coarser over some network mounts) leave equal times.
+RACY_S = 2.0
+#: Attempts at a scan during which no folder changed, before one is used without caching.
+SCAN_TRIES = 3
+
+Stamp = list[int]  # dev, inode, mtime_ns, ctime_ns, nlink, size of one directory
 
 
 def _unreadable(path: str, exc: OSError) -> SourceError:
@@ -30,12 +44,40 @@ def _unreadable(path: str, exc: OSError) -> SourceError:
     )
 
 
-def _real_dir(path: str) -> tuple[int, int]:
+def _stamp(path: str) -> Stamp:
+    """What a directory's stat says about its listing (see the module docstring); ``[]`` for
+    one that is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return []
+    return [st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink, st.st_size]
+
+
+def _stamps(dirs: list[str]) -> list[Stamp]:
+    """The stamps of ``dirs``, read after a walk (compared with those read before each listing)."""
+    return [_stamp(d) for d in dirs]
+
+
+def _racy(stamps: list[Stamp], now_ns: int) -> bool:
+    """Whether a folder changed within ``RACY_S`` of ``now_ns``: a later change in the same
+    clock tick would leave its stamp equal, so such a scan is not cached."""
+    newest = max((max(s[2], s[3]) for s in stamps if s), default=now_ns)
+    return now_ns - newest < RACY_S * 1e9
+
+
+def _real_dir(path: str, stamps: dict[str, Stamp] | None = None) -> tuple[int, int]:
+    """``(device, inode)`` of a directory; its stamp goes into ``stamps`` (read here, before
+    the walk lists it)."""
     st = os.stat(path)
+    if stamps is not None:
+        stamps[path] = [st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink,
+                        st.st_size]
     return (st.st_dev, st.st_ino)
 
 
-def _scan_class(folder: Path, dirs: list[str], seen: set[tuple[int, int]]) -> list[str]:
+def _scan_class(folder: Path, dirs: list[str], seen: set[tuple[int, int]],
+                stamps: dict[str, Stamp] | None = None) -> list[str]:
     """Relative paths (``class/…/file``) of the image files under one class folder, sorted.
 
     Links are followed, but every real directory is walked once: a link back up the tree (a
@@ -51,7 +93,7 @@ def _scan_class(folder: Path, dirs: list[str], seen: set[tuple[int, int]]) -> li
         for name in sorted(dirnames):
             sub = os.path.join(dirpath, name)
             try:
-                key = _real_dir(sub)
+                key = _real_dir(sub, stamps)
             except OSError as exc:
                 raise _unreadable(sub, exc) from None
             if key in seen:
@@ -59,7 +101,7 @@ def _scan_class(folder: Path, dirs: list[str], seen: set[tuple[int, int]]) -> li
                     f"{sub} leads to {os.path.realpath(sub)}, a folder already walked (a link "
                     "loop or a second link to it); it was skipped, not counted twice",
                     StokerWarning,
-                    stacklevel=7,
+                    stacklevel=8,
                 )
                 continue
             seen.add(key)
@@ -71,17 +113,6 @@ def _scan_class(folder: Path, dirs: list[str], seen: set[tuple[int, int]]) -> li
             if os.path.splitext(fname)[1].lower() in IMAGE_EXTENSIONS:
                 found.append(os.path.join(rel, fname))
     return found
-
-
-def _mtimes(dirs: list[str]) -> list[int]:
-    """Modification times (ns) of ``dirs``; -1 for one that is gone."""
-    out = []
-    for d in dirs:
-        try:
-            out.append(os.stat(d).st_mtime_ns)
-        except OSError:
-            out.append(-1)
-    return out
 
 
 class FolderSource(FileListSource):
@@ -100,51 +131,65 @@ class FolderSource(FileListSource):
             )
 
     def _scan(self) -> None:
-        """Walk the folder; cache the result when it is big enough to matter."""
+        """Walk the folder; cache the result when it is big enough to matter and no folder
+        changed while it was walked (else walk again, up to ``SCAN_TRIES`` times)."""
+        for _ in range(SCAN_TRIES):
+            dirs, before = self._walk()
+            after = _stamps(dirs)
+            if after == before:
+                break
+        if len(self.labels) >= MIN_CACHED and after == before and not _racy(after, time.time_ns()):
+            self._save_cache(dirs, after)
+
+    def _walk(self) -> tuple[list[str], list[Stamp]]:
+        """List the folder into ``classes``, ``index`` and ``labels``; the folders walked and
+        each one's stamp, read before it was listed."""
+        root = str(self.root)
+        seen_stamps: dict[str, Stamp] = {}
+        seen = {_real_dir(root, seen_stamps)}
         try:
             entries = list(os.scandir(self.root))
         except OSError as exc:
-            raise _unreadable(str(self.root), exc) from None
+            raise _unreadable(root, exc) from None
         self.classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
         if not self.classes:
             raise SourceError(
                 f"{self.root}: no class subfolders; an image folder needs one subfolder per class "
                 "(root/cat/1.jpg, root/dog/2.jpg), or pass a CSV file or paths=[...]"
             )
-        dirs, rel, labels = [str(self.root)], [], []
-        seen = {_real_dir(str(self.root))}
+        dirs, rel, labels = [root], [], []
         for label, cls in enumerate(self.classes):
             folder = self.root / cls
-            if _real_dir(str(folder)) in seen:
+            key = _real_dir(str(folder), seen_stamps)
+            if key in seen:
                 raise SourceError(
                     f"{folder} is a link to a folder already in the dataset ("
                     f"{os.path.realpath(folder)}): its images would get two labels. Remove the "
                     "link or copy the images"
                 )
-            seen.add(_real_dir(str(folder)))
-            files = _scan_class(folder, dirs, seen)
+            seen.add(key)
+            files = _scan_class(folder, dirs, seen, seen_stamps)
             if not files:
                 warnings.warn(
                     f"{folder}: class folder {cls!r} (label {label}) has no image files "
                     f"({', '.join(IMAGE_EXTENSIONS)}); the class gets no samples",
                     StokerWarning,
-                    stacklevel=6,
+                    stacklevel=7,
                 )
             rel.extend(files)
             labels.extend([label] * len(files))
         self.index = PathIndex(self.root, rel)
         self.labels = np.asarray(labels, dtype=np.int64)
-        if len(rel) >= MIN_CACHED:
-            self._save_cache(dirs)
+        return dirs, [seen_stamps.get(d, []) for d in dirs]
 
-    def _save_cache(self, dirs: list[str]) -> None:
+    def _save_cache(self, dirs: list[str], stamps: list[Stamp]) -> None:
         """Write the scan (best effort: a read-only home just means no cache)."""
         meta = {
             "version": CACHE_VERSION,
             "root": str(self.root.resolve()),
             "classes": self.classes,
-            "dirs": dirs,
-            "mtimes": _mtimes(dirs),
+            "dirs": [os.path.abspath(d) for d in dirs],
+            "stamps": stamps,
         }
         try:
             self._cache.mkdir(parents=True, exist_ok=True)
@@ -164,9 +209,7 @@ class FolderSource(FileListSource):
         """Use the cached scan if every directory is as it was; False otherwise."""
         try:
             meta = json.loads((self._cache / "meta.json").read_text())
-            if meta.get("version") != CACHE_VERSION or meta["root"] != str(self.root.resolve()):
-                return False
-            if _mtimes(meta["dirs"]) != meta["mtimes"]:
+            if not self._fresh(meta):
                 return False
             load = {
                 n: np.load(self._cache / f"{n}.npy", allow_pickle=False)
@@ -178,3 +221,19 @@ class FolderSource(FileListSource):
         self.index = PathIndex.from_arrays(self.root, load["blob"], load["offsets"])
         self.labels = load["labels"].astype(np.int64, copy=False)
         return True
+
+    def _fresh(self, meta: dict) -> bool:
+        """Whether a cached scan's stamp still describes this folder: this version's, for this
+        root, listing the root first, and every listed folder's stamp unchanged. A stamp that
+        lists no folder (or a folder with no stamp) is never fresh."""
+        dirs, stamps = meta["dirs"], meta["stamps"]
+        root = os.path.abspath(self.root)
+        return (
+            meta.get("version") == CACHE_VERSION
+            and meta["root"] == str(self.root.resolve())
+            and isinstance(dirs, list) and isinstance(stamps, list)
+            and len(dirs) == len(stamps) > 0
+            and dirs[0] == root
+            and all(stamps)
+            and _stamps(dirs) == stamps
+        )

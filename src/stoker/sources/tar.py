@@ -4,11 +4,14 @@ dot of the file name), e.g. ``n01/img_7.jpg`` + ``n01/img_7.cls``.
 The tars are indexed once with :mod:`tarfile` (headers only; label members are small and read
 then); ``read(i)`` is then one ``pread`` at the image's offset. A cold scan reads most of the tar
 (the kernel reads ahead past each header), so a big tar's scan is cached (``~/.cache/stoker/tar``,
-JSON, never pickle; the tar itself is never written) and reused while its size and mtime are
-unchanged. Nothing is ever extracted to disk. Members whose names are absolute or contain ``..``
-are refused (counted in ``refused`` and warned about), and serialised-object members (``.pyd``,
-``.pickle``...) are ignored: stoker never unpickles data. Only uncompressed ``.tar`` files are
-accepted (a compressed tar cannot be read at an offset).
+JSON, never pickle; the tar itself is never written) and reused while its stamp is unchanged:
+size, mtime, ctime, device and inode, and a hash of its first and last ``EDGE_BYTES`` (the
+first members' headers and the end of the archive), so a tar swapped with another of the same
+size and mtime, or rewritten in place, is scanned again. Nothing is ever extracted to disk.
+Members whose names are absolute or contain ``..`` are refused (counted in ``refused`` and
+warned about), and serialised-object members (``.pyd``, ``.pickle``...) are ignored: stoker
+never unpickles data. Only uncompressed ``.tar`` files are accepted (a compressed tar cannot be
+read at an offset).
 """
 
 from __future__ import annotations
@@ -47,8 +50,9 @@ def split_key(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext.lower()
 
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 MIN_CACHED_BYTES = 64 << 20  # a smaller tar is scanned faster than its cache is checked
+EDGE_BYTES = 64 << 10  # the head and tail of a tar hashed into its stamp
 
 
 class TarSource(Source):
@@ -66,8 +70,10 @@ class TarSource(Source):
         sizes: list[int] = []
         raw_labels: list[Any] = []
         self.refused: list[str] = []
+        self._content: list[str] = []
         for t, path in enumerate(self.tars):
-            samples, refused = members_of(path, cache)
+            samples, refused, content = scan_of(path, cache)
+            self._content.append(content)
             self.refused.extend(refused)
             for name, offset, size, label in samples:
                 members.append(name)
@@ -143,10 +149,10 @@ class TarSource(Source):
         return f"{self.tars[int(self.tar_ids[index])]}:{self.index.relative(index)}"
 
     def fingerprint(self) -> str:
-        """Digest of tar names and sizes, member names, and labels."""
+        """Digest of tar names, sizes and head/tail hashes, member names, and labels."""
         h = hashlib.blake2b(self.index.digest().encode(), digest_size=12)
-        for path in self.tars:
-            h.update(f"{os.path.basename(path)}|{os.path.getsize(path)}\0".encode())
+        for path, content in zip(self.tars, self._content, strict=True):
+            h.update(f"{os.path.basename(path)}|{os.path.getsize(path)}|{content}\0".encode())
         h.update(self.labels.tobytes())
         return h.hexdigest()
 
@@ -160,21 +166,34 @@ class TarSource(Source):
 Sample = tuple[str, int, int, str | None]  # image member's name, offset, size; label text
 
 
-def members_of(path: str, cache_dir: Path) -> tuple[list[Sample], list[str]]:
-    """The samples of one tar (in archive order) and the unsafe member names it refused: from
-    the scan cached under ``cache_dir`` while the tar's size and mtime are unchanged, else
-    scanned (and cached when the tar is big enough for its scan to take a while: a cold scan
-    reads the whole tar, ~30 s for 8 GB)."""
-    st = os.stat(path)
-    stamp = [st.st_size, st.st_mtime_ns]
+def scan_of(path: str, cache_dir: Path) -> tuple[list[Sample], list[str], str]:
+    """The samples of one tar, the unsafe member names it refused, and its head/tail hash: from
+    the scan cached under ``cache_dir`` while the tar's stamp is unchanged, else scanned (and
+    cached when the tar is big enough for its scan to take a while: a cold scan reads the whole
+    tar). A tar that changed while it was scanned is not cached."""
+    stamp = tar_stamp(path)
     where = _cache_file(cache_dir, path)
     cached = _load_scan(where, stamp)
     if cached is not None:
-        return cached
+        return (*cached, stamp[-1])
     samples, refused = _scan(path)
-    if st.st_size >= MIN_CACHED_BYTES:
+    if stamp[0] >= MIN_CACHED_BYTES and tar_stamp(path) == stamp:
         _save_scan(where, stamp, samples, refused)
-    return samples, refused
+    return samples, refused, stamp[-1]
+
+
+def tar_stamp(path: str) -> list[Any]:
+    """``[size, mtime_ns, ctime_ns, device, inode, head/tail hash]`` of a tar: what its cached
+    scan is valid for. The hash covers the first and last ``EDGE_BYTES`` (all of a small tar)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        h = hashlib.blake2b(os.pread(fd, EDGE_BYTES, 0), digest_size=16)
+        if st.st_size > EDGE_BYTES:
+            h.update(os.pread(fd, EDGE_BYTES, max(EDGE_BYTES, st.st_size - EDGE_BYTES)))
+    finally:
+        os.close(fd)
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_dev, st.st_ino, h.hexdigest()]
 
 
 def _cache_file(cache_dir: Path, path: str) -> Path:
@@ -182,7 +201,7 @@ def _cache_file(cache_dir: Path, path: str) -> Path:
     return cache_dir / f"{key.hexdigest()}.json"
 
 
-def _load_scan(where: Path, stamp: list[int]) -> tuple[list[Sample], list[str]] | None:
+def _load_scan(where: Path, stamp: list[Any]) -> tuple[list[Sample], list[str]] | None:
     """The cached scan at ``where`` if it is this version's and stamped ``stamp``; else None
     (missing, stale or damaged: the tar is scanned again)."""
     try:
@@ -196,7 +215,7 @@ def _load_scan(where: Path, stamp: list[int]) -> tuple[list[Sample], list[str]] 
         return None
 
 
-def _save_scan(where: Path, stamp: list[int], samples: list[Sample], refused: list[str]) -> None:
+def _save_scan(where: Path, stamp: list[Any], samples: list[Sample], refused: list[str]) -> None:
     """Write a tar's scan (JSON, never pickle), atomically; best effort: a read-only home just
     means no cache."""
     meta = {"version": CACHE_VERSION, "stamp": stamp, "samples": samples, "refused": refused}
