@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import order as order_mod
+from .batchfn import BatchTransform, batch_rng
 from .errors import DecodeError, SourceError, TooManyErrors, one_line
 from .sources.base import Source
 from .sources.readahead import ReadAhead, ReadSettings, size_of
@@ -145,8 +146,10 @@ class Assembler:
         plan: Plan,
         columns: Columns | None = None,
         reads: ReadSettings | None = None,
+        batch_fn: BatchTransform | None = None,
     ) -> None:
         self.source, self.pipeline, self.plan = source, pipeline, plan
+        self.batch_fn = batch_fn
         self.columns = columns if columns is not None else Columns({"label": source.labels})
         self.reads = ReadAhead(source, reads)
         self._epoch = -1
@@ -170,7 +173,10 @@ class Assembler:
 
         ``image`` (and ``mask``, which gets its image's crop and flip) come from the pipeline,
         ``index`` is the sample index, and every column (``label``, ``weight``, ...) is copied
-        with its dtype and shape."""
+        with its dtype and shape; then the ``batch_transform`` runs on the whole batch."""
+        target = arrays
+        if self.batch_fn is not None:  # fields it changes are filled apart, then replaced
+            arrays = self.batch_fn.scratch(target, self.plan.batch_size)
         order = self.order(epoch)
         start = batch * self.plan.batch_size
         positions = np.arange(start, min(start + self.plan.batch_size, len(order)))
@@ -197,7 +203,30 @@ class Assembler:
         for name, column in columns:
             arrays[name][:n] = column[chosen]
         report.pages_dropped = self.reads.counters.dropped - dropped
+        if self.batch_fn is not None:
+            self._batch_transform(epoch, batch, arrays, target, report)
         return report
+
+    def _batch_transform(
+        self,
+        epoch: int,
+        batch: int,
+        arrays: dict[str, np.ndarray],
+        target: dict[str, np.ndarray],
+        report: Report,
+    ) -> None:
+        """Run the ``batch_transform`` on the filled batch, with its batch's generator; what it
+        returns goes into ``target`` (the slot)."""
+        assert self.batch_fn is not None
+        self.current = -1  # an error here is the function's, not the last sample's
+        t0 = time.perf_counter()
+        rng = batch_rng(self.plan.seed, epoch, self.plan.rank, batch)
+        try:
+            self.batch_fn.apply(arrays, target, report.count, rng)
+        except Exception as exc:
+            exc.add_note(f"stoker: raised by batch_transform on batch {batch} of epoch {epoch}")
+            raise
+        report.transform_s += time.perf_counter() - t0
 
     def _bulk(self, indices: np.ndarray, arrays: dict[str, np.ndarray], report: Report) -> bool:
         """Copy a whole batch of an in-memory array source at once when the pipeline would

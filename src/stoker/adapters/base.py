@@ -13,14 +13,35 @@ Out = TypeVar("Out")
 
 
 class LoaderView:
-    """A framework's view of a Loader: ``len``, ``set_epoch`` and the ``state_dict`` protocol
-    pass through."""
+    """A framework's view of a Loader: ``len``, ``set_epoch``, the ``state_dict`` protocol and
+    the DataLoader attributes training loops read (``dataset``, ``sampler``, ``batch_size``,
+    ``drop_last``) pass through."""
 
     loader: Any
 
     def __len__(self) -> int:
         """Batches per epoch: ``len(loader)``."""
         return len(self.loader)
+
+    @property
+    def dataset(self) -> Any:
+        """The samples drawn from (``len(view.dataset)``); see ``Loader.dataset``."""
+        return self.loader.dataset
+
+    @property
+    def sampler(self) -> Any:
+        """``view.sampler.set_epoch(epoch)``; see ``Loader.sampler``."""
+        return self.loader.sampler
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (the last batch of an epoch may hold fewer)."""
+        return int(self.loader.batch_size)
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the ragged last batch of an epoch is dropped."""
+        return bool(self.loader.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` at the next iteration; see ``Loader.set_epoch``."""

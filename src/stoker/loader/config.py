@@ -53,6 +53,46 @@ def augment(value: Any, pixels: tuple[int, int] | None, subset: Any = None) -> A
     return value
 
 
+#: Loader options that ``subset="both"`` may give each half of (a dict by half).
+PER_HALF = ("augment", "batch_transform")
+HALVES = ("training", "validation")
+
+
+def per_half(kwargs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``subset="both"``: each half's keyword arguments, a ``PER_HALF`` option given as a dict
+    ``{"training": ..., "validation": ...}`` split between them (a half left out gets the
+    option's default)."""
+    halves: dict[str, dict[str, Any]] = {half: dict(kwargs) for half in HALVES}
+    for name in PER_HALF:
+        value = kwargs.get(name)
+        if not isinstance(value, dict):
+            continue
+        wrong = [k for k in value if k not in HALVES]
+        if wrong or not value:
+            raise ConfigError(
+                f"{name}={value!r}: with subset='both', a dict gives each half its own "
+                f"{name}; its keys are 'training' and 'validation' (not {wrong or 'none'})"
+            )
+        for half in HALVES:
+            if half in value:
+                halves[half][name] = value[half]
+            else:
+                halves[half].pop(name)
+    return halves
+
+
+def no_per_half(kwargs: dict[str, Any]) -> None:
+    """A dict of per-half options is refused for one loader: it needs ``subset="both"``."""
+    for name in PER_HALF:
+        value = kwargs.get(name)
+        if isinstance(value, dict) and value and set(value) <= set(HALVES):
+            raise ConfigError(
+                f"{name}={{'training': ..., 'validation': ...}} gives each half of "
+                "subset='both' its own; pass subset='both' (with validation_split=), or a "
+                f"single {name} for this loader"
+            )
+
+
 def positive_int(name: str, value: Any) -> int:
     """A positive int, or a ConfigError naming the argument."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:

@@ -19,6 +19,7 @@ from ..stats import Stats, StatsReport, WaitMeter
 from ..workers.engine import Engine
 from ..workers.launch import describe as describe_start
 from . import config, wiring
+from .compat import EpochSampler, Samples
 from .consumer import Guard
 from .running import Inline, Running, auto_workers, warn_if_slow_decoder
 from .state import advance_state, check_state, make_state
@@ -80,6 +81,7 @@ class Loader:
         rank_split: str = "pad",
         start_method: str = "spawn",
         batch: Any = None,
+        batch_transform: Any = None,
         read_ahead: Any = "auto",
         page_cache: str = "auto",
         spec: Any = None,
@@ -105,6 +107,8 @@ class Loader:
         self.plan, self.columns, self.layout, self.form = (
             parts.plan, parts.columns, parts.layout, parts.form
         )
+        self._batch_fn = parts.batch_fn
+        self._peeker: Assembler | None = None  # fills peek()'s batches in this process
         self._batches = self.plan.batches()
         self.epoch, self.position = 0, 0
         self._ahead = 0  # batches an adapter took ahead of the training step (not yet received)
@@ -123,13 +127,14 @@ class Loader:
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """``subset="both"`` (with ``validation_split``) gives two loaders, ``(training,
-        validation)``, as Keras' ``image_dataset_from_directory`` does."""
+        validation)``, as Keras' ``image_dataset_from_directory`` does; ``augment=`` and
+        ``batch_transform=`` may then be a dict ``{"training": ..., "validation": ...}``
+        giving each half its own (a half left out gets the default)."""
         if kwargs.get("subset") == "both":
             kwargs.pop("subset")
-            return (
-                cls(*args, subset="training", **kwargs),
-                cls(*args, subset="validation", **kwargs),
-            )
+            halves = config.per_half(kwargs)
+            return tuple(cls(*args, subset=half, **halves[half]) for half in config.HALVES)
+        config.no_per_half(kwargs)
         return super().__new__(cls)
 
     @property
@@ -141,6 +146,19 @@ class Loader:
     def class_names(self) -> list[str] | None:
         """Class names (Keras' ``class_names``): class id ``k`` is ``class_names[k]``."""
         return self.source.classes
+
+    @property
+    def dataset(self) -> Samples:
+        """The samples drawn from, as a DataLoader's ``dataset``: ``len(loader.dataset)`` is
+        their count over all ranks (what torchvision's ``evaluate`` compares with); also
+        ``.classes`` and ``.class_to_idx``."""
+        return Samples(self)
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """A DistributedSampler's habits: ``loader.sampler.set_epoch(epoch)`` (kept position
+        when ``epoch`` is the current one), ``len()`` = samples this rank visits per epoch."""
+        return EpochSampler(self)
 
     @property
     def file_paths(self) -> list[str]:
@@ -190,11 +208,41 @@ class Loader:
             self._run.close(fast=True)  # the error is not delayed by waiting on the workers
             raise
         self._stats.end_wait(t0, report.count)
-        if report.count < self.batch_size:
-            fields = {name: arr[: report.count] for name, arr in fields.items()}
+        return self._arrange(fields, report.count)
+
+    def _arrange(self, fields: Fields, count: int) -> Batch:
+        """A filled batch as the user gets it: cut to its ``count`` samples, ``path`` added,
+        arranged in the ``batch=`` structure."""
+        if count < self.batch_size:
+            fields = {name: arr[:count] for name, arr in fields.items()}
         if "path" in batch_mod.leaves(self.form):
             fields["path"] = batch_mod.paths(self.source.name, fields["index"])
         return batch_mod.apply_form(self.form, fields)
+
+    def peek(self, batch: int | None = None) -> Batch:
+        """A batch exactly as iteration gives it (augmented, ``batch_transform`` applied, the
+        same structure), without taking it: the position, ``state_dict()`` and the batches
+        iteration gives are unchanged. ``peek()`` is the batch the next iteration starts with;
+        ``peek(k)`` is batch ``k`` of that epoch. Loaded in this process (the workers, running
+        or not, are not asked), so it costs one batch's decode here; for a plot or a check."""
+        self._guard.check_process()
+        if self._finalizer.alive is False:
+            raise StokerError("this Loader is closed; create a new one")
+        epoch, position = self._received()
+        if batch is not None:
+            if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or not (
+                0 <= batch < self._batches
+            ):
+                raise ConfigError(
+                    f"peek({batch!r}): give a batch number in [0, {self._batches}) (len(loader)"
+                    "), or nothing for the batch the next iteration starts with"
+                )
+            position = int(batch)
+        fields = self.layout.arrays()
+        if self._peeker is None:
+            self._peeker = self._assembler()
+        report = self._peeker.fill(epoch, position, fields)
+        return self._arrange(fields, report.count)
 
     def _account(self, report: Report) -> None:
         """Fold a batch's report into the stats; warn about new bad files; enforce the budget."""
@@ -225,8 +273,14 @@ class Loader:
         assert self._run.engine is not None
         return self._run.engine
 
+    def _assembler(self) -> Assembler:
+        """A batch filler for this process (workers make their own from the same parts)."""
+        return Assembler(
+            self.source, self.pipeline, self.plan, self.columns, self.reads, self._batch_fn
+        )
+
     def _start(self) -> None:
-        assembler = Assembler(self.source, self.pipeline, self.plan, self.columns, self.reads)
+        assembler = self._assembler()
         if self.workers and self._auto_workers:
             self.workers, self._workers_reason = auto_workers(
                 assembler, self.layout, self.batch_size
@@ -241,6 +295,7 @@ class Loader:
             "layout": self.layout,
             "columns": self.columns,
             "reads": self.reads,
+            "batch_fn": self._batch_fn,
         }
         self._run.start_pool(
             spec, self.workers, self._prefetch_arg, self._batches, self.timeout, self.source.name

@@ -13,6 +13,7 @@ from typing import Any
 from .. import batch as batch_mod
 from .. import pixels as pixels_mod
 from ..assemble import Columns, Plan
+from ..batchfn import BatchTransform
 from ..errors import ConfigError
 from ..sources import open_source
 from ..sources.base import Source
@@ -37,6 +38,7 @@ class Parts:
     columns: Columns
     layout: SlotLayout
     form: Any
+    batch_fn: BatchTransform | None
 
 
 def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Parts:
@@ -61,6 +63,10 @@ def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Pa
     weight, fields = args["sample_weight"], args["fields"]
     columns = Columns(batch_mod.columns(source, weight, fields, args["label_mode"]))
     specs = field_specs(source, image_size, pipeline.channels, has_masks, columns)
+    batch_fn = None
+    if args["batch_transform"] is not None:  # probed here: the fields it leaves make the slot
+        batch_fn = BatchTransform(args["batch_transform"], specs, batch_size)
+        specs = batch_fn.outputs
     layout = SlotLayout(batch_size, specs)
     names = [f[0] for f in layout.fields]
     return Parts(
@@ -75,6 +81,7 @@ def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Pa
         columns=columns,
         layout=layout,
         form=batch_mod.resolve_form(args["batch"], names, source.sample_form),
+        batch_fn=batch_fn,
     )
 
 

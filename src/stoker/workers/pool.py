@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..assemble import Assembler, Columns, Plan
+from ..batchfn import BatchTransform
 from ..errors import WorkerDied
 from ..sources.base import Source
 from ..sources.readahead import ReadSettings
@@ -40,6 +41,7 @@ class WorkerSpec:
     status: tuple[str, int]
     workers: int
     reads: ReadSettings | None = None
+    batch_fn: BatchTransform | None = None
 
 
 def _parent_alive(parent: int) -> bool:
@@ -80,7 +82,7 @@ class _Worker:
     def __init__(self, wid: int, conn: Connection, spec: WorkerSpec) -> None:
         self.wid, self.conn, self.spec = wid, conn, spec
         self.assembler = Assembler(
-            spec.source, spec.pipeline, spec.plan, spec.columns, spec.reads
+            spec.source, spec.pipeline, spec.plan, spec.columns, spec.reads, spec.batch_fn
         )
         self.status_seg = Segment.attach(*spec.status)
         self.status = self.status_seg.array(np.int64, (spec.workers, STATUS_FIELDS))[wid]
