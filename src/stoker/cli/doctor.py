@@ -33,7 +33,8 @@ def doctor(clean: bool = False) -> str:
         f"stale stoker segments (owner process gone): {len(stale)}",
         *[f"  {p}" for p in stale[:20]],
         f"usable CPU cores: {config.usable_cpus()}; workers start as fresh interpreters "
-        "(python -m stoker.workers), never re-running your script",
+        "from stoker's own entry point, never re-running your script, importing from your "
+        "sys.path only (never the current folder)",
         f"decoders: simplejpeg {_version('simplejpeg')}, "
         f"opencv {_version('opencv-python-headless')}, pillow {_version('pillow')}",
         f"JPEG decoder in use: {decoder_name()}",

@@ -1,9 +1,17 @@
 """Start worker processes from stoker's own entry point, never from the user's script.
 
-A worker is a fresh interpreter running ``python -m stoker.workers``: it imports stoker
-(numpy, the decoders) and nothing of the user's ``__main__``, so a top-level script without an
-``if __name__ == "__main__":`` guard, ``python -c``, ``python - < script``, ``python -i`` and a
-Jupyter kernel all work, and ``import keras`` at the top of a script costs the workers nothing.
+A worker is a fresh interpreter running stoker's own entry point (:data:`BOOT`, then
+:func:`main`): it imports stoker (numpy, the decoders) and nothing of the user's ``__main__``, so
+a top-level script without an ``if __name__ == "__main__":`` guard, ``python -c``, ``python - <
+script``, ``python -i`` and a Jupyter kernel all work, and ``import keras`` at the top of a script
+costs the workers nothing.
+
+A worker imports from exactly the folders the trainer imports from: its first statement, before
+any import, replaces ``sys.path`` with the trainer's (stoker's own folder first). So a
+``stoker/`` package or a ``numpy.py`` planted in the folder the trainer runs in is never
+imported: ``python -m`` would have put that folder first on the path (``-P``, which stops it,
+needs Python 3.11), and a ``PYTHONPATH`` entry that is empty or relative (``:`` at its end,
+``.``) would name the folder the worker starts in, not the one the trainer started in.
 
 What the worker runs (a target function and its arguments) is serialized once with
 cloudpickle: stoker's own objects and functions of importable modules travel by reference
@@ -16,7 +24,6 @@ waits for that with a timeout and a liveness check, and unlinks the file once al
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import subprocess
@@ -31,7 +38,11 @@ from ..errors import ConfigError, WorkerDied, WorkerHung
 from .errors import describe_exit, pack_exception, unpack_exception
 from .slots import Segment, pick_folder
 
-ENTRY = "stoker.workers"  # runs workers/__main__.py, which calls main() below
+# A worker's command: ``python -c BOOT N PATH_1 .. PATH_N ARGS..``. Its first statement sets
+# sys.path (only the builtin sys is imported before), so no folder the trainer does not import
+# from can supply stoker or anything it imports; it must stay free of any import before that.
+BOOT = ("import sys; n = int(sys.argv[1]); sys.path[:] = sys.argv[2:2 + n]; "
+        "del sys.argv[1:2 + n]; from stoker.workers.launch import main; main(sys.argv[1:])")
 POLL_S = 0.1
 START_TIMEOUT_S = 120.0  # a worker alive but not started by then is hung (a death shows at once)
 SLOW_START_S = 2.0  # a start-up longer than this gets its reason in stats()
@@ -199,6 +210,28 @@ class Process:
             self.popen.kill()
 
 
+# Python 3.11+: no folder is put first on sys.path even before BOOT runs (site's own imports).
+SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+
+
+def worker_path() -> list[str]:
+    """The ``sys.path`` a worker imports from: stoker's own folder, then this process's path
+    (so a callable that travels by reference is imported from where this process found it)."""
+    entries = [p for p in sys.path if isinstance(p, str)]
+    return [_STOKER_ROOT, *(p for p in entries if p != _STOKER_ROOT)]
+
+
+def worker_env() -> dict[str, str]:
+    """This process's environment, with only the absolute ``PYTHONPATH`` entries kept: an empty
+    or relative one names a folder relative to where the worker starts (the worker's
+    ``sys.path`` is this process's anyway, with those entries resolved where it started)."""
+    env = dict(os.environ)
+    kept = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
+    if kept:
+        env["PYTHONPATH"] = os.pathsep.join(kept)
+    return env
+
+
 class Launch:
     """Workers being started: one shared copy of the payload, a process and socket each."""
 
@@ -216,15 +249,13 @@ class Launch:
                               "executable (sys.executable is empty); use workers=0")
         ours, theirs = Pipe(duplex=True)
         fd = theirs.fileno()
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (_STOKER_ROOT, env.get("PYTHONPATH", "")) if p
-        )
-        argv = [sys.executable, "-m", ENTRY, str(fd), self.segment.path, str(self.size),
-                str(wid), repr(time.time())]
+        path = worker_path()
+        argv = [sys.executable, *SAFE_PATH, "-c", BOOT, str(len(path)), *path, str(fd),
+                self.segment.path, str(self.size), str(wid), repr(time.time())]
         try:
             self.launched[wid] = time.monotonic()
-            popen = subprocess.Popen(argv, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
+            popen = subprocess.Popen(argv, pass_fds=(fd,), env=worker_env(),
+                                     stdin=subprocess.DEVNULL)
         except BaseException:
             ours.close()
             raise
@@ -289,11 +320,7 @@ def _load(path: str, size: int) -> tuple[Any, tuple, list[str], float]:
         data = f.read(size)
     before = set(sys.modules)
     t0 = time.perf_counter()
-    path_list, blob = pickle.load(io.BytesIO(data))
-    for entry in reversed(path_list):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    target, args = pickle.loads(blob)  # cloudpickle's own helpers load only if used
+    target, args = pickle.loads(data)  # cloudpickle's own helpers load only if used
     seconds = time.perf_counter() - t0
     new = sorted({m.split(".")[0] for m in set(sys.modules) - before} - {"stoker", "cloudpickle"})
     return target, args, new, seconds
@@ -315,6 +342,6 @@ def main(argv: list[str]) -> None:
 
 
 def payload_bytes(target: Any, args: tuple, parts: dict[str, Any]) -> bytes:
-    """What :class:`Launch` sends: this process's ``sys.path`` (so the worker imports the same
-    modules by reference) and the cloudpickled ``(target, args)``."""
-    return pickle.dumps((list(sys.path), pack((target, args), parts)))
+    """What :class:`Launch` sends: the cloudpickled ``(target, args)`` (the worker's
+    ``sys.path``, this process's, travels on its command line: :func:`worker_path`)."""
+    return pack((target, args), parts)
