@@ -109,3 +109,38 @@ def test_big_folder_scan_is_cached_and_refreshed_when_the_folder_changes(
     with pytest.raises(AssertionError, match="scanned"):
         NoScan(root, cache_dir=cache)
     assert len(FolderSource(root, cache_dir=cache)) == 2001
+
+
+def _csv(tmp_path, image_folder, text: str):
+    files = sorted(image_folder.glob("class_*/*.jpg"))[:3]
+    path = tmp_path / "t.csv"
+    path.write_text(text.format(*files))
+    return path
+
+
+@pytest.mark.parametrize(
+    "text,error",
+    [  # a header naming no path column is never read by position
+        ("label\n0\n1\n2\n", r"t\.csv: the header \(label\) names no image path column; name "
+         r"it one of path, image, filename, file.*labels alone"),
+        ("img,label\n{0},0\n{1},1\n", r"header \(img, label\) names no image path column"),
+        ("label,mask\n{0},{1}\n", r"names no image path column.*image,mask"),
+        # an unknown second column is not taken as the target by elimination
+        ("file,score\n{0},0.5\n{1},1.5\n", r"has no label column and other columns \(score\).*"
+         r"label, class, cls, target.*label_column='score'"),
+    ],
+)
+def test_a_csv_header_is_read_by_name_or_refused_naming_what_it_found(
+    tmp_path, image_folder, text, error
+):
+    with pytest.raises(SourceError, match=error):
+        open_source(_csv(tmp_path, image_folder, text))
+
+
+def test_documented_label_aliases_are_read_by_name(tmp_path, image_folder):
+    src = open_source(_csv(tmp_path, image_folder, "file,cls\n{0},cat\n{1},dog\n{2},cat\n"))
+    assert src.classes == ["cat", "dog"] and src.labels.tolist() == [0, 1, 0]
+    src = open_source(_csv(tmp_path, image_folder, "target,image\n2,{0}\n1,{1}\n0,{2}\n"))
+    assert src.labels.tolist() == [2, 1, 0] and src.name(0).endswith(".jpg")
+    src = open_source(_csv(tmp_path, image_folder, "file,score\n{0},0.5\n"), label_column="score")
+    assert src.labels.tolist() == [0.5]

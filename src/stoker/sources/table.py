@@ -27,8 +27,9 @@ def encode_labels(raw: list[Any], where: str) -> tuple[np.ndarray, list[str] | N
 
 
 PATH_NAMES = ("path", "image", "filename", "file")
+#: Header names taken as the target without ``label_column=`` (the first found, in this order).
+LABEL_NAMES = ("label", "class", "cls", "target")
 HEADER_NAMES = (*PATH_NAMES, "label", "mask")
-
 
 
 def _exists(path: Path) -> bool:
@@ -90,13 +91,8 @@ class _Rows:
         """Take the columns by name from a header row."""
         names = [c.strip() for c in row]
         lower = [c.lower() for c in names]
-        self.path_col = next((lower.index(n) for n in PATH_NAMES if n in lower), 0)
+        self.path_col = self._path_column(names, lower)
         if "mask" in lower:
-            if not any(n in lower for n in PATH_NAMES):
-                raise SourceError(
-                    f"{self.table}: the header has a mask column but no image (or path) column; "
-                    "write the header as image,mask"
-                )
             self.mask_col = lower.index("mask")
         wanted = self._wanted(names, lower)
         self.label_cols = [self._find(names, n) for n in wanted]
@@ -106,24 +102,40 @@ class _Rows:
             self.extra_cols[name] = self._find(names, name)
             self.extra_cells[name] = _Cells()
 
+    def _path_column(self, names: list[str], lower: list[str]) -> int:
+        """The image path's column: named one of ``PATH_NAMES``, never taken by position (a
+        header of labels alone would read every label as a file)."""
+        found = next((lower.index(n) for n in PATH_NAMES if n in lower), None)
+        if found is None:
+            shape = "image,mask" if "mask" in lower else "path,label"
+            raise SourceError(
+                f"{self.table}: the header ({', '.join(names)}) names no image path column; "
+                f"name it one of {', '.join(PATH_NAMES)} (e.g. {shape}). A table of labels "
+                "alone cannot be loaded: each row needs its image file"
+            )
+        return found
+
     def _wanted(self, names: list[str], lower: list[str]) -> list[str]:
-        """The label column name(s): ``label_column`` as given, else ``label``, else the one
-        column that is neither the path nor the mask."""
+        """The label column name(s): ``label_column`` as given, else the first of
+        ``LABEL_NAMES`` in the header, else none (unlabeled) when every other column is the
+        mask or an extra column asked for. Another column is never taken as the target by
+        elimination: the error names it and says to pass ``label_column=``."""
         if self.wanted is not None:
             return [self.wanted] if isinstance(self.wanted, str) else list(self.wanted)
-        if "label" in lower:
-            return [names[lower.index("label")]]
+        known = next((n for n in LABEL_NAMES if n in lower), None)
+        if known is not None:
+            return [names[lower.index(known)]]
         rest = [n for k, n in enumerate(names) if k not in (self.path_col, self.mask_col) and n]
         rest = [n for n in rest if n not in self.extra]
-        if self.mask_col is not None or not rest:
-            return []
-        if len(rest) > 1:
+        if rest:
             raise SourceError(
-                f"{self.table}: the header has no 'label' column and several others "
-                f"({', '.join(rest)}); pick the target with label_column='{rest[0]}' (or a list "
-                "of columns for a vector target)"
+                f"{self.table}: the header ({', '.join(names)}) has no label column and other "
+                f"columns ({', '.join(rest)}) stoker does not guess at; name the target column "
+                f"one of {', '.join(LABEL_NAMES)}, pick it with label_column='{rest[0]}' (or a "
+                "list of columns for a vector target), or drop the other columns for an "
+                "unlabeled table"
             )
-        return rest
+        return []
 
     def _find(self, names: list[str], name: str) -> int:
         if name in names:
