@@ -49,6 +49,8 @@ class StatsReport:
     #: Seconds the slowest worker took to start (0 without workers), and the parts of it.
     startup_s: float = 0.0
     startup: str = ""
+    #: How the workers' thread pools are sized (empty without workers).
+    worker_threads: str = ""
     #: seconds in the training loop after the first batch (the base of wait share and img/s)
     train_s: float = 0.0
     #: seconds outside the training loop: validation, checkpoints, between epochs
@@ -110,6 +112,7 @@ class StatsReport:
             ),
             f"  workers: {self.workers} ({self.workers_reason}); prefetch: {self.prefetch} "
             f"batches ({self.prefetch_reason}); memory in {self.memory_folder}",
+            *([f"  {self.worker_threads}"] if self.worker_threads else []),
             f"  skipped samples: {self.skipped}",
         ]
         lines += _listed(self.bad_files)

@@ -149,6 +149,20 @@ def workers(value: Any) -> tuple[int, str]:
     return value, "set by you" if value else "in the calling process (workers=0)"
 
 
+def worker_threads(value: Any) -> int | None:
+    """Threads per pool (torch, OpenMP/BLAS, OpenCV, TensorFlow, XLA) in each worker: a
+    positive int (1, the default: the workers are the parallelism) or None (each library's own
+    default, the environment as the trainer has it)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(
+            f"worker_threads={value!r}: give the threads each worker's pools may use, a positive "
+            "integer (1, the default), or None to leave each library's own default"
+        )
+    return int(value)
+
+
 MAX_WORKERS_PER_CORE = 4
 WORKER_MIB = 45  # typical resident memory of one idle worker (numpy + OpenCV imported)
 

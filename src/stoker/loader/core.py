@@ -18,6 +18,7 @@ from ..sources.targets import class_ids
 from ..stats import Stats, StatsReport, WaitMeter
 from ..workers.engine import Engine
 from ..workers.launch import describe as describe_start
+from ..workers.threads import describe as describe_threads
 from . import config, wiring
 from .compat import EpochSampler, Samples
 from .consumer import Guard
@@ -70,6 +71,7 @@ class Loader:
         shuffle: bool = True,
         seed: int = 0,
         workers: Any = "auto",
+        worker_threads: int | None = 1,
         drop_last: bool | None = None,
         prefetch: Any = "auto",
         max_errors: Any = 0.001,
@@ -93,6 +95,7 @@ class Loader:
         self.shuffle = config.flag("shuffle", shuffle)
         self.workers, self._workers_reason = config.workers(workers)
         self._auto_workers = isinstance(workers, str) and workers == "auto"
+        self.worker_threads = config.worker_threads(worker_threads)
         self._prefetch_arg = config.prefetch_arg(prefetch)
         self.start_method = config.start_method(start_method)
         self.reads = config.read_settings(read_ahead, page_cache, self.timeout)
@@ -298,7 +301,8 @@ class Loader:
             "batch_fn": self._batch_fn,
         }
         self._run.start_pool(
-            spec, self.workers, self._prefetch_arg, self._batches, self.timeout, self.source.name
+            spec, self.workers, self._prefetch_arg, self._batches, self.timeout, self.source.name,
+            self.worker_threads,
         )
 
     # ------------------------------------------------------------------ state
@@ -372,6 +376,7 @@ class Loader:
             decoder=decoder_name(),
             startup_s=startup_s,
             startup=startup,
+            worker_threads=describe_threads(self.worker_threads) if self.workers else "",
             from_storage=bool(self.source.from_storage),
         )
 

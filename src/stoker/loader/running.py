@@ -164,9 +164,9 @@ class Running:
         self._reason, self.folder = "none: workers=0 loads on demand", "process memory"
 
     def start_pool(self, spec: dict[str, Any], workers: int, prefetch: Any, batches: int,
-                   timeout: float, name: Any) -> None:
-        """Start ``workers`` processes and the prefetch engine over a ring in shared memory;
-        a failed start leaves no worker and no segment."""
+                   timeout: float, name: Any, threads: int | None = 1) -> None:
+        """Start ``workers`` processes (``threads`` per thread pool in each) and the prefetch
+        engine over a ring in shared memory; a failed start leaves no worker and no segment."""
         layout: SlotLayout = spec["layout"]
         clean_stale()
         per_worker, deepest, slots, self._reason = config.prefetch(
@@ -175,7 +175,7 @@ class Running:
         self.folder = pick_folder(slots * layout.nbytes)
         shutdown.register(self)
         try:
-            self.pool = WorkerPool(workers, spec, timeout)
+            self.pool = WorkerPool(workers, spec, timeout, threads)
             self.started = self.pool.started
             self.engine = Engine(
                 self.pool, layout, slots, per_worker, batches, self.folder, timeout, name, deepest

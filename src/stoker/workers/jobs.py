@@ -103,10 +103,8 @@ def _stop(procs: list[Process], conns: list[Connection]) -> None:
 
 
 def _job_loop(wid: int, conn: Connection, fn: Callable[..., Any], ticks: bool) -> None:
-    """In a worker process: run the jobs it is given until told to stop."""
-    import cv2
-
-    cv2.setNumThreads(1)  # one process per core already; cv2's own threads would contend
+    """In a worker process (its thread pools at one thread each, one process per core
+    already): run the jobs it is given until told to stop."""
 
     def tick(count: int) -> None:
         conn.send(("tick", count))

@@ -35,6 +35,7 @@ from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any, NoReturn
 
 from ..errors import ConfigError, WorkerDied, WorkerHung
+from . import threads as threads_mod
 from .errors import describe_exit, pack_exception, unpack_exception
 from .slots import Segment, pick_folder
 
@@ -233,13 +234,14 @@ def worker_env() -> dict[str, str]:
 
 
 class Launch:
-    """Workers being started: one shared copy of the payload, a process and socket each."""
+    """Workers being started: one shared copy of the payload, a process and socket each;
+    ``threads`` sizes each worker's thread pools (None: left alone, see :mod:`.threads`)."""
 
-    def __init__(self, blob: bytes) -> None:
+    def __init__(self, blob: bytes, threads: int | None = 1) -> None:
         folder = pick_folder(len(blob), "the workers' settings")
         self.segment = Segment.create(len(blob), "launch", folder)
         self.segment.map[: len(blob)] = blob
-        self.size = len(blob)
+        self.size, self.threads = len(blob), threads
         self.launched: dict[int, float] = {}
 
     def start(self, wid: int) -> tuple[Process, Connection]:
@@ -251,10 +253,11 @@ class Launch:
         fd = theirs.fileno()
         path = worker_path()
         argv = [sys.executable, *SAFE_PATH, "-c", BOOT, str(len(path)), *path, str(fd),
-                self.segment.path, str(self.size), str(wid), repr(time.time())]
+                self.segment.path, str(self.size), str(wid), repr(time.time()), str(self.threads)]
         try:
             self.launched[wid] = time.monotonic()
-            popen = subprocess.Popen(argv, pass_fds=(fd,), env=worker_env(),
+            env = threads_mod.environment(self.threads, worker_env())
+            popen = subprocess.Popen(argv, pass_fds=(fd,), env=env,
                                      stdin=subprocess.DEVNULL)
         except BaseException:
             ours.close()
@@ -332,6 +335,7 @@ def main(argv: list[str]) -> None:
     fd, path, size, wid, launched = int(argv[0]), argv[1], int(argv[2]), int(argv[3]), argv[4]
     conn = Connection(fd)
     try:
+        threads_mod.limit(None if argv[5] == "None" else int(argv[5]))  # before any user code
         target, args, imported, settings_s = _load(path, size)
     except BaseException as exc:  # noqa: BLE001 - every start failure goes to the parent
         conn.send(("failed", pack_exception(exc, wid, None)))

@@ -140,7 +140,6 @@ def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> No
     threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
     import cv2
 
-    cv2.setNumThreads(1)  # one thread per worker process: the workers are the parallelism
     # bad files are reported once, by name, in the parent; OpenCV's own stderr lines would not be
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     spec.source.open_in_worker()
@@ -155,9 +154,11 @@ def _parts(spec: WorkerSpec) -> dict[str, Any]:
 
 
 class WorkerPool:
-    """The parent's side: the processes, their pipes, and the status array they update."""
+    """The parent's side: the processes, their pipes, and the status array they update;
+    ``threads`` sizes each worker's thread pools (see :mod:`.threads`)."""
 
-    def __init__(self, count: int, spec_args: dict[str, Any], timeout: float) -> None:
+    def __init__(self, count: int, spec_args: dict[str, Any], timeout: float,
+                 threads: int | None = 1) -> None:
         self.status_seg = Segment.create(count * STATUS_FIELDS * 8, "status")
         self.status = self.status_seg.array(np.int64, (count, STATUS_FIELDS))
         self.status[:] = -1
@@ -168,7 +169,8 @@ class WorkerPool:
         self.started: list[StartReport] = []
         launch: Launch | None = None
         try:
-            launch = Launch(payload_bytes(worker_main, (spec, os.getpid()), _parts(spec)))
+            blob = payload_bytes(worker_main, (spec, os.getpid()), _parts(spec))
+            launch = Launch(blob, threads)
             for wid in range(count):
                 proc, conn = launch.start(wid)
                 reaper.track_process(proc.pid)
