@@ -20,11 +20,11 @@ SCRIPT = textwrap.dedent(
         images = np.random.default_rng(0).integers(0, 255, (300, 128, 128, 3), dtype=np.uint8)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            with stoker.Loader(images, labels=np.arange(300), batch_size=64, image_size=224,
+            with stoker.Loader(images, labels=np.arange(300), batch_size=64, image_size=320,
                                workers=2, augment=None, shuffle=False) as loader:
                 got = [x.copy() for x, _ in loader]
                 print("FOLDER", loader.stats().memory_folder)
-        assert len(got) == 5 and got[0].shape == (64, 224, 224, 3)
+        assert len(got) == 5 and got[0].shape == (64, 320, 320, 3)
         said = [str(w.message) for w in caught if "/dev/shm has" in str(w.message)]
         print("WARNED", bool(said))
         print("NAMES TMP", all(f"memory in {{tempfile.gettempdir()}} " in m for m in said))

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 
 from ..assemble import Report
-from ..errors import WorkerHung
+from ..errors import WorkerHung, one_line
 from .errors import unpack_exception
 from .pool import WorkerPool
-from .slots import Segment, SlotLayout
+from .slots import Segment, ShmFullError, SlotLayout
 
 Key = tuple[int, int]
 POLL_S = 0.2
@@ -201,10 +201,23 @@ class Engine:
         for _, removed in self.watchers:
             removed(old)
         old.unlink()
-        self.segments[slot] = new = Segment.create(self.layout.nbytes, f"slot{slot}", self.folder)
+        try:
+            new = Segment.create(self.layout.nbytes, f"slot{slot}", self.folder)
+        except ShmFullError:
+            raise ShmFullError(old.path, self.layout.nbytes, self._kept_fix()) from None
+        self.segments[slot] = new
         for added, _ in self.watchers:
             added(new)
         self.orphaned += 1
+
+    def _kept_fix(self) -> str:
+        """What to do when the batches the consumer keeps have used up the shared memory."""
+        return (
+            f"the training loop keeps the arrays of {self.orphaned + 1} batches it was given, and "
+            "each one kept holds its own segment. Copy what you keep (images.copy()) or drop "
+            f"old batches; a smaller batch_size or prefetch would not help. ({self.folder} is "
+            "full with what is kept)"
+        )
 
     def _wait_one(self, key: Key) -> None:
         """Handle replies for up to ``timeout`` seconds; liveness checked between polls."""
@@ -252,18 +265,40 @@ class Engine:
                 self._deepen(share)
 
     def _deepen(self, share: float) -> None:
-        """One more batch in flight per worker: a new slot for each worker."""
+        """One more batch in flight per worker: a new slot for each worker. Where the memory
+        folder has no room for them (or a limit refuses them), the ring stays at its depth and
+        stops trying; ``deepened`` says why."""
+        added: list[Segment] = []
+        try:
+            for k in range(len(self.load)):
+                slot = len(self.segments) + k
+                added.append(Segment.create(self.layout.nbytes, f"slot{slot}", self.folder))
+        except OSError as exc:
+            for seg in added:
+                seg.unlink()
+                seg.close()
+            self.deepest = self.per_worker
+            self.deepened = self._not_deeper(share, exc)
+            return
         self.per_worker += 1
-        for _ in self.load:
-            slot = len(self.segments)
-            seg = Segment.create(self.layout.nbytes, f"slot{slot}", self.folder)
+        for seg in added:
+            self.free.append(len(self.segments))
             self.segments.append(seg)
-            for added, _ in self.watchers:
-                added(seg)
-            self.free.append(slot)
+            for watch, _ in self.watchers:
+                watch(seg)
         self.deepened = (
             f"; deepened to {self.per_worker} per worker: the workers waited for work "
             f"{idle_words(share)} their fill time while the consumer waited for batches"
+        )
+
+    def _not_deeper(self, share: float, exc: OSError) -> str:
+        """Why the ring did not deepen although the workers waited for work."""
+        need = len(self.load) * self.layout.nbytes
+        return (
+            f"{self.deepened}; stays at {self.per_worker} per worker: a deeper ring would have "
+            f"had batches ready (the workers waited for work {idle_words(share)} their fill "
+            f"time while the consumer waited), but its {need / 2**20:.1f} MiB more could not "
+            f"be made in {self.folder} ({one_line(exc)}). Enlarge it or free room there"
         )
 
     def close(self) -> None:

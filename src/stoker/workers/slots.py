@@ -115,14 +115,29 @@ def _unlink_quietly(path: str, creator: int | None = None) -> None:
 
 
 class ShmFullError(StokerError, OSError):
-    """Not enough room in the segment folder for a shared-memory segment."""
+    """Not enough room in the segment folder for a shared-memory segment; ``fix`` says what
+    to do (by default: what frees room for the batch ring in that folder)."""
 
-    def __init__(self, path: str, size: int) -> None:
+    def __init__(self, path: str, size: int, fix: str | None = None) -> None:
         folder = os.path.dirname(path)
         super().__init__(
-            f"no room for a {_size(size)} shared-memory segment in {folder}: lower "
-            "batch_size or prefetch, or enlarge it (docker run --shm-size=2g)"
+            f"no room for a {_size(size)} shared-memory segment in {folder}: "
+            f"{fix or room_fix(folder)}"
         )
+
+
+def room_fix(folder: str) -> str:
+    """How to make room for the batch ring in ``folder``: a smaller ring, or a bigger folder
+    (Docker's ``--shm-size`` only for ``/dev/shm``, which it sizes)."""
+    if folder == SHM_DIR:
+        return (
+            "lower batch_size or prefetch, or enlarge /dev/shm (docker run --shm-size=2g; "
+            "on a host: mount -o remount,size=8g /dev/shm)"
+        )
+    return (
+        f"lower batch_size or prefetch, free space in {folder}, or point TMPDIR at a folder "
+        "with room (file-backed memory is used there because /dev/shm is too small)"
+    )
 
 
 def _size(nbytes: int) -> str:
@@ -351,16 +366,53 @@ class SlotLayout:
         return {n: np.empty((self.batch_size, *s), np.dtype(d)) for n, d, s in self.fields}
 
 
+#: Room a folder keeps for others when stoker picks it (the shared memory of other programs,
+#: segments stoker makes later): the smaller of this and ``MARGIN_SHARE`` of its size.
+MARGIN_BYTES = 64 << 20
+MARGIN_SHARE = 1 / 8
+GROWTH = 1.25  # room asked beyond the segments made now: deepening, slots of kept batches
+
+
+def folder_room(folder: str) -> tuple[int, int]:
+    """``(free bytes, total bytes)`` of the file system holding ``folder`` (0, 0 if none)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return 0, 0
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
+def margin(total: int) -> int:
+    """The room left for others in a file system of ``total`` bytes."""
+    return int(min(MARGIN_BYTES, total * MARGIN_SHARE))
+
+
 def pick_folder(total_bytes: int, what: str = "the batch ring") -> str:
-    """``/dev/shm`` when it has room for ``total_bytes`` with a margin, else the temp folder
-    (with a warning naming ``what`` needs the room)."""
-    free = shm_free_bytes()
-    if free >= total_bytes * 1.25 + (64 << 20) or not os.path.isdir(tempfile.gettempdir()):
+    """``/dev/shm`` when it has room for ``total_bytes`` (with growth and a margin), else the
+    temp folder when that has the room (with a warning naming ``what`` needs it); when neither
+    has, the one where ``total_bytes`` fits at all (``/dev/shm`` first), else the one with more
+    free room: a failure there then names that folder and its fix."""
+    tmp = tempfile.gettempdir()
+    if not os.path.isdir(tmp):
         return SHM_DIR
+    want = int(total_bytes * GROWTH)
+    (shm_free, shm_total), (tmp_free, tmp_total) = folder_room(SHM_DIR), folder_room(tmp)
+    if shm_free >= want + margin(shm_total):
+        return SHM_DIR
+    if tmp_free >= want + margin(tmp_total):
+        _warn_file_backed(what, want, shm_free, margin(shm_total), tmp, tmp_free)
+        return tmp
+    if shm_free >= total_bytes or shm_free >= tmp_free:
+        return SHM_DIR
+    _warn_file_backed(what, want, shm_free, margin(shm_total), tmp, tmp_free)
+    return tmp
+
+
+def _warn_file_backed(what: str, want: int, free: int, kept: int, tmp: str, tmp_free: int) -> None:
     warnings.warn(
-        f"/dev/shm has {free / 2**20:.0f} MiB free but {what} needs {_size(total_bytes)} (plus a "
-        f"64 MiB margin); using file-backed memory in {tempfile.gettempdir()} "
-        "instead (slower to start). Enlarge /dev/shm (docker run --shm-size=2g) to avoid this.",
-        stacklevel=3,
+        f"/dev/shm has {_size(free)} free but {what} needs {_size(want)} (with room to grow) "
+        f"and {_size(kept)} is left for other programs; using file-backed memory in {tmp} "
+        f"({_size(tmp_free)} free) instead (slower to start). Enlarge /dev/shm (docker run "
+        "--shm-size=2g) to avoid this.",
+        stacklevel=4,
     )
-    return tempfile.gettempdir()

@@ -1,0 +1,142 @@
+"""Resource faults end clean: a full /dev/shm and /tmp never fail a run through the automatic
+deepening, the /dev/shm-or-/tmp choice compares what is needed with what each has, and every
+message names the true cause and its fix."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+
+import pytest
+
+import chaos_env
+from stoker.workers import slots
+from stoker.workers.slots import ShmFullError, pick_folder
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def needs_namespace() -> None:
+    why = chaos_env.namespace_reason()
+    if why is not None:
+        pytest.skip(f"needs a private mount namespace: {why}")
+
+
+def _run(code: str, **namespace: object) -> subprocess.CompletedProcess:
+    argv = chaos_env.python(textwrap.dedent(code))
+    return chaos_env.run_in_namespace(argv, **namespace)  # type: ignore[arg-type]
+
+
+FILL = """
+    def fill(folder):
+        with open(os.path.join(folder, "filler"), "wb") as f:
+            try:
+                while True:
+                    f.write(b"\\0" * (1 << 16))
+                    f.flush()
+            except OSError:
+                pass
+"""
+
+
+@pytest.mark.timeout(180)
+def test_deepening_into_a_full_dev_shm_and_tmp_stays_at_its_depth_and_says_why(
+    tmp_path, needs_namespace
+):
+    """/dev/shm and /tmp fill up mid-run; the engine is then asked to deepen (as its measure
+    would, called directly so the test does not depend on timing): the run goes on at the
+    depth it had, and stats() says why it did not deepen."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    code = FILL + """
+    import os, tempfile
+    import numpy as np, stoker
+    images = np.arange(48 * 16 * 16 * 3, dtype=np.uint64).astype(np.uint8).reshape(48, 16, 16, 3)
+    with stoker.Loader(images, batch_size=4, workers=2, augment=None, shuffle=False) as loader:
+        it = iter(loader)
+        first = next(it)[0].copy()
+        fill("/dev/shm")
+        fill(tempfile.gettempdir())
+        engine = loader._run.engine
+        before = len(engine.segments)
+        engine._deepen(0.5)
+        rest = [x.copy() for x, _ in it]
+        print("SAME", len(engine.segments) == before, engine.per_worker)
+        print("BATCHES", 1 + len(rest), np.array_equal(np.concatenate([first, *rest]), images))
+        print("STATS", str(loader.stats()).replace(chr(10), " | "))
+    left = [n for d in ("/dev/shm", tempfile.gettempdir()) for n in os.listdir(d)
+            if n.startswith("stoker_")]
+    print("LEFT", left)
+    """
+    out = _run(code, shm="64m", tmp=(str(folder), "16m"), timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SAME True 1" in out.stdout and "BATCHES 12 True" in out.stdout, out.stdout
+    assert "stays at 1 per worker: a deeper ring would have had batches ready" in out.stdout
+    assert "could not be made in /dev/shm" in out.stdout and "LEFT []" in out.stdout
+
+
+def _rooms(monkeypatch, shm: tuple[int, int], tmp: tuple[int, int]) -> None:
+    monkeypatch.setattr(slots, "folder_room", lambda f: shm if f == slots.SHM_DIR else tmp)
+
+
+def test_a_ring_that_fits_dev_shm_is_not_sent_to_a_smaller_tmp(monkeypatch, recwarn):
+    _rooms(monkeypatch, shm=(40 * MiB, 64 * MiB), tmp=(10 * MiB, 20 * MiB))
+    assert pick_folder(30 * MiB) == "/dev/shm"  # fits without the margin, /tmp is smaller
+    assert pick_folder(12 * 1024, "the workers' settings") == "/dev/shm"  # tiny: fits well
+    assert not recwarn.list
+    _rooms(monkeypatch, shm=(40 * MiB, 64 * MiB), tmp=(900 * MiB, 1000 * MiB))
+    with pytest.warns(UserWarning, match=r"/dev/shm has 40.0 MiB free but the batch ring needs "
+                      r"62.5 MiB \(with room to grow\) and 8.0 MiB is left for other programs; "
+                      r"using file-backed memory in .* \(900.0 MiB free\)"):
+        assert pick_folder(50 * MiB) != "/dev/shm"  # does not fit: /tmp has the room
+    _rooms(monkeypatch, shm=(20 * MiB, 64 * MiB), tmp=(30 * MiB, 40 * MiB))
+    with pytest.warns(UserWarning):
+        assert pick_folder(25 * MiB) != "/dev/shm"  # fits neither with growth: the larger
+
+
+@pytest.mark.timeout(120)
+def test_a_ring_that_fits_a_small_dev_shm_starts_there_beside_a_smaller_tmp(
+    tmp_path, needs_namespace
+):
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    code = """
+    import numpy as np, stoker
+    images = np.zeros((16, 32, 32, 3), np.uint8)
+    with stoker.Loader(images, batch_size=4, image_size=1024, workers=2, augment=None) as loader:
+        print("BATCHES", sum(1 for _ in loader), loader.stats().memory_folder)
+    """  # 4 slots of 12 MiB: 48 MiB fits a 64 MiB /dev/shm, not the 16 MiB /tmp
+    out = _run(code, shm="64m", tmp=(str(folder), "16m"), timeout=100)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "BATCHES 4 /dev/shm" in out.stdout
+
+
+def test_messages_name_the_folder_and_the_fix_that_applies():
+    ring = str(ShmFullError("/dev/shm/stoker_1_x_1_slot0", 5 * MiB))
+    assert "lower batch_size or prefetch" in ring and "--shm-size" in ring
+    tmp = str(ShmFullError("/tmp/stoker_1_x_1_slot0", 5 * MiB))
+    assert "in /tmp:" in tmp and "--shm-size" not in tmp and "TMPDIR" in tmp
+
+
+@pytest.mark.timeout(180)
+def test_kept_batches_filling_shared_memory_say_to_copy_them_not_to_lower_batch_size(
+    tmp_path, needs_namespace
+):
+    code = """
+    import numpy as np, stoker
+    images = np.zeros((400, 64, 64, 3), np.uint8)
+    kept = []
+    try:
+        with stoker.Loader(images, batch_size=8, image_size=512, workers=1,
+                           augment=None) as loader:
+            for x, _ in loader:
+                kept.append(x)  # each kept batch holds its slot's segment
+    except stoker.errors.StokerError as exc:
+        print("ERROR", type(exc).__name__, exc)
+    """  # a 6 MiB slot; a 64 MiB /dev/shm holds ten
+    out = _run(code, shm="64m", tmp=(str(tmp_path), "1m"), timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ERROR ShmFullError" in out.stdout, out.stdout
+    assert "keeps the arrays of" in out.stdout and "images.copy()" in out.stdout
+    assert "would not help" in out.stdout
