@@ -195,7 +195,7 @@ def test_palette_png_masks_give_indices(tmp_path) -> None:
 @pytest.mark.timeout(30)
 def test_mask_configuration_errors(tmp_path) -> None:
     images = np.zeros((4, 16, 16, 3), np.uint8)
-    with pytest.raises(ConfigError, match="masks"):
+    with pytest.raises(ConfigError, match=r"called as \(image, mask, rng\)"):
         stoker.Loader(images, masks=np.zeros((4, 16, 16), np.uint8), augment=lambda x, r: x)
     with pytest.raises(SourceError, match="do not match"):
         stoker.Loader(images, masks=np.zeros((4, 8, 16), np.uint8))
@@ -235,3 +235,104 @@ def test_convert_refuses_mask_pairs(tmp_path) -> None:
     table = _write_pairs(tmp_path / "d", [(16, 16)] * 2)
     with pytest.raises(ConfigError, match="masks"):
         convert(table, tmp_path / "out")
+
+
+# ----------------------------------------------------------------- mask_map, callables, ops
+
+
+def _trimaps(root: pathlib.Path, n: int = 8) -> pathlib.Path:
+    """Image + mask PNG pairs whose masks hold trimap values 1, 2, 3 and VOC's 255 border."""
+    root.mkdir(parents=True, exist_ok=True)
+    lines = ["image,mask"]
+    for i in range(n):
+        image, mask = _pair(40, 56, i)
+        trimap = (mask % 3 + 1).astype(np.uint8)
+        trimap[:, :8] = 255
+        Image.fromarray(image).save(root / f"img{i}.png")
+        Image.fromarray(trimap, mode="L").save(root / f"mask{i}.png")
+        lines.append(f"img{i}.png,mask{i}.png")
+    (root / "pairs.csv").write_text("\n".join(lines) + "\n")
+    return root / "pairs.csv"
+
+
+@pytest.mark.timeout(120)
+def test_mask_map_remaps_values_in_the_workers_and_keeps_the_unnamed(tmp_path) -> None:
+    table = _trimaps(tmp_path / "d")
+    kw = {"batch_size": 4, "image_size": 24, "augment": None, "seed": 5}
+    with stoker.Loader(table, workers=0, **kw) as loader:
+        raw = _all(loader)
+    with stoker.Loader(table, workers=2, mask_map={1: 0, 2: 1, 3: 2}, **kw) as loader:
+        mapped = _all(loader)
+    lut = np.arange(256, dtype=np.uint8)
+    lut[[1, 2, 3]] = [0, 1, 2]
+    for (x0, m0), (x1, m1) in zip(raw, mapped, strict=True):
+        assert np.array_equal(x0, x1)
+        assert np.array_equal(lut[m0], m1)
+        assert set(np.unique(m1).tolist()) <= {0, 1, 2, 255} and 255 in m1
+
+
+@pytest.mark.timeout(60)
+def test_mask_map_offset_and_its_errors() -> None:
+    pairs = [_pair(32, 32, i) for i in range(4)]
+    images = np.stack([p[0] for p in pairs])
+    masks = np.stack([p[1] for p in pairs]) + 1  # 1..8
+    kw = {"batch_size": 4, "image_size": 32, "workers": 0, "augment": None, "shuffle": False}
+    with stoker.Loader(images, masks=masks, mask_map=-1, **kw) as loader:
+        ((_, m),) = _all(loader)
+    assert np.array_equal(m, masks - 1)
+    with stoker.Loader(images, masks=masks - 1, mask_map=-1, max_errors=0, **kw) as loader:
+        with pytest.raises(TooManyErrors, match="mask value 0 maps to -1"):
+            _all(loader)
+    with pytest.raises(ConfigError, match="no masks"):
+        stoker.Loader(images, mask_map={1: 0})
+    with pytest.raises(ConfigError, match="ints in 0-255"):
+        stoker.Loader(images, masks=masks, mask_map={1: -100})
+    with pytest.raises(ConfigError, match="dict of mask values"):
+        stoker.Loader(images, masks=masks, mask_map="trimap")
+
+
+def rot90_pair(image, mask, rng):
+    """A user's (image, mask, rng) transform: the same random quarter turn for both."""
+    k = int(rng.integers(4))
+    return np.rot90(image, k), np.rot90(mask, k)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize(
+    "augment",
+    [
+        [stoker.ops.RandomResizedCrop(scale=(0.3, 1.0)), stoker.ops.HorizontalFlip()],
+        rot90_pair,
+        [stoker.ops.CenterCrop(0.8), rot90_pair, stoker.ops.Resize(40)],
+    ],
+    ids=["stock-ops", "callable", "mixed"],
+)
+def test_callables_and_op_lists_move_the_mask_with_its_image(tmp_path, augment) -> None:
+    table = _write_pairs(tmp_path / "d", SIZES[:12])
+    kw = {"batch_size": 4, "image_size": (24, 32), "seed": 2}
+    with stoker.Loader(table, workers=0, augment=None, **kw) as loader:
+        plain = _all(loader)
+    with stoker.Loader(table, workers=0, augment=augment, **kw) as loader:
+        inline = _all(loader)
+    with stoker.Loader(table, workers=2, augment=augment, **kw) as loader:
+        pooled = _all(loader)
+    for (x0, m0), (x2, m2) in zip(inline, pooled, strict=True):
+        assert np.array_equal(x0, x2) and np.array_equal(m0, m2)
+        _check_aligned(x0, m0)  # the image's red channel still shows the mask's class
+        assert set(np.unique(m0).tolist()) <= set(range(8))  # nearest: no new values
+    assert any(not np.array_equal(m, p) for (_, m), (_, p) in zip(inline, plain, strict=True))
+
+
+def test_colour_ops_leave_the_mask_and_a_bad_pair_is_named() -> None:
+    image, mask = _pair(16, 16, 0)
+    rng = np.random.default_rng(0)
+    jittered, same = stoker.ops.ColorJitter(0.5, 0.5).pair(image, mask, rng)
+    assert same is mask and not np.array_equal(jittered, image)
+    images, masks = image[None].repeat(4, 0), mask[None].repeat(4, 0)
+    for wrong, match in [
+        (lambda im, m, r: im, "must return the pair"),
+        (lambda im, m, r: (im, m[:8]), "the image's size"),
+    ]:
+        with stoker.Loader(images, masks=masks, augment=wrong, batch_size=4, workers=0) as lo:
+            with pytest.raises(TypeError, match=match):
+                _all(lo)

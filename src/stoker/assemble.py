@@ -280,6 +280,8 @@ class Assembler:
             t1 = time.perf_counter()
             if mask_out is not None:
                 region, mask_region = self.pipeline.load_pair(data, mask, u, notes)
+                if self.pipeline.mask_map is not None:  # values mapped once, before geometry
+                    mask_region = self.pipeline.mask_map.apply(mask_region)
             else:
                 region = self.pipeline.load(data, u, notes)
         except DATA_ERRORS as exc:
@@ -292,9 +294,10 @@ class Assembler:
             report.warned.append((index, self._name(index, mask_out), "; ".join(notes)))
         t2 = time.perf_counter()
         rng = self._rng(epoch, index)
-        self.pipeline.finish(region, u, rng, image_out)
         if mask_out is not None:
-            self.pipeline.finish_mask(mask_region, u, mask_out)
+            self.pipeline.finish_pair(region, mask_region, u, rng, image_out, mask_out)
+        else:
+            self.pipeline.finish(region, u, rng, image_out)
         report.read_s += t1 - t0
         report.read_bytes += size_of(data) + (size_of(mask) if mask_out is not None else 0)
         report.decode_s += t2 - t1

@@ -9,6 +9,7 @@ results depend only on ``(seed, epoch, index)``.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -89,6 +90,7 @@ class Pipeline:
     reduce = True  # may the decoder shrink the region (DCT scaling) down to the output size?
     channels = 3  # of the output: 1 (grayscale), 3 (RGB) or 4 (RGBA); set by make_pipeline
     interpolation = "auto"  # the resize filter (see pixels.INTERPOLATIONS)
+    mask_map: Any = None  # ``Loader(mask_map=)``: a MaskMap applied to each decoded mask
 
     def __init__(self, size: tuple[int, int], fast: bool, max_pixels: int) -> None:
         self.size, self.fast, self.max_pixels = size, fast, max_pixels
@@ -156,6 +158,19 @@ class Pipeline:
         by up to half a source pixel)."""
         resize_mask_into(mask, out)
 
+    def finish_pair(
+        self,
+        region: np.ndarray,
+        mask: np.ndarray,
+        u: np.ndarray,
+        rng: Any,
+        out: np.ndarray,
+        mask_out: np.ndarray,
+    ) -> None:
+        """Write an image region and its mask region into ``out`` and ``mask_out``."""
+        self.finish(region, u, rng, out)
+        self.finish_mask(mask, u, mask_out)
+
 
 class TrainPipeline(Pipeline):
     """RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) and a random horizontal flip."""
@@ -210,7 +225,10 @@ class ResizePipeline(Pipeline):
 
 
 class CustomPipeline(Pipeline):
-    """Decode the whole image, run the user's callable(s) ``(image, rng) -> image``, fit to size."""
+    """Decode the whole image, run the user's callable(s) ``(image, rng) -> image``, fit to size.
+
+    With masks each callable is ``(image, mask, rng) -> (image, mask)`` (a stock op's
+    ``pair``), so one draw moves both; the mask is then resized nearest-neighbour."""
 
     needs_rng = True
     reduce = False
@@ -225,6 +243,75 @@ class CustomPipeline(Pipeline):
             image = op(image, rng)
         image = _check_user_image(image, self.ops)
         resize_into(pixels.to_channels(image, self.channels), out, self.interpolation)
+
+    def finish_pair(self, region, mask, u, rng, out, mask_out) -> None:
+        image = as_rgb(region) if self.channels == 3 else region
+        for op in self.ops:
+            image, mask = _pair_step(op, image, mask, rng)
+        image = _check_user_image(image, self.ops)
+        mask = _check_user_mask(mask, image, self.ops)
+        resize_into(pixels.to_channels(image, self.channels), out, self.interpolation)
+        resize_mask_into(mask, mask_out)
+
+
+def _pair_step(op: Any, image: np.ndarray, mask: np.ndarray, rng: Any) -> tuple[Any, Any]:
+    """One callable on an image and its mask: a stock op's ``pair``, else the user's
+    ``(image, mask, rng) -> (image, mask)``."""
+    pair = getattr(op, "pair", None)
+    out = pair(image, mask, rng) if pair is not None else op(image, mask, rng)
+    if not (isinstance(out, tuple) and len(out) == 2):
+        raise TypeError(
+            f"augment transform {_op_name(op)} returned {type(out).__name__}; with masks it is "
+            "called as (image, mask, rng) and must return the pair (image, mask)"
+        )
+    return out
+
+
+def _op_name(op: Any) -> str:
+    return getattr(op, "__name__", type(op).__name__)
+
+
+def check_mask_ops(ops: Sequence[Any]) -> None:
+    """Refuse, up front, a stock op that has no mask form (``pair``) for a source with masks."""
+    for op in ops:
+        if hasattr(op, "pair"):
+            continue
+        if type(op).__module__.startswith("stoker."):
+            raise ConfigError(
+                f"augment: stoker.ops.{type(op).__name__} has no mask form, so a source with "
+                "masks cannot use it; drop it, or wrap it in your own (image, mask, rng) -> "
+                "(image, mask) function that applies its geometry to the mask"
+            )
+        if not _takes(op, 3):
+            raise ConfigError(
+                f"augment={_op_name(op)}: with masks each callable is called as (image, mask, "
+                "rng) and returns (image, mask), the same geometry applied to both "
+                "(nearest-neighbour for the mask); this one cannot take three arguments"
+            )
+
+
+def _takes(fn: Any, count: int) -> bool:
+    """Whether ``fn`` can be called with ``count`` positional arguments (True if unknown)."""
+    try:
+        inspect.signature(fn).bind(*range(count))
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (some builtins): find out when it is called
+        return True
+    return True
+
+
+def _check_user_mask(mask: Any, image: np.ndarray, ops: list[Any]) -> np.ndarray:
+    """A user transform's mask: ``uint8`` ``(h, w)``, the size of the image it returned."""
+    arr = np.asarray(mask)
+    if arr.dtype != np.uint8 or arr.ndim != 2 or arr.shape != image.shape[:2]:
+        names = ", ".join(_op_name(op) for op in ops)
+        raise TypeError(
+            f"augment transform ({names}) returned a {arr.dtype} mask of shape {arr.shape} "
+            f"with an image of shape {image.shape}; the mask must be uint8 (h, w), the "
+            "image's size: apply the same geometry to both (nearest-neighbour for the mask)"
+        )
+    return arr
 
 
 def _check_user_image(image: Any, ops: list[Any]) -> np.ndarray:
@@ -258,6 +345,13 @@ class RandomResizedCrop:
         )
         return image[t : t + h, left : left + w]
 
+    def pair(self, image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Any:
+        """The same crop of an image and its mask."""
+        box = random_resized_crop_box(
+            image.shape[0], image.shape[1], rng.random(40), self.scale, self.ratio
+        )
+        return _cut(image, box), _cut(mask, box)
+
 
 class CenterCrop:
     """Op: keep the centre ``fraction`` of each side."""
@@ -269,6 +363,10 @@ class CenterCrop:
         h, w = image.shape[:2]
         ch, cw = max(1, round(h * self.fraction)), max(1, round(w * self.fraction))
         return image[(h - ch) // 2 : (h - ch) // 2 + ch, (w - cw) // 2 : (w - cw) // 2 + cw]
+
+    def pair(self, image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Any:
+        """The same centre crop of an image and its mask."""
+        return self(image, rng), self(mask, rng)
 
 
 class Resize:
@@ -282,6 +380,12 @@ class Resize:
         resize_into(as_rgb(image), out)
         return out
 
+    def pair(self, image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Any:
+        """The image resized; its mask resized nearest-neighbour (no new values)."""
+        out = np.empty(self.size, np.uint8)
+        resize_mask_into(mask, out)
+        return self(image, rng), out
+
 
 class HorizontalFlip:
     """Op: mirror left-right with probability ``p``."""
@@ -291,6 +395,11 @@ class HorizontalFlip:
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return image[:, ::-1] if rng.random() < self.p else image
+
+    def pair(self, image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Any:
+        """Both mirrored, or neither."""
+        flip = rng.random() < self.p
+        return (image[:, ::-1], mask[:, ::-1]) if flip else (image, mask)
 
 
 class ColorJitter:
@@ -305,6 +414,10 @@ class ColorJitter:
         img = np.asarray(image, dtype=np.float32)
         mean = img.mean()
         return np.clip((img - mean) * c + mean * b, 0, 255).astype(np.uint8)
+
+    def pair(self, image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Any:
+        """Colours change; the mask does not."""
+        return self(image, rng), mask
 
 
 def make_pipeline(

@@ -4,12 +4,13 @@ indices, gray values or the red channel), never RGB colours."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import cv2
 import numpy as np
 from PIL import Image
 
-from ..errors import DecodeError, DecompressionBombError
+from ..errors import ConfigError, DecodeError, DecompressionBombError
 from . import png, webp
 from .common import ImageInfo
 
@@ -62,3 +63,50 @@ def as_mask(image: np.ndarray) -> np.ndarray:
             f"mask values span {image.min()}..{image.max()}; stoker masks are uint8 (0-255)"
         )
     return image.astype(np.uint8)
+
+
+class MaskMap:
+    """``Loader(mask_map=)``: a mapping of mask values applied to every decoded mask, as a
+    256-entry lookup table. A dict ``{stored: wanted}`` maps the values it names and keeps the
+    others (``{1: 0, 2: 1, 3: 2}`` for Oxford pets' trimaps; ``{255: 255}`` is a no-op); an
+    int adds an offset (``-1``: 1..3 -> 0..2). A value that maps outside 0-255 makes its mask
+    bad data (named, counted against ``max_errors``), never a silently wrapped value."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        table = np.arange(256, dtype=np.int64)
+        if isinstance(value, dict):
+            for stored, wanted in value.items():
+                _check_value("a key", stored, value)
+                _check_value("a value", wanted, value)
+                table[int(stored)] = int(wanted)
+        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            table += int(value)
+        else:
+            raise ConfigError(
+                f"mask_map={value!r}: give a dict of mask values {{stored: wanted}} (e.g. "
+                "{1: 0, 2: 1, 3: 2, 255: 255}) or an int offset (-1)"
+            )
+        self.valid = (table >= 0) & (table <= 255)
+        self.table = np.where(self.valid, table, 0).astype(np.uint8)
+
+    def apply(self, mask: np.ndarray) -> np.ndarray:
+        """The mapped mask (a new array); DecodeError for a value with no uint8 image."""
+        if not self.valid.all():
+            bad = ~self.valid[mask]
+            if bad.any():
+                v = int(mask[bad][0])
+                raise DecodeError(
+                    f"mask value {v} maps to {v + int(self.value)} with mask_map={self.value}, "
+                    "outside the uint8 masks' 0-255; map it with a dict instead"
+                )
+        return self.table[mask]
+
+
+def _check_value(what: str, v: Any, mapping: dict[Any, Any]) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= 255:
+        raise ConfigError(
+            f"mask_map={mapping!r}: {what} {v!r} is not a mask value; masks are uint8, so keys "
+            "and values are ints in 0-255 (use 255 as the ignored class: CrossEntropyLoss("
+            "ignore_index=255))"
+        )

@@ -53,6 +53,7 @@ class Loader:
         paths: Any = None,
         labels: Any = None,
         masks: Any = None,
+        mask_map: Any = None,
         label_column: Any = None,
         sample_weight: Any = None,
         fields: Any = None,

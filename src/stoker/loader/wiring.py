@@ -14,10 +14,11 @@ from .. import batch as batch_mod
 from .. import pixels as pixels_mod
 from ..assemble import Columns, Plan
 from ..batchfn import BatchTransform
+from ..decode.masks import MaskMap
 from ..errors import ConfigError
 from ..sources import open_source
 from ..sources.base import Source
-from ..transforms import CustomPipeline, make_pipeline
+from ..transforms import CustomPipeline, check_mask_ops, make_pipeline
 from ..workers.slots import FieldSpec, SlotLayout
 from . import config
 from .selection import check_split, select
@@ -52,10 +53,8 @@ def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Pa
     pipeline = _pipeline(args, source, image_size, augment, max_pixels)
     has_masks = bool(source.has_masks)
     if has_masks and isinstance(pipeline, CustomPipeline):
-        raise ConfigError(
-            f"augment={augment!r}: a callable or a list of ops cannot be applied to masks "
-            "(not supported); use augment='train', 'eval' or None with masks"
-        )
+        check_mask_ops(pipeline.ops)
+    pipeline.mask_map = _mask_map(args["mask_map"], has_masks)
     if drop_last is None:  # training drops the ragged batch; evaluation sees every sample
         drop_last = shuffle and args["subset"] != "validation"
     max_errors = config.max_errors(args["max_errors"], len(source))
@@ -124,6 +123,18 @@ def _pipeline(
         interpolation=pixels_mod.interpolation(args["interpolation"]),
         fit="crop" if crop else "pad" if pad else None,
     )
+
+
+def _mask_map(value: Any, has_masks: bool) -> MaskMap | None:
+    """``mask_map``: None, or a MaskMap for a source with masks."""
+    if value is None:
+        return None
+    if not has_masks:
+        raise ConfigError(
+            f"mask_map={value!r} maps mask values, and this source has no masks; pass masks= "
+            "(or a CSV with an image,mask header), or drop mask_map"
+        )
+    return MaskMap(value)
 
 
 def _plan(
