@@ -172,8 +172,9 @@ class Assembler:
         """Write batch ``batch`` of ``epoch`` into ``arrays`` (a slot's fields); return its report.
 
         ``image`` (and ``mask``, which gets its image's crop and flip) come from the pipeline,
-        ``index`` is the sample index, and every column (``label``, ``weight``, ...) is copied
-        with its dtype and shape; then the ``batch_transform`` runs on the whole batch."""
+        ``index`` is the sample's index in the source the user passed (``source.origin()``:
+        before any split or class selection), and every column (``label``, ``weight``, ...) is
+        copied with its dtype and shape; then the ``batch_transform`` runs on the whole batch."""
         target = arrays
         if self.batch_fn is not None:  # fields it changes are filled apart, then replaced
             arrays = self.batch_fn.scratch(target, self.plan.batch_size)
@@ -199,7 +200,7 @@ class Assembler:
                 else:
                     out = (arrays["image"][slot], None if masks is None else masks[slot])
                 chosen[slot] = self._load_good(epoch, order, int(pos), out, u[slot], report, status)
-        arrays["index"][:n] = chosen
+        arrays["index"][:n] = self.source.source_indices(chosen)  # numbered as the user's source
         for name, column in columns:
             arrays[name][:n] = column[chosen]
         report.pages_dropped = self.reads.counters.dropped - dropped

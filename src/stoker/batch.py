@@ -107,7 +107,12 @@ def columns(
     """The per-sample fields carried with each sample, beside the image (and mask): ``label``
     (the source's targets, any dtype and shape), ``weight`` from ``sample_weight`` (an array of
     N numbers or a CSV column name; as float32) and the user's ``fields`` (name -> an array
-    ``(N, ...)`` of numbers or a CSV column name), each kept exactly."""
+    ``(N, ...)`` of numbers or a CSV column name), each kept exactly.
+
+    N is the length of the source the user passed (``source.origin()``), whatever
+    ``validation_split``/``subset``/``class_names`` keep of it: the arrays are cut along with
+    the selection, so row ``i`` always belongs to the batches' ``index`` ``i``. The columns
+    returned have one row per sample of ``source`` (the selection)."""
     labels = targets.label_mode(source.labels, source.classes, label_mode)
     if source.sample_fields is not None:  # a per-sample dataset carries its own labels
         labels = None
@@ -135,18 +140,46 @@ def columns(
 
 
 def _column(source: Any, value: Any, n: int, what: str) -> np.ndarray:
-    """A per-sample numeric column given as an array or a CSV column name."""
+    """A per-sample numeric column given as an array (one row per sample of the source the
+    user passed, cut here to the selection's ``n``) or a CSV column name (cut with the source).
+    """
     if isinstance(value, str):
         named = getattr(source, "named_columns", {})
         if value not in named:
             raise ConfigError(f"{what}={value!r}: names a column only for a CSV/TSV source")
         return named[value]
     arr = np.asarray(value)
-    if arr.dtype.kind not in "biuf" or arr.ndim == 0 or arr.shape[0] != n:
+    total = len(source.origin())
+    if arr.dtype.kind not in "biuf" or arr.ndim == 0:
         raise ConfigError(
-            f"{what}: need numbers, one row per sample ({n}); got {arr.dtype} of shape {arr.shape}"
+            f"{what}: need numbers, one row per sample ({total}); got {arr.dtype} of shape "
+            f"{arr.shape}"
         )
+    if arr.shape[0] != total:
+        raise ConfigError(_length_message(what, arr, total, n))
+    if n != total or source.origin() is not source:
+        arr = arr[source.source_indices(np.arange(n))]
     return arr if arr.dtype.isnative else arr.astype(arr.dtype.newbyteorder("="))
+
+
+def _length_message(what: str, arr: np.ndarray, total: int, n: int) -> str:
+    """Why an array of the wrong length is refused; for one of the selection's length, the fix.
+
+    One rule, one meaning: rows are the source's samples. An array as long as the selection
+    is refused, not guessed at: its rows' order would be the loader's own, which the user
+    cannot see before building it (``Loader.source_indices`` shows it)."""
+    head = (
+        f"{what}: need one row per sample of the source you passed ({total}); got "
+        f"{arr.dtype} of shape {arr.shape}"
+    )
+    if arr.shape[0] != n:
+        return head
+    return (
+        f"{head}, one per sample of the selection (validation_split/subset/class_names keep "
+        f"{n} of {total}). Give the whole source's rows: stoker cuts them along with the "
+        "selection. Rows you have for the selection go into a full array at the loader's "
+        "source_indices: full = np.zeros(total); full[loader.source_indices] = rows"
+    )
 
 
 def column_names(sample_weight: Any, fields: Any) -> tuple[str, ...]:

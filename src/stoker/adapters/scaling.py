@@ -50,6 +50,12 @@ def units(mean: Any, std: Any, channels: int = 3) -> tuple[np.ndarray, np.ndarra
     return m, s
 
 
+def is_floating(dtype: np.dtype) -> bool:
+    """True for a floating dtype: numpy's (kind ``f``) and ml_dtypes' (``bfloat16``, the
+    ``float8_*`` kinds, which numpy sees as kind ``V``; JAX's and TensorFlow's ``bfloat16``)."""
+    return dtype.kind == "f" or (dtype.kind == "V" and dtype.name.startswith(("bfloat", "float")))
+
+
 class ImageOptions:
     """``dtype`` (a numpy dtype name or object; None keeps ``uint8``), ``mean``/``std`` and
     ``channels_first``, checked once; ``numpy(x)`` applies them on the host."""
@@ -65,7 +71,7 @@ class ImageOptions:
         if (mean is None) != (std is None):
             raise ConfigError("pass both mean and std, or neither")
         self.dtype = None if dtype is None else np.dtype(getattr(dtype, "name", dtype))
-        if mean is not None and (self.dtype is None or self.dtype.kind != "f"):
+        if mean is not None and (self.dtype is None or not is_floating(self.dtype)):
             raise ConfigError("mean/std need a floating dtype: pass dtype='float32' too")
         self.norm = None if mean is None else units(mean, std, channels)
         self.channels_first = bool(channels_first)

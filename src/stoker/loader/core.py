@@ -170,6 +170,13 @@ class Loader:
         ``file_paths``); batches carry theirs with ``batch=`` field ``path``."""
         return [self.source.name(i) for i in range(len(self.source))]
 
+    @property
+    def source_indices(self) -> np.ndarray:
+        """Each sample's index in the source you passed (before ``validation_split``/``subset``
+        and ``class_names``), in the order of ``file_paths``: the numbering of the batches'
+        ``index`` field and of ``sample_weight=``/``fields=`` rows."""
+        return self.source.source_indices(np.arange(len(self.source)))
+
     def __iter__(self) -> Iterator[Batch]:
         """The rest of the current epoch (all of it, unless resumed or broken off mid-way)."""
         return self._epoch_batches()
@@ -220,7 +227,7 @@ class Loader:
         if count < self.batch_size:
             fields = {name: arr[:count] for name, arr in fields.items()}
         if "path" in batch_mod.leaves(self.form):
-            fields["path"] = batch_mod.paths(self.source.name, fields["index"])
+            fields["path"] = batch_mod.paths(self.source.origin().name, fields["index"])
         return batch_mod.apply_form(self.form, fields)
 
     def peek(self, batch: int | None = None) -> Batch:
@@ -252,7 +259,9 @@ class Loader:
         """Fold a batch's report into the stats; warn about new bad files; enforce the budget."""
         new = self._stats.add(report)
         before = len(self._stats.bad) - len(new)
-        for k, (_, name, reason) in enumerate(new, start=1):
+        # only the samples within the budget are warned about: past it, the error below names
+        # them all (max_errors=0 raises at the first bad sample, with no warning before)
+        for k, (_, name, reason) in enumerate(new[: max(0, self.max_errors - before)], start=1):
             warnings.warn(
                 f"stoker skipped {name} ({reason}); a good sample took its place "
                 f"({before + k} of max_errors={self.max_errors} used)",

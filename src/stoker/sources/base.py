@@ -106,6 +106,14 @@ class Source:
         """A human-readable name of sample ``index`` (its file path, or ``array[i]``)."""
         return f"sample {index}"
 
+    def origin(self) -> Source:
+        """The source the user passed, before any selection (a split, a class pick): itself."""
+        return self
+
+    def source_indices(self, indices: np.ndarray) -> np.ndarray:
+        """Where samples ``indices`` of this source are in ``origin()``: the same indices."""
+        return np.asarray(indices, dtype=np.int64)
+
     def fingerprint(self) -> str:
         """A short digest that changes when the dataset's content list changes."""
         raise NotImplementedError

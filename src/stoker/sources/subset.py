@@ -1,6 +1,11 @@
 """A subset of another source, relabelled: what ``validation_split``/``subset`` and
 ``class_names`` (a chosen subset of classes, in a chosen order) give. Sample ``i`` of the
-subset is sample ``indices[i]`` of the base source; everything else passes through."""
+subset is sample ``indices[i]`` of the base source; everything else passes through.
+
+Inside the loader a sample is numbered by its place in the subset (the order, the per-sample
+randomness); what a batch shows the user (``index``, ``path``) and every per-sample array the
+user gives (``sample_weight=``, ``fields=``) is numbered in ``origin()``, the source the user
+passed (``source_indices`` translates)."""
 
 from __future__ import annotations
 
@@ -32,7 +37,25 @@ class SubsetSource(Source):
         self.read_ahead, self.read_ahead_max = base.read_ahead, base.read_ahead_max
         self.from_storage = base.from_storage
         self.named_columns = {k: v[self.indices] for k, v in base.named_columns.items()}
+        self.sample_fields, self.sample_form = base.sample_fields, base.sample_form
         self.tag = tag
+
+    def origin(self) -> Source:
+        """The source the user passed (the base's origin: subsets nest)."""
+        return self.base.origin()
+
+    def source_indices(self, indices: np.ndarray) -> np.ndarray:
+        """Where samples ``indices`` of the subset are in ``origin()``."""
+        return self.base.source_indices(self.indices[np.asarray(indices, dtype=np.int64)])
+
+    def load(self, index: int, rng: np.random.Generator, out: dict[str, np.ndarray]) -> None:
+        """A per-sample dataset's sample ``indices[index]`` into ``out``."""
+        self.base.load(int(self.indices[index]), rng, out)  # type: ignore[attr-defined]
+
+    def take(self, indices: np.ndarray, out: np.ndarray) -> bool:
+        """The base's bulk copy of samples ``indices[indices]`` (False where it has none)."""
+        take = getattr(self.base, "take", None)
+        return bool(take is not None and take(self.indices[indices], out))
 
     def read(self, index: int) -> bytes | np.ndarray:
         """The base's sample ``indices[index]``."""

@@ -1,0 +1,272 @@
+"""What a batch says is true of the source the user passed, through every selection and every
+structure: ``index``/``path`` and the per-sample arrays (``sample_weight=``, ``fields=``, masks)
+after a split, a stratified split, a class selection, rank sharding and a resume (property tests
+over random selections)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import stoker
+from stoker.errors import ConfigError
+
+N = 23
+NAMES = ["cat", "dog", "eel"]
+TEXT = [NAMES[(i * 7) % 3] for i in range(N)]  # text labels: the source has class names
+WEIGHT = np.arange(N, dtype=np.float64) / 4
+GT = np.stack([np.arange(N) * 10, np.arange(N) * -1], axis=1).astype(np.int32)
+
+
+def _numbered(n: int) -> np.ndarray:
+    """Images whose first pixel spells their index: (i % 256, i // 256, 0)."""
+    x = np.zeros((n, 4, 4, 3), np.uint8)
+    x[:, 0, 0, 0], x[:, 0, 0, 1] = np.arange(n) % 256, np.arange(n) // 256
+    return x
+
+
+@st.composite
+def selections(draw: st.DrawFn) -> dict:
+    """Loader arguments that select samples: split, stratify, classes, ranks, order."""
+    kw: dict = {}
+    split = draw(st.sampled_from([None, 0.2, 0.3, 0.5, 0.75]))
+    if split is not None:
+        kw.update(validation_split=split, subset=draw(st.sampled_from(["training", "validation"])),
+                  stratify=draw(st.booleans()))
+    if draw(st.booleans()):
+        picked = draw(st.permutations(NAMES))
+        kw["class_names"] = picked[: draw(st.integers(1, len(NAMES)))]
+    world = draw(st.integers(1, 3))
+    if world > 1:
+        kw.update(rank=draw(st.integers(0, world - 1)), world_size=world)
+    kw.update(batch_size=draw(st.integers(1, 5)), shuffle=draw(st.booleans()),
+              seed=draw(st.integers(0, 1000)), drop_last=False, workers=0, batch="dict")
+    return kw
+
+
+def _loader(source, **kw) -> stoker.Loader:
+    try:
+        return stoker.Loader(source, **kw)
+    except ConfigError as exc:  # an empty selection (or a class absent from a subset)
+        assume("empty" not in str(exc))
+        raise
+
+
+def _check_resume(source, kw: dict, batches: list[dict]) -> None:
+    """A loader resumed after the first batch gives the second as the first run did."""
+    if len(batches) < 2:
+        return
+    with _loader(source, **kw) as run:
+        it = iter(run)
+        next(it)
+        state = run.state_dict()
+    with _loader(source, **kw) as resumed:
+        resumed.load_state_dict(state)
+        again = next(iter(resumed))
+    for name, value in batches[1].items():
+        assert np.array_equal(again[name], value), name
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kw=selections())
+def test_index_path_and_arrays_name_the_source_sample_through_any_array_selection(kw):
+    x = _numbered(N)
+    kw.update(labels=TEXT, sample_weight=WEIGHT, fields={"gt": GT}, augment=None)
+    with _loader(x, **kw) as loader:
+        batches = list(loader)
+        classes = loader.class_names
+    seen = np.concatenate([b["index"] for b in batches])
+    assert len(set(seen.tolist())) == len(seen)  # each sample once per epoch
+    for b in batches:
+        index = b["index"]
+        assert ((0 <= index) & (index < N)).all()
+        pixel = b["image"][:, 0, 0, :2].astype(np.int64)
+        spelled = pixel[:, 0] + 256 * pixel[:, 1]
+        assert spelled.tolist() == index.tolist()  # the pixels are those of source sample index
+        assert b["path"].tolist() == [f"array[{i}]" for i in index]
+        assert np.array_equal(b["weight"], WEIGHT[index].astype(np.float32))
+        assert np.array_equal(b["gt"], GT[index])
+        assert [classes[k] for k in b["label"]] == [TEXT[i] for i in index]
+    if "class_names" in kw:
+        assert {TEXT[i] for i in seen} <= set(kw["class_names"])
+    if "validation_split" in kw and "world_size" not in kw:  # the two halves tile the classes
+        other = "validation" if kw["subset"] == "training" else "training"
+        with _loader(x, **{**kw, "subset": other}) as rest:
+            theirs = np.concatenate([b["index"] for b in rest])
+        wanted = set(kw.get("class_names", NAMES))
+        assert not set(seen.tolist()) & set(theirs.tolist())
+        assert set(seen.tolist()) | set(theirs.tolist()) == {
+            i for i in range(N) if TEXT[i] in wanted
+        }
+    _check_resume(x, kw, batches)
+
+
+@pytest.fixture(scope="module")
+def folder_truth(image_folder):
+    """The folder's own listing: path and class of each source index."""
+    with stoker.Loader(image_folder, workers=0, image_size=8, batch_size=4) as whole:
+        return whole.file_paths, whole.class_names, np.asarray(whole.source.labels)
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(kw=selections())
+def test_index_path_and_arrays_name_the_source_sample_through_any_folder_selection(
+    kw, image_folder, folder_truth
+):
+    paths, names, labels = folder_truth
+    n = len(paths)
+    kw.pop("class_names", None)
+    if kw["seed"] % 2:
+        kw["class_names"] = ["class_002", "class_000"][: 1 + kw["seed"] % 3 // 2]
+    weight = np.arange(n, dtype=np.float32) + 0.5
+    gt = np.arange(n, dtype=np.int64)[:, None] * 3
+    kw.update(sample_weight=weight, fields={"gt": gt}, image_size=8, augment=None)
+    with _loader(image_folder, **kw) as loader:
+        batches = list(loader)
+        classes = loader.class_names
+    for b in batches:
+        index = b["index"]
+        assert b["path"].tolist() == [paths[i] for i in index]
+        assert np.array_equal(b["weight"], weight[index])
+        assert np.array_equal(b["gt"], gt[index])
+        assert [classes[k] for k in b["label"]] == [names[labels[i]] for i in index]
+    _check_resume(image_folder, kw, batches)
+
+
+@pytest.mark.timeout(180)
+def test_the_issue_reproducer_gives_the_source_index_in_workers_too():
+    x = _numbered(10)
+    for workers in (0, 2):
+        with stoker.Loader(x, validation_split=0.2, subset="validation", batch_size=2,
+                           batch="dict", workers=workers, shuffle=False) as loader:
+            b = next(iter(loader))
+        assert b["path"].tolist() == ["array[7]", "array[8]"]
+        assert b["index"].tolist() == [7, 8]
+
+
+@pytest.mark.timeout(120)
+def test_per_sample_arrays_take_the_source_length_and_refuse_the_selection_length():
+    x = _numbered(10)
+    kw = dict(validation_split=0.2, subset="training", batch_size=4, workers=0, batch="dict")
+    with stoker.Loader(x, sample_weight=np.arange(10.0), fields={"f": np.arange(10)}, **kw) as ok:
+        for b in ok:
+            assert np.array_equal(b["weight"], b["index"].astype(np.float32))
+            assert np.array_equal(b["f"], b["index"])
+    with pytest.raises(ConfigError, match=r"source you passed \(10\).*source_indices"):
+        stoker.Loader(x, sample_weight=np.ones(8), **kw)
+    with pytest.raises(ConfigError, match=r"fields\['f'\].*\(10\)"):
+        stoker.Loader(x, fields={"f": np.ones(8)}, **kw)
+    with stoker.Loader(x, **kw) as loader:
+        assert loader.source_indices.tolist() == [
+            int(p[6:-1]) for p in loader.file_paths
+        ]
+
+
+@pytest.mark.timeout(120)
+def test_masks_follow_their_source_sample_through_a_split():
+    x = _numbered(12)
+    masks = x[:, :, :, 0].copy()  # each mask spells its image's index too
+    with stoker.Loader(x, masks=masks, validation_split=0.25, subset="validation", augment=None,
+                       batch_size=3, workers=0, batch="dict") as loader:
+        for b in loader:
+            assert b["mask"][:, 0, 0].tolist() == b["index"].tolist()
+            assert b["image"][:, 0, 0, 0].tolist() == b["index"].tolist()
+
+
+class Numbered:
+    """A per-sample dataset whose sample ``i`` spells ``i``."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, i: int):
+        return np.full((2, 2, 3), i, np.uint8), np.int64(i)
+
+
+@pytest.mark.timeout(120)
+def test_a_dataset_can_be_split_and_its_index_is_the_dataset_index():
+    with stoker.Loader(Numbered(), validation_split=0.3, subset="validation", batch_size=2,
+                       workers=0, batch="dict", shuffle=False) as loader:
+        batches = list(loader)
+    assert sum(len(b["index"]) for b in batches) == 3
+    for b in batches:
+        assert b["1"].tolist() == b["index"].tolist()
+        assert b["path"].tolist() == [f"dataset[{i}]" for i in b["index"]]
+
+
+# --------------------------------------------------------------------------- dtypes
+
+
+def _adapter_batch(kind: str, loader, dtype, mean, std) -> np.ndarray:
+    """The first image batch through adapter ``kind``, as float32 numpy (B, H, W, C)."""
+    if kind == "torch":
+        import torch
+
+        x = next(iter(loader.torch(dtype=getattr(torch, dtype), mean=mean, std=std,
+                                   layout="channels_last")))[0]
+        assert x.dtype == getattr(torch, dtype)
+        return x.float().numpy()
+    if kind == "jax":
+        import jax.numpy as jnp
+
+        x = next(iter(loader.jax(dtype=getattr(jnp, dtype), mean=mean, std=std)))[0]
+    elif kind == "keras":
+        x = loader.keras(dtype=dtype, mean=mean, std=std)[0][0]
+    else:
+        x = next(iter(loader.tf(dtype=dtype, mean=mean, std=std)))[0].numpy()
+    assert np.asarray(x).dtype.name == dtype
+    return np.asarray(x).astype(np.float32)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("kind", ["torch", "jax", "keras", "tf"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_every_adapter_normalises_into_float16_and_bfloat16(kind, dtype):
+    x = np.random.default_rng(1).integers(0, 256, size=(4, 5, 6, 3), dtype=np.uint8)
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    want = (x / 255.0 - np.array(mean)) / np.array(std)
+    tol = 0.02 if dtype == "float16" else 0.05  # bfloat16 keeps 8 bits of mantissa
+    with stoker.Loader(x, batch_size=4, workers=0, shuffle=False, augment=None) as loader:
+        got = _adapter_batch(kind, loader, dtype, mean, std)
+        assert np.allclose(got, want, rtol=tol, atol=tol)
+        unit = _adapter_batch(kind, loader, dtype, 0, 1)
+        assert np.allclose(unit, x / 255.0, rtol=tol, atol=tol)
+
+
+# --------------------------------------------------------------------------- error budget
+
+
+def _bad_folder(tmp_path, bad: int) -> list[str]:
+    from PIL import Image
+
+    files = []
+    for i in range(8):
+        path = tmp_path / f"img{i}.png"
+        if i < bad:
+            path.write_bytes(b"\x89PNG\r\n\x1a\n not an image")
+        else:
+            Image.fromarray(np.full((8, 8, 3), i * 20, np.uint8)).save(path)
+        files.append(str(path))
+    return files
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("budget", [0, 1])
+def test_past_max_errors_it_raises_without_warning_beyond_the_budget(tmp_path, budget):
+    import warnings
+
+    files = _bad_folder(tmp_path, bad=3)
+    with stoker.Loader(paths=files, labels=[0] * 8, batch_size=8, image_size=8, workers=0,
+                       shuffle=False, max_errors=budget) as loader:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            with pytest.raises(stoker.TooManyErrors, match=f"more than max_errors={budget}"):
+                next(iter(loader))
+    skipped = [str(w.message) for w in seen if "stoker skipped" in str(w.message)]
+    assert len(skipped) == budget, skipped
+    assert all(f"of max_errors={budget} used" in m for m in skipped)
