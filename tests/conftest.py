@@ -46,6 +46,35 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return make_image_folder(root, classes=3, per_class=12, min_side=64, max_side=120, seed=0)
 
 
+# --------------------------------------------------------------------------- optional packages
+
+# The packages of the framework extras: the core suite (``nox -s core``, no framework
+# installed) skips a test that needs one that is missing, naming it; where it is installed
+# (the README's dev install) the test runs and any import error is a failure.
+OPTIONAL = {"torch", "tensorflow", "keras", "jax", "jaxlib", "flax", "optax", "ray", "h5py",
+            "fsspec", "aiohttp", "nbformat", "nbclient", "sklearn", "skimage", "ml_dtypes"}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.needs("keras")``: a test whose child process imports an optional package
+    skips, naming it, where that package is not installed."""
+    for mark in item.iter_markers("needs"):
+        for name in mark.args:
+            if importlib.util.find_spec(name) is None:
+                pytest.skip(f"needs {name}, which is not installed here (a core-suite run)")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> object:
+    try:
+        return (yield)
+    except ModuleNotFoundError as exc:
+        name = (exc.name or "").split(".")[0]
+        if name in OPTIONAL and importlib.util.find_spec(name) is None:
+            pytest.skip(f"needs {name}, which is not installed here (a core-suite run)")
+        raise
+
+
 # --------------------------------------------------------------------------- leak check
 
 

@@ -129,6 +129,7 @@ KERAS_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.needs("keras")
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_keras_fit_with_sample_weights_class_weight_and_two_inputs(tmp_path):

@@ -217,6 +217,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.needs("keras")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
@@ -293,6 +294,7 @@ RESUME_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.needs("keras")
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_checkpoint_callback_resumes_at_the_trained_batch(image_folder, tmp_path) -> None:

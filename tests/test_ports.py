@@ -61,6 +61,7 @@ KERAS_PORT = textwrap.dedent(
 )
 
 
+@pytest.mark.needs("keras")
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_keras_image_classification_from_scratch_port(image_folder, tmp_path):

@@ -67,6 +67,7 @@ print("RESULT " + json.dumps({{
 """
 
 
+@pytest.mark.needs("keras")
 @pytest.mark.slow
 @pytest.mark.timeout(LIMIT_S + 30)
 def test_readme_keras_script_without_a_guard_runs_as_python_train_py(image_folder, tmp_path):
@@ -103,6 +104,7 @@ train.close()
 """
 
 
+@pytest.mark.needs("keras")
 @pytest.mark.slow
 @pytest.mark.timeout(LIMIT_S + 30)
 def test_unguarded_script_over_20000_in_memory_images_trains_from_stdin(tmp_path):

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import order as order_mod
+from ._compat import add_note
 from .batchfn import BatchTransform, batch_rng
 from .errors import DecodeError, SourceError, TooManyErrors, one_line
 from .sources.base import Source
@@ -289,7 +290,7 @@ class Assembler:
             report.bad.append((index, self._name(index, mask_out), one_line(exc)))
             return False
         except Exception as exc:
-            exc.add_note(f"stoker: raised while loading {self._name(index, mask_out)}")
+            add_note(exc, f"stoker: raised while loading {self._name(index, mask_out)}")
             raise
         if notes:
             report.warned.append((index, self._name(index, mask_out), "; ".join(notes)))

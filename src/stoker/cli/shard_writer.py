@@ -8,7 +8,6 @@ byte-identical; this module imports neither of them.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .._compat import file_sha256
 from ..assemble import DATA_ERRORS
 from ..errors import DecodeError, one_line
 from ..sources.base import PathIndex, Source
@@ -174,7 +174,7 @@ def _label_counts(labels: np.ndarray, samples: list[int], errors: list[list[Any]
 
 def _sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        return file_sha256(f)
 
 
 def write_json(path: Path, obj: Any) -> None:

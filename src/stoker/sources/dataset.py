@@ -30,6 +30,7 @@ from typing import Any
 import cloudpickle
 import numpy as np
 
+from .._compat import add_note
 from ..errors import ConfigError, SourceError
 from .base import Source
 from .targets import NUMERIC_KINDS
@@ -187,7 +188,8 @@ class DatasetSource(Source):
         try:  # sample_rng() works in the probe too; the user's global RNGs are left as they are
             first = self._call(0, np.random.default_rng(0))
         except Exception as exc:
-            exc.add_note("stoker: raised by the dataset's __getitem__(0), read to learn its fields")
+            add_note(exc, "stoker: raised by the dataset's __getitem__(0), read to learn its "
+                     "fields")
             raise
         self.sample_form, values = _structure(first)
         declared = parse_spec(spec) if spec is not None else None

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .._compat import file_sha256
 from ..errors import SourceError
 
 MAGIC = 0x5354_4B49_4458  # "STKIDX"
@@ -176,4 +177,4 @@ def _find(mm: Any, value: bytes, start: int, end: int) -> int:
 def sha256(path: str) -> str:
     """The hex sha256 of a local file (checked against a manifest's before indexing)."""
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        return file_sha256(f)

@@ -7,6 +7,7 @@ import signal
 import traceback
 from typing import Any
 
+from .._compat import add_note
 from ..errors import RemoteTraceback, StokerError
 
 
@@ -45,7 +46,7 @@ def unpack_exception(payload: dict[str, Any], where: str) -> BaseException:
     note = f"stoker: raised in worker {payload['wid']} {where}"
     if sample:
         note += f" while loading {sample}"
-    exc.add_note(note)
+    add_note(exc, note)
     return exc
 
 
