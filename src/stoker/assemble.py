@@ -226,7 +226,7 @@ class Assembler:
         try:
             self.batch_fn.apply(arrays, target, report.count, rng)
         except Exception as exc:
-            exc.add_note(f"stoker: raised by batch_transform on batch {batch} of epoch {epoch}")
+            add_note(exc, f"stoker: raised by batch_transform on batch {batch} of epoch {epoch}")
             raise
         report.transform_s += time.perf_counter() - t0
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ._compat import add_note
 from .errors import ConfigError
 from .workers.slots import FieldSpec
 
@@ -72,7 +73,8 @@ class BatchTransform:
         try:
             returned = self._call(arrays, np.random.default_rng(0))
         except Exception as exc:
-            exc.add_note(
+            add_note(
+                exc,
                 f"stoker: raised by batch_transform={_name(self.fn)} when called at "
                 f"construction on a batch of zeros (batch_size={batch_size}) to learn the "
                 "batch's fields; it must accept any batch of these shapes"
