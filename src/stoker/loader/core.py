@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import textwrap
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from ..stats import Stats, StatsReport, WaitMeter
 from ..workers.engine import Engine
 from ..workers.launch import describe as describe_start
 from ..workers.threads import describe as describe_threads
-from . import config, wiring
+from . import config, options, wiring
 from .compat import EpochSampler, Samples
 from .consumer import Guard
 from .running import Inline, Running, auto_workers, warn_if_slow_decoder
@@ -42,8 +44,8 @@ class Loader:
     shape ``(B, ...)`` kept bit for bit. A segmentation source (``masks=``, or a CSV with an
     ``image,mask`` header) gives ``(images, masks)``, masks ``uint8`` ``(B, H, W)`` with the
     image's crop and flip. ``batch="dict"`` (or a tuple/dict of field names) gives structured
-    batches. See the README for every argument and its default; all are validated here with a
-    message saying the fix.
+    batches. Every argument is validated before anything is opened or started, with a message
+    saying the fix; ``subset="both"`` returns a ``(training, validation)`` pair of loaders.
     """
 
     def __init__(
@@ -498,3 +500,20 @@ def _rebuild(args: dict[str, Any], state: dict[str, Any]) -> Loader:
     loader = Loader(**args)
     loader.load_state_dict(state)
     return loader
+
+
+def _document(cls: type[Loader]) -> None:
+    """Give ``Loader`` its "Args" section (from ``options.OPTIONS``) and its real signature
+    (``__new__(*args, **kwargs)`` would otherwise hide the arguments from ``inspect.signature``,
+    ``help()`` and editors)."""
+    args = textwrap.indent(options.args_section(cls.__init__), "    ")
+    cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n{args}\n    "
+    types = {o.name: o.type for o in options.OPTIONS}
+    params = [p.replace(annotation=types.get(p.name, p.annotation))
+              for p in options.arguments(cls.__init__)]
+    cls.__signature__ = inspect.signature(cls.__init__).replace(  # type: ignore[attr-defined]
+        parameters=params, return_annotation=inspect.Signature.empty
+    )
+
+
+_document(Loader)
