@@ -297,9 +297,9 @@ class Assembler:
         t2 = time.perf_counter()
         rng = self._rng(epoch, index)
         if mask_out is not None:
-            self.pipeline.finish_pair(region, mask_region, u, rng, image_out, mask_out)
+            self.pipeline.write_pair(region, mask_region, u, rng, image_out, mask_out)
         else:
-            self.pipeline.finish(region, u, rng, image_out)
+            self.pipeline.write(region, u, rng, image_out)
         report.read_s += t1 - t0
         report.read_bytes += size_of(data) + (size_of(mask) if mask_out is not None else 0)
         report.decode_s += t2 - t1

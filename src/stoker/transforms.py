@@ -91,6 +91,8 @@ class Pipeline:
     channels = 3  # of the output: 1 (grayscale), 3 (RGB) or 4 (RGBA); set by make_pipeline
     interpolation = "auto"  # the resize filter (see pixels.INTERPOLATIONS)
     mask_map: Any = None  # ``Loader(mask_map=)``: a MaskMap applied to each decoded mask
+    post: tuple[Callable[..., np.ndarray], ...] = ()  # ops run on the written output
+
 
     def __init__(self, size: tuple[int, int], fast: bool, max_pixels: int) -> None:
         self.size, self.fast, self.max_pixels = size, fast, max_pixels
@@ -133,6 +135,12 @@ class Pipeline:
         """Write the loaded region into ``out``."""
         resize_into(pixels.to_channels(region, self.channels), out, self.interpolation)
 
+    def write(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
+        """Write the loaded region into ``out``, then run the ``post`` ops on it there."""
+        self.finish(region, u, rng, out)
+        if self.post:
+            run_post(self.post, rng, out, self.channels, self.interpolation)
+
     # segmentation: the image's box and flip, applied to its mask with nearest-neighbour resizing
 
     def load_pair(
@@ -170,6 +178,21 @@ class Pipeline:
         """Write an image region and its mask region into ``out`` and ``mask_out``."""
         self.finish(region, u, rng, out)
         self.finish_mask(mask, u, mask_out)
+
+    def write_pair(
+        self,
+        region: np.ndarray,
+        mask: np.ndarray,
+        u: np.ndarray,
+        rng: Any,
+        out: np.ndarray,
+        mask_out: np.ndarray,
+    ) -> None:
+        """``finish_pair``, then the ``post`` ops on both outputs (the mask follows the
+        geometry, nearest-neighbour)."""
+        self.finish_pair(region, mask, u, rng, out, mask_out)
+        if self.post:
+            run_post_pair(self.post, rng, out, mask_out, self.channels, self.interpolation)
 
 
 class TrainPipeline(Pipeline):
@@ -314,6 +337,45 @@ def _check_user_mask(mask: Any, image: np.ndarray, ops: list[Any]) -> np.ndarray
     return arr
 
 
+def run_post(
+    ops: Sequence[Callable[..., np.ndarray]], rng: Any, out: np.ndarray, channels: int, how: str
+) -> None:
+    """``augment=["train", op, ...]``: run the ops on the pipeline's output ``out`` (the batch
+    slot, at the output size) and write their result back into it."""
+    image: np.ndarray = out[:, :, 0] if channels == 1 else out
+    for op in ops:
+        image = op(image, rng)
+    image = _check_user_image(image, list(ops))
+    if image is out:
+        return
+    if np.shares_memory(image, out):  # a view of the slot (a flip, a crop): copy it out first
+        image = image.copy()
+    resize_into(pixels.to_channels(image, channels), out, how)
+
+
+def run_post_pair(
+    ops: Sequence[Callable[..., Any]],
+    rng: Any,
+    out: np.ndarray,
+    mask_out: np.ndarray,
+    channels: int,
+    how: str,
+) -> None:
+    """``run_post`` for an image and its mask: each op's ``pair`` form (or the user's
+    ``(image, mask, rng) -> (image, mask)``), results written back into both slots."""
+    image: np.ndarray = out[:, :, 0] if channels == 1 else out
+    mask: np.ndarray = mask_out
+    for op in ops:
+        image, mask = _pair_step(op, image, mask, rng)
+    image = _check_user_image(image, list(ops))
+    mask = _check_user_mask(mask, image, list(ops))
+    if image is not out:
+        image = image.copy() if np.shares_memory(image, out) else image
+        resize_into(pixels.to_channels(image, channels), out, how)
+    if mask is not mask_out:
+        resize_mask_into(mask.copy() if np.shares_memory(mask, mask_out) else mask, mask_out)
+
+
 def _check_user_image(image: Any, ops: list[Any]) -> np.ndarray:
     """Accept what a user transform returned if it is an image; otherwise say what is wrong."""
     arr = np.asarray(image)
@@ -402,24 +464,6 @@ class HorizontalFlip:
         return (image[:, ::-1], mask[:, ::-1]) if flip else (image, mask)
 
 
-class ColorJitter:
-    """Op: random brightness and contrast factors in ``[1 - x, 1 + x]``."""
-
-    def __init__(self, brightness: float = 0.2, contrast: float = 0.2) -> None:
-        self.brightness, self.contrast = brightness, contrast
-
-    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        b = 1.0 + rng.uniform(-self.brightness, self.brightness)
-        c = 1.0 + rng.uniform(-self.contrast, self.contrast)
-        img = np.asarray(image, dtype=np.float32)
-        mean = img.mean()
-        return np.clip((img - mean) * c + mean * b, 0, 255).astype(np.uint8)
-
-    def pair(self, image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Any:
-        """Colours change; the mask does not."""
-        return self(image, rng), mask
-
-
 def make_pipeline(
     augment: Any,
     size: tuple[int, int],
@@ -430,7 +474,8 @@ def make_pipeline(
     interpolation: str = "auto",
     fit: str | None = None,
 ) -> Pipeline:
-    """Build the pipeline that ``augment=`` names: "train", "eval", None, a callable or a list;
+    """Build the pipeline that ``augment=`` names: "train", "eval", None, a callable, a list of
+    ops, or a stock name followed by ops (``["train", op, ...]``: the ops run on its output);
     ``channels``, ``interpolation`` and ``fit`` ("crop"/"pad" to the output's aspect ratio,
     with ``augment=None`` only) shape how its output is written."""
     pipeline = _pipeline(augment, size, fast, max_pixels)
@@ -456,7 +501,35 @@ def _pipeline(augment: Any, size: tuple[int, int], fast: bool, max_pixels: int) 
         return CustomPipeline(size, fast, max_pixels, [augment])
     if isinstance(augment, (list, tuple)) and augment and all(callable(a) for a in augment):
         return CustomPipeline(size, fast, max_pixels, augment)
+    if isinstance(augment, (list, tuple)) and augment and _stock_name(augment[0]):
+        return _then_ops(augment, size, fast, max_pixels)
     raise ConfigError(
         f"augment={augment!r} is not understood; use 'train', 'eval', None, a callable "
-        "(image, rng) -> image, or a list of stoker ops such as [stoker.ops.RandomResizedCrop()]"
+        "(image, rng) -> image, a list of stoker ops such as [stoker.ops.RandomResizedCrop()], "
+        "or a stock pipeline's name then ops: ['train', stoker.ops.TrivialAugmentWide()]"
     )
+
+
+STOCK_NAMES = ("train", "eval", "resize")
+
+
+def _stock_name(value: Any) -> bool:
+    """Whether ``value`` names a stock pipeline that ops may follow."""
+    return isinstance(value, str) and value in STOCK_NAMES
+
+
+def _then_ops(
+    augment: Sequence[Any], size: tuple[int, int], fast: bool, max_pixels: int
+) -> Pipeline:
+    """``["train", op, ...]``: the fused stock pipeline, then the ops on its output."""
+    ops = list(augment[1:])
+    bad = [op for op in ops if not callable(op)]
+    if not ops or bad:
+        what = "nothing" if not ops else repr(bad[0])
+        raise ConfigError(
+            f"augment={list(augment)!r}: after {augment[0]!r} come ops (image, rng) -> image, "
+            f"such as stoker.ops.TrivialAugmentWide(); got {what}"
+        )
+    pipeline = _pipeline(augment[0], size, fast, max_pixels)
+    pipeline.post, pipeline.needs_rng = tuple(ops), True
+    return pipeline

@@ -101,12 +101,15 @@ def positive_int(name: str, value: Any) -> int:
 
 
 def fast_decode(value: Any, augment: Any) -> bool:
-    """Resolve ``fast_decode``: "auto" is True for ``augment="train"`` only.
+    """Resolve ``fast_decode``: "auto" is True for ``augment="train"`` (also when ops follow
+    it, ``["train", op, ...]``) only.
 
     The fast integer IDCT and plain chroma upsampling change a few pixel values by a level or
     two, far less than a random crop and flip change them, for 2-5% more images per second;
     evaluation and plain resizing keep libjpeg's accurate, reference-identical decode."""
     if value == "auto":
+        if isinstance(augment, (list, tuple)) and augment:
+            augment = augment[0]
         return isinstance(augment, str) and augment == "train"
     if isinstance(value, bool):
         return value

@@ -55,6 +55,8 @@ def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Pa
     if has_masks and isinstance(pipeline, CustomPipeline):
         check_mask_ops(pipeline.ops)
     pipeline.mask_map = _mask_map(args["mask_map"], has_masks)
+    if has_masks and pipeline.post:
+        check_mask_ops(pipeline.post)
     if drop_last is None:  # training drops the ragged batch; evaluation sees every sample
         drop_last = shuffle and args["subset"] != "validation"
     max_errors = config.max_errors(args["max_errors"], len(source))
