@@ -5,7 +5,6 @@ dataset."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import pathlib
 import tarfile
@@ -15,6 +14,7 @@ import pytest
 from helpers import tick_past
 from stoker.errors import ConfigError
 from stoker.loader.state import check_state, make_state
+from stoker.sources import cachefile
 from stoker.sources import folder as folder_module
 from stoker.sources import tar as tar_module
 from stoker.sources.folder import FolderSource
@@ -94,7 +94,7 @@ def test_a_folder_that_never_holds_still_is_not_cached(tmp_path, image_folder, c
     monkeypatch.setattr(folder_module, "_stamps", move_every_time)
     source = FolderSource(root, cache_dir=cache)
     assert len(flips) == folder_module.SCAN_TRIES and len(source) == 2 * PER_CLASS
-    assert not list(cache.glob("*/meta.json"))
+    assert not list(cache.glob("*.npz"))
 
 
 def test_new_files_with_the_old_folder_mtimes_are_seen(tmp_path, image_folder, cached):
@@ -119,10 +119,10 @@ def test_a_cached_stamp_that_lists_no_folder_is_never_valid(tmp_path, image_fold
     root = _dataset(tmp_path / "data", _jpeg(image_folder))
     cache = tmp_path / "cache"
     real = FolderSource(root, cache_dir=cache)
-    (meta_file,) = cache.glob("*/meta.json")
-    meta = json.loads(meta_file.read_text())
+    (cache_file,) = cache.glob("*.npz")
+    meta, arrays = cachefile.load_arrays(cache_file, ("blob", "offsets", "labels"))
     meta.update(dirs=[], stamps=[], mtimes=[], classes=["b", "a"])  # every label swapped
-    meta_file.write_text(json.dumps(meta))
+    assert cachefile.save_arrays(cache_file, meta, arrays)
     again = FolderSource(root, cache_dir=cache)
     assert again.classes == ["a", "b"] and again.labels.tolist() == real.labels.tolist()
 
@@ -135,7 +135,7 @@ def test_a_scan_of_a_folder_changed_moments_ago_is_not_cached(tmp_path, image_fo
     monkeypatch.setattr(folder_module, "RACY_S", 3600.0)
     root = _dataset(tmp_path / "data", _jpeg(image_folder))
     FolderSource(root, cache_dir=tmp_path / "cache")
-    assert not list((tmp_path / "cache").glob("*/meta.json"))
+    assert not list((tmp_path / "cache").glob("*.npz"))
 
 
 # --------------------------------------------------------------------------- tars

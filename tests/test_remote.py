@@ -23,6 +23,7 @@ from stoker.errors import SourceError, StokerError  # noqa: E402
 from stoker.sources import open_source  # noqa: E402
 from stoker.sources.readahead import MAX_WINDOW, ReadAhead, ReadSettings  # noqa: E402
 from stoker.sources.remote import READ_AHEAD_MAX, RemoteShardSource  # noqa: E402
+from stoker.sources.shardindex import HEADER_ROWS  # noqa: E402
 from stoker.sources.shards import ShardSource  # noqa: E402
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
@@ -253,7 +254,7 @@ def test_server_stopping_mid_run_counts_bad_samples_then_fails(server, shard_dir
 def _range(src, index):
     """The Range header of sample ``index``'s one ranged read."""
     shard, row = src.locate(index)
-    offset, length = (int(v) for v in src._table(shard)[row + 2])
+    offset, length = (int(v) for v in src._table(shard)[row + HEADER_ROWS])
     return f"bytes={offset}-{offset + length - 1}"
 
 

@@ -96,7 +96,7 @@ def test_big_folder_scan_is_cached_and_refreshed_when_the_folder_changes(
             (root / f"c{c}" / f"{i:05d}.jpg").write_bytes(jpeg)
     cache = tmp_path / "cache"
     first = FolderSource(root, cache_dir=cache)
-    assert len(first) == 2000 and list(cache.glob("*/meta.json"))
+    assert len(first) == 2000 and list(cache.glob("*.npz"))
 
     class NoScan(FolderSource):
         def _scan(self):

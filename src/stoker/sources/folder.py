@@ -1,20 +1,20 @@
 """The ImageFolder source: one subfolder per class, labels are the sorted class names.
 
-A scan of a big folder is cached on disk (``~/.cache/stoker/scan``, NPY + JSON, never pickle)
-and reused while every directory's stamp is unchanged: its device, inode, mtime, ctime, link
-count (subfolders) and size (entries, on file systems that count them). Adding, removing or
-renaming a file changes its directory's mtime and ctime; restoring an mtime (``tar`` or ``rsync``
-unpacking the same times) still changes the ctime, which no user can set; a folder replaced by
-another has another inode. A cache is written only from a scan that saw no change while it ran
-(each directory stamped before it is listed and again after the whole walk) and no change in the
-last ``RACY_S`` seconds (a change inside one tick of the file system's clock leaves its times
-equal), and a cached stamp that lists no folder is never valid.
+A scan of a big folder is cached on disk (``~/.cache/stoker/scan``: one NPZ file with its JSON
+metadata inside, never pickle, written and read by :mod:`.cachefile`) and reused while every
+directory's stamp is unchanged: its device, inode, mtime, ctime, link count (subfolders) and size
+(entries, on file systems that count them). Adding, removing or renaming a file changes its
+directory's mtime and ctime; restoring an mtime (``tar`` or ``rsync`` unpacking the same times)
+still changes the ctime, which no user can set; a folder replaced by another has another inode. A
+cache is written only from a scan that saw no change while it ran (each directory stamped before it
+is listed and again after the whole walk) and no change in the last ``RACY_S`` seconds (a change
+inside one tick of the file system's clock leaves its times equal), and a cached stamp that lists no
+folder is never valid.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 import warnings
@@ -24,6 +24,7 @@ import numpy as np
 
 from ..decode import IMAGE_EXTENSIONS
 from ..errors import SourceError, StokerWarning
+from . import cachefile
 from .base import FileListSource, PathIndex, cache_folder
 
 CACHE_VERSION = 2
@@ -122,7 +123,7 @@ class FolderSource(FileListSource):
         self.root = Path(root)
         cache = cache_folder(cache_dir, "scan")
         key = hashlib.blake2b(str(self.root.resolve()).encode(), digest_size=10).hexdigest()
-        self._cache = cache / key
+        self._cache = cache / f"{key}.npz"
         if not self._load_cache():
             self._scan()
         if len(self.labels) == 0:
@@ -191,31 +192,19 @@ class FolderSource(FileListSource):
             "dirs": [os.path.abspath(d) for d in dirs],
             "stamps": stamps,
         }
-        try:
-            self._cache.mkdir(parents=True, exist_ok=True)
-            for name, arr in (
-                ("blob", self.index.blob),
-                ("offsets", self.index.offsets),
-                ("labels", self.labels),
-            ):
-                np.save(self._cache / f"{name}.npy", arr, allow_pickle=False)
-            tmp = self._cache / "meta.json.tmp"
-            tmp.write_text(json.dumps(meta))
-            os.replace(tmp, self._cache / "meta.json")
-        except OSError:
-            pass
+        arrays = {"blob": self.index.blob, "offsets": self.index.offsets, "labels": self.labels}
+        cachefile.save_arrays(self._cache, meta, arrays)
 
     def _load_cache(self) -> bool:
         """Use the cached scan if every directory is as it was; False otherwise."""
+        cached = cachefile.load_arrays(self._cache, ("blob", "offsets", "labels"))
+        if cached is None:
+            return False
+        meta, load = cached
         try:
-            meta = json.loads((self._cache / "meta.json").read_text())
             if not self._fresh(meta):
                 return False
-            load = {
-                n: np.load(self._cache / f"{n}.npy", allow_pickle=False)
-                for n in ("blob", "offsets", "labels")
-            }
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             return False
         self.classes = list(meta["classes"])
         self.index = PathIndex.from_arrays(self.root, load["blob"], load["offsets"])

@@ -37,7 +37,15 @@ import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError, one_line
 from .base import cache_folder
-from .shardindex import cache_path, index_valid, locate_values, write_index
+from .shardindex import (
+    HEADER_ROWS,
+    cache_index,
+    cache_path,
+    index_valid,
+    layout_key,
+    locate_values,
+    trusted_cached,
+)
 from .shards import MANIFEST, ShardSource, _hf_classes, _join_labels
 
 DEFAULT_TIMEOUT = 60.0  # seconds for one request (connect + transfer)
@@ -204,24 +212,26 @@ class RemoteShardSource(ShardSource):
         key = int.from_bytes(
             hashlib.blake2b(f"{size}|{tag}".encode(), digest_size=7).digest(), "little"
         )
-        rows = pf.metadata.num_rows
+        column = self._value_path(pf)
+        header = ((size, key), (layout_key(pf, column), pf.metadata.num_rows))
         folder, name = url.rsplit("/", 1)
         path = cache_path(self._cache_dir, folder, name)
-        if index_valid(path, (size, key), rows):
-            return str(path)
+        trusted = trusted_cached(path)
+        if trusted is not None and index_valid(trusted, header):
+            return str(trusted)
         offsets = locate_values(
-            url, pf, self._value_path(pf), fetch=lambda start, end: self._get(url, start, end)
+            url, pf, column, fetch=lambda start, end: self._get(url, start, end)
         )
         if offsets is None:
             return None
-        try:
-            write_index(path, (size, key), offsets)
-        except OSError as exc:
+        written = cache_index(path, header, offsets)
+        if written is None:
             raise SourceError(
-                f"{url}: cannot write its byte-offset index under {self._cache_dir} ({exc}); "
-                "pass cache_dir= a writable folder"
-            ) from None
-        return str(path)
+                f"{url}: cannot write its byte-offset index under {self._cache_dir} (not "
+                "writable, or not a folder of yours alone: see the warning above); pass "
+                "cache_dir= a folder of your own"
+            )
+        return str(written)
 
     def _make_digest(self, manifest: dict | None) -> str:
         """The same digest a local ShardSource gives for the same shards (so a resume can
@@ -339,7 +349,7 @@ class RemoteShardSource(ShardSource):
                 raise
             except Exception as exc:  # noqa: BLE001
                 raise OSError(f"{self.name(index)}: {one_line(exc)}") from None
-        offset, length = (int(v) for v in self._table(shard)[row + 2])
+        offset, length = (int(v) for v in self._table(shard)[row + HEADER_ROWS])
         if offset < 0:
             raise DecodeError(f"{self.name(index)}: no image bytes (null)")
         return self._get(self.files[shard], offset, offset + length)

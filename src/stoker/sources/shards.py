@@ -10,10 +10,11 @@ RSS (a worker seems to grow to the dataset's size) and turns a shard truncated u
 SIGBUS instead of an error. Other shards (compressed image
 columns, as most foreign datasets are) are read a row group at a time, keeping the last one.
 
-The sidecar index (``shardindex``) lives next to the shard as ``<shard>.idx.npy``, stamped with
-the shard's size and mtime, or under ``cache_dir`` (default ``~/.cache/stoker/index``) when that
-folder is read-only. Every offset is checked against the bytes pyarrow reads when the index is
-built.
+The sidecar index (``shardindex``) lives next to the shard as ``<shard>.idx.npy`` when the shard's
+folder is this user's alone, else under ``cache_dir`` (default ``~/.cache/stoker/index``, private);
+it is stamped with the shard's size, mtime and footer layout, trusted only when this user or the
+shard's owner wrote it, and every offset is checked against the bytes pyarrow reads when the
+index is built.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ..errors import DecodeError, SourceError
 from .base import Source, cache_folder, drop_pages, short_read, stock
 from .parquet_targets import join_labels as _join_labels
 from .parquet_targets import label_names, shard_targets
-from .shardindex import local_index
+from .shardindex import HEADER_ROWS, local_index
 
 MANIFEST = "stoker-manifest.json"
 _OPEN_MAPS = 64  # open shard files (descriptors or memory maps) kept per process
@@ -191,7 +192,7 @@ class ShardSource(Source):
             entry = self._acquire(shard)
             try:
                 handle, table = entry
-                offset, length = (int(v) for v in table[row + 2])
+                offset, length = (int(v) for v in table[row + HEADER_ROWS])
                 if offset < 0:
                     raise DecodeError(f"{self.name(index)}: no image bytes (null)")
                 if isinstance(handle, int):
@@ -219,7 +220,7 @@ class ShardSource(Source):
         shard, row = self.locate(index)
         entry = self._acquire(shard)
         try:
-            offset, length = (int(v) for v in entry[1][row + 2])
+            offset, length = (int(v) for v in entry[1][row + HEADER_ROWS])
             if offset < 0:
                 return None
             return str(self.files[shard]), offset, length, os.dup(entry[0])
@@ -234,7 +235,7 @@ class ShardSource(Source):
         entry = self._acquire(shard)
         try:
             handle, table = entry
-            offset, length = (int(v) for v in table[row + 2])
+            offset, length = (int(v) for v in table[row + HEADER_ROWS])
             if isinstance(handle, int) and offset >= 0:
                 drop_pages("", offset, length, fd=handle)
                 return True

@@ -16,7 +16,6 @@ read at an offset).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
+from . import cachefile
 from .base import PathIndex, Source, cache_folder, drop_pages, short_read, stock
 from .targets import parse_column
 
@@ -204,8 +204,11 @@ def _cache_file(cache_dir: Path, path: str) -> Path:
 def _load_scan(where: Path, stamp: list[Any]) -> tuple[list[Sample], list[str]] | None:
     """The cached scan at ``where`` if it is this version's and stamped ``stamp``; else None
     (missing, stale or damaged: the tar is scanned again)."""
+    data = cachefile.read_cache(where)
+    if data is None:
+        return None
     try:
-        meta = json.loads(where.read_text(encoding="utf-8"))
+        meta = json.loads(data)
         if meta["version"] != CACHE_VERSION or meta["stamp"] != stamp:
             return None
         samples = [(str(n), int(o), int(z), None if y is None else str(y))
@@ -219,14 +222,7 @@ def _save_scan(where: Path, stamp: list[Any], samples: list[Sample], refused: li
     """Write a tar's scan (JSON, never pickle), atomically; best effort: a read-only home just
     means no cache."""
     meta = {"version": CACHE_VERSION, "stamp": stamp, "samples": samples, "refused": refused}
-    tmp = where.with_name(f"{where.name}.{os.getpid()}.tmp")
-    try:
-        where.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(meta), encoding="utf-8")
-        os.replace(tmp, where)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
+    cachefile.write_cache(where, lambda f: f.write(json.dumps(meta).encode("utf-8")))
 
 
 def _scan(path: str) -> tuple[list[Sample], list[str]]:
