@@ -31,6 +31,7 @@ import numpy as np
 import stoker
 from stoker import imageops as im
 from stoker import transforms
+from stoker.cli.bench import tree_cpu
 from stoker.ops import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide
 
 SIZE = 224
@@ -51,14 +52,15 @@ def crops(folder: Path, count: int) -> tuple[list[np.ndarray], list[bytes]]:
 
 
 def median_us(fn: Callable[[int], Any], calls: int) -> float:
-    """Median wall time of ``fn(k)`` in microseconds (batches of 10 calls)."""
+    """Median CPU time of this thread per ``fn(k)`` in microseconds (batches of 10 calls):
+    CPU time, not wall time, so that other programs on a shared machine count less."""
     fn(0)
     times = []
     for start in range(0, calls, 10):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for k in range(start, start + 10):
             fn(k)
-        times.append((time.perf_counter() - t0) / 10 * 1e6)
+        times.append((time.thread_time() - t0) / 10 * 1e6)
     return statistics.median(times)
 
 
@@ -108,18 +110,22 @@ def stock_ops() -> dict[str, Any]:
     }
 
 
-def loader_rate(folder: Path, augment: Any, workers: int, batch: int, epochs: int) -> float:
-    """img/s of ``epochs`` full epochs after one warm-up epoch."""
+def loader_rate(
+    folder: Path, augment: Any, workers: int, batch: int, epochs: int
+) -> tuple[float, float]:
+    """img/s of ``epochs`` full epochs after one warm-up epoch, and the CPU milliseconds per
+    image of the whole process tree (workers included)."""
     with stoker.Loader(
         folder, batch_size=batch, image_size=SIZE, augment=augment, workers=workers, seed=0
     ) as loader:
         for _ in loader:  # warm-up: workers started, page cache warm
             pass
-        t0, images = time.perf_counter(), 0
+        t0, cpu0, images = time.perf_counter(), tree_cpu(), 0
         for _ in range(epochs):
             for x, _ in loader:
                 images += len(x)
-        return images / (time.perf_counter() - t0)
+        wall, cpu = time.perf_counter() - t0, tree_cpu() - cpu0
+        return images / wall, cpu / images * 1e3
 
 
 def main() -> None:
@@ -133,9 +139,10 @@ def main() -> None:
     args = p.parse_args()
     cv2.setNumThreads(1)  # as in a worker
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (shared machine)")
+    load_start = os.getloadavg()[0]
 
     images, datas = crops(args.folder, 40)
-    print("\n1. per-op cost on a 224x224 uint8 crop (median µs, one thread)")
+    print("\n1. per-op cost on a 224x224 uint8 crop (median CPU µs of the thread, one thread)")
     rows = op_costs(images, datas, args.calls)
     peer = rows[0][1]
     for name, us in rows:
@@ -148,17 +155,22 @@ def main() -> None:
         "train", TrivialAugmentWide(), RandomErasing(p=0.25)
     ]
     rates: dict[str, list[float]] = {k: [] for k in settings}
+    cpus: dict[str, list[float]] = {k: [] for k in settings}
     for _ in range(args.rounds):
         for key, augment in settings.items():
-            rates[key].append(loader_rate(args.folder, augment, args.workers, args.batch,
-                                          args.epochs))
+            rate, cpu = loader_rate(args.folder, augment, args.workers, args.batch, args.epochs)
+            rates[key].append(rate)
+            cpus[key].append(cpu)
     base = statistics.median(rates['"train"'])
-    print(f"\n2. Loader, workers={args.workers}, batch {args.batch}, {SIZE}x{SIZE}: median img/s "
-          f"of {args.rounds} interleaved rounds (range)")
+    base_cpu = statistics.median(cpus['"train"'])
+    print(f"\n2. Loader, workers={args.workers}, batch {args.batch}, {SIZE}x{SIZE}: median of "
+          f"{args.rounds} interleaved rounds: img/s (range), its ratio to \"train\", CPU ms per "
+          "image (process tree) and its ratio")
     for key, values in rates.items():
-        med = statistics.median(values)
+        med, cpu = statistics.median(values), statistics.median(cpus[key])
         print(f"  augment={key:56s} {med:7.0f} img/s ({min(values):.0f}-{max(values):.0f})"
-              f"  {med / base:5.2f}x")
+              f"  {med / base:5.2f}x   {cpu:5.2f} ms  {cpu / base_cpu:5.2f}x")
+    print(f"load average at the start {load_start:.1f}, at the end {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":
