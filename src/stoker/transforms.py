@@ -92,7 +92,9 @@ class Pipeline:
     interpolation = "auto"  # the resize filter (see pixels.INTERPOLATIONS)
     mask_map: Any = None  # ``Loader(mask_map=)``: a MaskMap applied to each decoded mask
     post: tuple[Callable[..., np.ndarray], ...] = ()  # ops run on the written output
-
+    #: A file that decodes only with the decoder's warnings (recoverable corrupt data) is bad
+    #: data, as one that does not decode (set by make_pipeline).
+    strict_decode = False
 
     def __init__(self, size: tuple[int, int], fast: bool, max_pixels: int) -> None:
         self.size, self.fast, self.max_pixels = size, fast, max_pixels
@@ -119,6 +121,8 @@ class Pipeline:
             return (img if box is None else _cut(img, box)), size, box
         info = dec.probe(data, max_pixels=self.max_pixels)
         box = self.box(info.height, info.width, u)
+        if self.strict_decode and notes is None:
+            notes = []
         region = dec.decode(
             data,
             info,
@@ -129,6 +133,8 @@ class Pipeline:
             notes=notes,
             channels=self.channels,
         )
+        if self.strict_decode:
+            dec.refuse_warnings(data, info, box, notes or [])
         return region, (info.height, info.width), box
 
     def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
@@ -473,11 +479,13 @@ def make_pipeline(
     channels: int = 3,
     interpolation: str = "auto",
     fit: str | None = None,
+    strict_decode: bool = False,
 ) -> Pipeline:
     """Build the pipeline that ``augment=`` names: "train", "eval", None, a callable, a list of
     ops, or a stock name followed by ops (``["train", op, ...]``: the ops run on its output);
     ``channels``, ``interpolation`` and ``fit`` ("crop"/"pad" to the output's aspect ratio,
-    with ``augment=None`` only) shape how its output is written."""
+    with ``augment=None`` only) shape how its output is written; ``strict_decode`` makes a
+    file decoded only with warnings bad data."""
     pipeline = _pipeline(augment, size, fast, max_pixels)
     if fit is not None and type(pipeline) is not ResizePipeline:
         raise ConfigError(
@@ -485,6 +493,7 @@ def make_pipeline(
             f"augment=None (not augment={augment!r}, which chooses its own crop)"
         )
     pipeline.channels, pipeline.interpolation = channels, interpolation
+    pipeline.strict_decode = strict_decode
     if isinstance(pipeline, ResizePipeline):
         pipeline.fit = fit
     return pipeline

@@ -156,6 +156,25 @@ def decode(
     return image
 
 
+def refuse_warnings(
+    data: bytes | memoryview, info: ImageInfo, box: tuple[int, int, int, int] | None,
+    notes: list[str],
+) -> None:
+    """``strict_decode``: raise DecodeError when decoding ``box`` of the image gave warnings
+    (``notes``), or, for a JPEG decoded only in part, when the rest of its data would (so a
+    file is bad in every epoch, whatever crop an epoch draws). Only libjpeg reports
+    recoverable damage; the other decoders decode or refuse."""
+    found = list(notes)
+    whole = box is None or tuple(box) == (0, 0, info.height, info.width)
+    if not found and info.format == "jpeg" and not whole:
+        found = jpeg.scan_warnings(byte_view(data), info)
+    if found:
+        raise DecodeError(
+            f"decoded only with warnings ({'; '.join(found)}); strict_decode=True counts such "
+            "a file as bad"
+        )
+
+
 def _decode(data, info, box, min_size, fast, notes, channels) -> np.ndarray:  # type: ignore[no-untyped-def]
     module = _FORMATS.get(info.format)
     if channels == 4 and module is not jpeg:

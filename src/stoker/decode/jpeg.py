@@ -226,6 +226,25 @@ def decode(
     return crop_oriented(image, box, info, factor)
 
 
+def scan_warnings(data: bytes | memoryview, info: ImageInfo) -> list[str]:
+    """libjpeg's warnings for all of a JPEG's data: a decode of the whole image at 1/8 scale,
+    gray, fast (every entropy-coded byte is read, where the warnings arise, for a fraction of
+    a full decode's work); ``[]`` when there are none."""
+    notes: list[str] = []
+    try:
+        if jpegcrop.AVAILABLE:
+            jpegcrop.decode_region(data, None, (1, 1), True, image_size=stored_size(info),
+                                   notes=notes, channels=1)
+            return notes
+        simplejpeg.decode_jpeg(data, colorspace="GRAY", fastdct=True, fastupsample=True,
+                               min_height=1, min_width=1, strict=True)
+    except ValueError as exc:
+        if "cmyk" in str(exc).lower():  # decoded whole (simplejpeg strict): seen already
+            return notes
+        notes.append(f"libjpeg: {exc}")
+    return notes
+
+
 def _decode_window(data, info: ImageInfo, box: Box, min_size, fast: bool, notes, channels):
     """Decode only ``box`` with the C extension; None where it cannot (CMYK/YCCK)."""
     stored = stored_box(box, info)

@@ -80,6 +80,7 @@ class Loader:
         max_errors: Any = 0.001,
         max_pixels: int = config.DEFAULT_MAX_PIXELS,
         fast_decode: bool | str = "auto",
+        strict_decode: bool = False,
         timeout: float = 300.0,
         rank: int | None = None,
         world_size: int | None = None,

@@ -124,6 +124,7 @@ def _pipeline(
         channels=pixels_mod.channels(args["color_mode"], source.pixel_channels()),
         interpolation=pixels_mod.interpolation(args["interpolation"]),
         fit="crop" if crop else "pad" if pad else None,
+        strict_decode=config.flag("strict_decode", args.get("strict_decode", False)),
     )
 
 
