@@ -165,3 +165,58 @@ def test_output_dtype_for_every_adapter_and_channels_first_keras():
         assert np.allclose(x, images[y].astype(np.float32) / 255), name
     assert first[0].shape == (4, 3, 6, 5)
     assert np.array_equal(first[0], images[first[1]].transpose(0, 3, 1, 2))
+
+
+SIZES_PAD = [(32, 32), (48, 80), (100, 60)]
+
+
+@pytest.mark.timeout(300)
+def test_pad_to_aspect_ratio_places_the_image_where_keras_does(tmp_path):
+    """Against keras.utils.image_dataset_from_directory(pad_to_aspect_ratio=True) itself, on
+    real JPEGs of many aspect ratios: the border is the same rows and columns exactly; the
+    pixels differ only by Keras' decoder (TensorFlow's default IDCT is libjpeg's fast one,
+    stoker's the accurate one, 0-6 levels): against tf.image.resize_with_pad on the accurate
+    decode, every pixel is within 1 level (the uint8 rounding of the resize)."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    import tensorflow as tf
+
+    from stoker.datasets import make_image_folder
+
+    root = make_image_folder(tmp_path, classes=2, per_class=5, min_side=64, max_side=120, seed=1)
+    files = sorted(str(p) for p in root.glob("*/*.jpg"))
+    for k, size in enumerate(SIZES_PAD):
+        ds = keras.utils.image_dataset_from_directory(
+            str(root), image_size=size, batch_size=10, shuffle=False, verbose=False,
+            pad_to_aspect_ratio=True, interpolation="bilinear",
+        )
+        theirs = np.concatenate([x.numpy() for x, _ in ds])
+        with stoker.Loader(
+            root, image_size=size, augment=None, shuffle=False, batch_size=10,
+            workers=2 if k == 0 else 0, interpolation="bilinear", pad_to_aspect_ratio=True,
+        ) as loader:
+            ours = np.concatenate([x for x, _ in loader])
+        assert loader.file_paths == files
+        for i in range(len(files)):  # the geometry: the same black rows and columns
+            for axis in (0, 1):
+                black = (theirs[i] == 0).all(axis=(1 - axis, 2))
+                assert np.array_equal(black, (ours[i] == 0).all(axis=(1 - axis, 2)))
+        diff = np.abs(ours.astype(np.float32) - theirs)
+        assert diff.mean() < 1.5 and diff.max() <= 8, (size, diff.mean(), diff.max())
+        accurate = np.stack([
+            tf.image.resize_with_pad(
+                tf.io.decode_jpeg(tf.io.read_file(f), channels=3,
+                                  dct_method="INTEGER_ACCURATE"),
+                *size, method="bilinear",
+            ).numpy()
+            for f in files
+        ])
+        assert np.abs(ours.astype(np.float32) - accurate).max() <= 1.0, size
+
+
+def test_pad_to_aspect_ratio_with_masks_is_refused():
+    images = np.zeros((4, 16, 8, 3), np.uint8)
+    with pytest.raises(ConfigError, match="crop_to_aspect_ratio"):
+        stoker.Loader(images, masks=np.zeros((4, 16, 8), np.uint8), pad_to_aspect_ratio=True)

@@ -67,14 +67,30 @@ def aspect_box(h: int, w: int, out_h: int, out_w: int) -> Box:
     return (h - ch) // 2, (w - cw) // 2, ch, cw
 
 
-def pad_into(region: np.ndarray, out: np.ndarray, how: str) -> None:
-    """``pad_to_aspect_ratio``: resize keeping the aspect ratio, centred, black borders."""
+def pad_box(h: int, w: int, out_h: int, out_w: int) -> Box:
+    """``pad_to_aspect_ratio``: where an ``h`` x ``w`` image goes in an ``out_h`` x ``out_w``
+    output, ``(top, left, height, width)``, exactly as Keras' ``image_dataset_from_directory``
+    places it (``tf.image.resize_with_pad``): the scale from float32 ratios, the size rounded
+    down, the offset half the float32 margin rounded down. Rounding the size to nearest, or
+    centring the integer size, moves the image by a row or column on some sizes."""
+    f = np.float32
+    ratio = max(f(w) / f(out_w), f(h) / f(out_h))
+    rh_f, rw_f = f(h) / ratio, f(w) / ratio
+    rh, rw = max(1, min(out_h, int(np.floor(rh_f)))), max(1, min(out_w, int(np.floor(rw_f))))
+    top = max(0, int(np.floor((f(out_h) - rh_f) / f(2))))
+    left = max(0, int(np.floor((f(out_w) - rw_f) / f(2))))
+    return min(top, out_h - rh), min(left, out_w - rw), rh, rw
+
+
+def pad_into(
+    region: np.ndarray, out: np.ndarray, how: str, full: tuple[int, int] | None = None
+) -> None:
+    """``pad_to_aspect_ratio``: resize keeping the aspect ratio into ``pad_box``'s place,
+    black borders. ``full``: the image's own (height, width) when ``region`` was decoded at a
+    reduced scale (the place follows the image's size, as Keras decodes it whole)."""
     h, w = out.shape[:2]
-    scale = min(h / region.shape[0], w / region.shape[1])
-    rh = min(h, max(1, round(region.shape[0] * scale)))
-    rw = min(w, max(1, round(region.shape[1] * scale)))
-    top, left = (h - rh) // 2, (w - rw) // 2
-    inner = np.empty((rh, rw, *out.shape[2:]), out.dtype)
+    top, left, rh, rw = pad_box(*(full or region.shape[:2]), h, w)
+    inner = np.empty((rh, rw, *out.shape[2:]), out.dtype)  # cv2 writes only contiguous dst
     resize_into(region, inner, how)
     out[...] = 0
     out[top : top + rh, left : left + rw] = inner

@@ -246,9 +246,20 @@ class ResizePipeline(Pipeline):
             return pixels.aspect_box(h, w, self.size[0], self.size[1])
         return None
 
-    def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
+    def load(
+        self, data: bytes | np.ndarray, u: np.ndarray, notes: list[str] | None = None
+    ) -> Any:
+        """The decoded image; with ``fit="pad"``, ``(image, its full (height, width))``: the
+        padding's place follows the full size, and a reduced-scale decode is smaller."""
+        region, size, _ = self._load(data, u, notes)
+        return (region, size) if self.fit == "pad" else region
+
+    def finish(self, region: Any, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
         if self.fit == "pad":
-            pixels.pad_into(pixels.to_channels(region, self.channels), out, self.interpolation)
+            image, full = region
+            pixels.pad_into(
+                pixels.to_channels(image, self.channels), out, self.interpolation, full
+            )
         else:
             super().finish(region, u, rng, out)
 
@@ -496,6 +507,10 @@ def make_pipeline(
     pipeline.strict_decode = strict_decode
     if isinstance(pipeline, ResizePipeline):
         pipeline.fit = fit
+        # a point-sampling filter named for pad_to_aspect_ratio samples the whole decode, as
+        # Keras does; a reduced-scale decode would average first (what "auto"/"area" do anyway)
+        if fit == "pad" and interpolation not in ("auto", "area"):
+            pipeline.reduce = False
     return pipeline
 
 

@@ -52,6 +52,11 @@ def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Pa
     augment = config.augment(args["augment"], pixels, args["subset"])
     pipeline = _pipeline(args, source, image_size, augment, max_pixels)
     has_masks = bool(source.has_masks)
+    if has_masks and args["pad_to_aspect_ratio"]:
+        raise ConfigError(
+            "pad_to_aspect_ratio=True with masks: the black border has no class to give the "
+            "mask; use crop_to_aspect_ratio=True, or augment=None (a plain resize of both)"
+        )
     if has_masks and isinstance(pipeline, CustomPipeline):
         check_mask_ops(pipeline.ops)
     pipeline.mask_map = _mask_map(args["mask_map"], has_masks)
