@@ -89,7 +89,8 @@ def pad_into(
     black borders. ``full``: the image's own (height, width) when ``region`` was decoded at a
     reduced scale (the place follows the image's size, as Keras decodes it whole)."""
     h, w = out.shape[:2]
-    top, left, rh, rw = pad_box(*(full or region.shape[:2]), h, w)
+    fh, fw = full if full is not None else region.shape[:2]
+    top, left, rh, rw = pad_box(fh, fw, h, w)
     inner = np.empty((rh, rw, *out.shape[2:]), out.dtype)  # cv2 writes only contiguous dst
     resize_into(region, inner, how)
     out[...] = 0
