@@ -1,4 +1,4 @@
-"""The ``stoker`` command: demo, bench, inspect, doctor, convert.
+"""The ``stoker`` command: demo, bench, inspect, show, doctor, convert.
 
 It speaks plainly: a missing path, a bad option or an unreadable file gives one line on stderr
 and a non-zero exit (2 for a bad command line, 1 for a failure, 130 for Ctrl-C), never a
@@ -57,9 +57,19 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--workers", type=_workers, default="auto")
     bench.add_argument("--epochs", type=int, default=3, help="measured epochs after a warm-up")
     bench.add_argument("--max-batches", type=int, default=0, help="cap batches per epoch")
+    bench.add_argument("--plot", default=None, metavar="OUT.png",
+                       help="also draw img/s over time and the wait share beside the ceiling")
     inspect = add("inspect", help="counts, classes, image sizes, bad files")
     inspect.add_argument("source")
     inspect.add_argument("--decode", action="store_true", help="fully decode every image")
+    show = add("show", help="a contact sheet of augmented samples with their labels or masks")
+    show.add_argument("source")
+    show.add_argument("--out", required=True, metavar="SHEET.png", help="the PNG to write")
+    show.add_argument("--augment", default="train", help="train, eval or none")
+    show.add_argument("--image-size", type=int, default=128)
+    show.add_argument("--rows", type=int, default=4)
+    show.add_argument("--cols", type=int, default=4)
+    show.add_argument("--seed", type=int, default=0)
     doctor = add("doctor", help="shared memory, leaked segments, decoders")
     doctor.add_argument("--clean", action="store_true", help="remove segments of dead processes")
     conv = add("convert", help="write a source as Parquet shards (resumable)")
@@ -132,8 +142,15 @@ def _run(args: argparse.Namespace) -> None:
                 progress=_progress,
                 epochs=args.epochs,
                 max_batches=args.max_batches,
+                plot=args.plot,
             )
         )
+    elif args.command == "show":
+        from .show import show
+
+        augment = None if args.augment.lower() == "none" else args.augment
+        print(show(args.source, args.out, rows=args.rows, cols=args.cols,
+                   image_size=args.image_size, augment=augment, seed=args.seed))
     elif args.command == "inspect":
         from .inspect import inspect_source
 

@@ -1,5 +1,6 @@
 """``stoker bench``: the loader's throughput next to this machine's decode ceiling for the same
-data and work, CPU time and memory per image, and which stage is the bottleneck."""
+data and work, CPU time and memory per image, and which stage is the bottleneck; ``--plot``
+draws the measured epochs (``plot.py``)."""
 
 from __future__ import annotations
 
@@ -7,14 +8,17 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
 from ..assemble import Assembler
 from ..decode import decoder_name, jpegcrop
+from ..errors import ConfigError
 from ..loader import Loader, config
 from ..workers.jobs import map_jobs
+from .plot import Batch, bench_chart
 
 
 def tree_pss() -> int:
@@ -100,20 +104,41 @@ def _silent(line: str) -> None:
 
 
 def _epoch(loader: Loader, max_batches: int, label: str = "",
-           progress: Callable[[str], None] = _silent) -> tuple[int, float, float]:
+           progress: Callable[[str], None] = _silent,
+           timeline: Timeline | None = None) -> tuple[int, float, float]:
+    """One epoch (or ``max_batches`` of it): ``(images, seconds, CPU seconds)``; each batch's
+    arrival and wait go to ``timeline`` when given."""
     cpu0, t0, n = tree_cpu(), time.perf_counter(), 0
     total = min(len(loader), max_batches) if max_batches else len(loader)
-    last = t0
+    last = ready = t0
+    if timeline is not None:
+        timeline.epoch_starts.append(timeline.elapsed)
     for i, (x, _) in enumerate(loader):
         n += len(x)
         now = time.perf_counter()
+        if timeline is not None:
+            timeline.batches.append(Batch(timeline.elapsed + now - t0, len(x), now - ready))
         if now - last >= PROGRESS_EVERY_S:
             last = now
             progress(f"stoker bench: {label}: {i + 1}/{total} batches, "
                      f"{n / (now - t0):,.0f} img/s so far")
         if max_batches and i + 1 >= max_batches:
             break
-    return n, time.perf_counter() - t0, tree_cpu() - cpu0
+        ready = time.perf_counter()
+    seconds = time.perf_counter() - t0
+    if timeline is not None:
+        timeline.elapsed += seconds
+    return n, seconds, tree_cpu() - cpu0
+
+
+@dataclass
+class Timeline:
+    """The measured epochs batch by batch, for ``--plot``: times count seconds inside the
+    measured epochs only (the pauses between them, for memory readings, are left out)."""
+
+    elapsed: float = 0.0
+    batches: list[Batch] = field(default_factory=list)
+    epoch_starts: list[float] = field(default_factory=list)
 
 
 def run_bench(
@@ -126,9 +151,13 @@ def run_bench(
     epochs: int = 3,
     max_batches: int = 0,
     progress: Callable[[str], None] = _silent,
+    plot: str | os.PathLike[str] | None = None,
 ) -> str:
     """Run the benchmark and return its report; ``progress`` gets a line per step (and every
-    few seconds of a long epoch) while it measures."""
+    few seconds of a long epoch) while it measures. ``plot``: also draw the measured epochs
+    (img/s over time, the wait share, the decode ceiling) as a PNG there."""
+    if plot is not None and not str(plot).lower().endswith(".png"):
+        raise ConfigError(f"--plot {plot}: the chart is written as PNG; name it *.png")
     options = {"batch_size": batch_size, "image_size": image_size, "augment": augment}
     progress("stoker bench: one core's rate, in this process (3 s)")
     with Loader(source, workers=0, **options) as probe:
@@ -141,8 +170,10 @@ def run_bench(
         _epoch(loader, max_batches, "warm-up", progress)  # worker start, page cache
         runs, peak = [], 0
         count = max(1, epochs)
+        timeline = Timeline()
         for k in range(count):
-            runs.append(_epoch(loader, max_batches, f"epoch {k + 1}/{count}", progress))
+            runs.append(_epoch(loader, max_batches, f"epoch {k + 1}/{count}", progress,
+                               timeline))
             peak = max(peak, tree_pss())
             n, dt, _ = runs[-1]
             progress(f"stoker bench: epoch {k + 1}/{count}: {n / dt:,.0f} img/s")
@@ -156,6 +187,12 @@ def run_bench(
     ceiling = sum(busy)
     stages = {"read": report.read_ms, "decode": report.decode_ms, "transform": report.transform_ms}
     slowest = max(stages, key=stages.__getitem__)
+    plotted = []
+    if plot is not None:
+        bench_chart(timeline.batches, ceiling, timeline.epoch_starts, plot,
+                    f"stoker bench {source}: batch {batch_size}, image {image_size}, "
+                    f"augment {augment}, workers {loader.workers}")
+        plotted = [f"  plot: {plot}"]
     return "\n".join(
         [
             f"stoker bench {source}: batch {batch_size}, image {image_size}, augment {augment}, "
@@ -175,5 +212,6 @@ def run_bench(
             + f"; slowest: {slowest}",
             f"  consumer waited {report.wait_share:.0%} of the time (no compute here, so ~100% "
             "is expected); in training, stats() tells whether input is the bottleneck",
+            *plotted,
         ]
     )
