@@ -87,7 +87,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("augment", "str | callable | list | dict | None",
            "`\"train\"` (random resized crop + flip: wrong for targets tied to pixel positions), "
            "`\"eval\"` (resize, centre crop), `None` (plain resize), a callable "
-           "`(image, rng) -> image`, a list of `stoker.ops`, or a dict per half with "
+           "`(image, rng) -> image`, a list of `stoker.ops`, a stock name then ops "
+           "(`[\"train\", stoker.ops.TrivialAugmentWide()]`: the ops run on the fused "
+           "pipeline's output, see [Augmentation ops](augment-ops.md)), or a dict per half with "
            "`subset=\"both\"`; `\"auto\"` is `\"train\"` for image files (`\"eval\"` for "
            "validation), `None` for arrays."),
     # order and randomness
@@ -116,6 +118,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("fast_decode", "bool | str",
            "libjpeg's fast integer IDCT (a level or two off on a few pixels, a little faster); "
            "`\"auto\"` uses it for `augment=\"train\"` only."),
+    Option("strict_decode", "bool",
+           "A file that decodes only with libjpeg's warnings (recoverable corrupt data) is a bad "
+           "sample, named and replaced, in every epoch whatever crop it draws."),
     Option("timeout", "float",
            "Seconds without progress before `WorkerHung`; a single read taking a quarter of it "
            "(at most 60 s) is a bad sample."),
