@@ -119,8 +119,8 @@ OPTIONS: tuple[Option, ...] = (
            "libjpeg's fast integer IDCT (a level or two off on a few pixels, a little faster); "
            "`\"auto\"` uses it for `augment=\"train\"` only."),
     Option("strict_decode", "bool",
-           "A file that decodes only with libjpeg's warnings (recoverable corrupt data) is a bad "
-           "sample, named and replaced, in every epoch whatever crop it draws."),
+           "Count a file that decodes only with libjpeg's warnings (recoverable corrupt data) "
+           "as a bad file, whatever part of it a crop decodes (see [decoding](decoding.md))."),
     Option("timeout", "float",
            "Seconds without progress before `WorkerHung`; a single read taking a quarter of it "
            "(at most 60 s) is a bad sample."),
