@@ -169,3 +169,28 @@ def test_bad_arguments_and_foreign_destination(image_folder, tmp_path):
     convert(image_folder, tmp_path / "y", **SMALL)
     with pytest.raises(stoker.ConfigError, match="different conversion"):
         convert(image_folder, tmp_path / "y", max_side=10, **SMALL)
+
+
+@pytest.mark.timeout(120)
+def test_a_file_name_that_is_not_utf8_is_stored_escaped_and_the_shards_load(
+    image_folder, tmp_path
+):
+    """A Latin-1 file name (and a corrupt file under one) no longer fails the whole convert
+    with UnicodeEncodeError: the path column holds its bytes with \\xNN escapes."""
+    import os
+
+    src = tmp_path / "src"
+    shutil.copytree(image_folder, src, ignore=shutil.ignore_patterns("*.csv"))
+    first = sorted((src / "class_000").glob("*.jpg"))[0]
+    os.rename(first, os.fsdecode(bytes(src / "class_000") + b"/caf\xe9.jpg"))
+    (src / "class_001").joinpath(os.fsdecode(b"bad\xff.jpg")).write_bytes(b"not a jpeg")
+    dst = tmp_path / "shards"
+    convert(src, dst, **SMALL)
+    paths = [p for f in sorted(dst.glob("*.parquet"))
+             for p in pq.read_table(f, columns=["image"]).column("image").combine_chunks()
+             .field("path").to_pylist()]
+    assert "class_000/caf\\xe9.jpg" in paths and len(paths) == 36
+    errors = (dst / "errors.csv").read_text(encoding="utf-8")
+    assert "class_001/bad\\xff.jpg" in errors
+    with stoker.Loader(dst, batch_size=6, image_size=16, workers=0, shuffle=False) as loader:
+        assert sum(len(y) for _, y in loader) == 36

@@ -63,7 +63,7 @@ def write_shard(source: Source, job: dict[str, Any], number: int, samples: list[
             try:
                 data = prepare(source.read(i), settings["max_side"], settings["quality"])
             except DATA_ERRORS as exc:
-                errors.append([i, source.name(i), one_line(exc)])
+                errors.append([i, stored_name(source.name(i)), stored_name(one_line(exc))])
                 continue
             rows.append((data, _path_of(source, i), int(source.labels[i])))
             buffered += len(data)
@@ -161,7 +161,19 @@ def _rgb(array: np.ndarray) -> np.ndarray:
 
 def _path_of(source: Source, i: int) -> str:
     index = getattr(source, "index", None)
-    return index.relative(i) if isinstance(index, PathIndex) else source.name(i)
+    return stored_name(index.relative(i) if isinstance(index, PathIndex) else source.name(i))
+
+
+def stored_name(name: str) -> str:
+    """``name`` as the shards' UTF-8 ``path`` column (and errors.csv) store it: as is when it
+    is text, else (a file name that is not UTF-8, which Python holds with surrogate escapes)
+    its bytes on disk with each byte that is not UTF-8 written ``\\xNN``: the column stays a
+    string every Parquet reader takes."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(name).decode("utf-8", "backslashreplace")
+    return name
 
 
 def _label_counts(labels: np.ndarray, samples: list[int], errors: list[list[Any]]) -> dict:
