@@ -140,3 +140,46 @@ def test_kept_batches_filling_shared_memory_say_to_copy_them_not_to_lower_batch_
     assert "ERROR ShmFullError" in out.stdout, out.stdout
     assert "keeps the arrays of" in out.stdout and "images.copy()" in out.stdout
     assert "would not help" in out.stdout
+
+
+@pytest.mark.timeout(120)
+def test_ulimit_n_9_is_a_resource_limit_error_naming_the_limit_and_leaves_nothing():
+    import resource
+    import sys
+
+    code = textwrap.dedent("""
+    import os, numpy as np, stoker
+    images = np.zeros((16, 16, 16, 3), np.uint8)
+    try:
+        with stoker.Loader(images, batch_size=4, workers=2, augment=None) as loader:
+            next(iter(loader))
+    except stoker.ResourceLimitError as exc:
+        print("LIMIT", exc)
+    left = [n for n in os.listdir("/dev/shm") if n.startswith(f"stoker_{os.getpid()}_")]
+    print("LEFT", left)
+    """)
+
+    def nine_files():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (9, 9))
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=100, env=chaos_env.env(), preexec_fn=nine_files)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "LIMIT cannot start worker process" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "ulimit -n, is 9" in out.stdout and "LEFT []" in out.stdout
+
+
+@pytest.mark.parametrize("code,says", [
+    ("EMFILE", "ulimit -n"), ("ENFILE", "fs.file-max"), ("EAGAIN", "ulimit -u"),
+    ("ENOMEM", "out of memory"), ("ENOSPC", "no space left"),
+])
+def test_each_os_limit_is_named_with_its_fix(code, says):
+    import errno
+
+    from stoker.errors import ResourceLimitError, limit_error
+
+    exc = limit_error(OSError(getattr(errno, code), "raw"), "start worker process 0")
+    assert isinstance(exc, ResourceLimitError) and says in str(exc)
+    assert str(exc).startswith("cannot start worker process 0: ")
+    other = OSError(errno.EACCES, "raw")
+    assert limit_error(other, "x") is other

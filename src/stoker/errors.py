@@ -46,6 +46,59 @@ class ResourceLimitError(StokerError, OSError):
     message names it and the fix)."""
 
 
+def limit_error(exc: OSError, doing: str) -> OSError:
+    """A ResourceLimitError naming the operating-system limit behind ``exc`` (failing to
+    ``doing``, e.g. "start worker process 3") and its fix; ``exc`` itself when no limit is
+    behind it."""
+    why = _LIMITS.get(exc.errno or 0)
+    if why is None:
+        return exc
+    return ResourceLimitError(f"cannot {doing}: {why(_rlimit)}")
+
+
+def _rlimit(name: str) -> str:
+    """This process's soft limit ``name`` (``RLIMIT_NOFILE``...) as text; "?" where unknown."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(getattr(resource, name))[0]
+    except (ImportError, AttributeError, OSError, ValueError):
+        return "?"
+    return "unlimited" if soft < 0 or soft >= 2**62 else str(soft)
+
+
+def _limits() -> dict:
+    import errno
+
+    return {
+        errno.EMFILE: lambda r: (
+            f"too many open files in this process (the per-process limit, ulimit -n, is "
+            f"{r('RLIMIT_NOFILE')}). Raise it (ulimit -n 65536, or LimitNOFILE= for a service) "
+            "or use fewer workers"
+        ),
+        errno.ENFILE: lambda r: (
+            "the system's table of open files is full (the kernel's fs.file-max). Close files "
+            "other programs hold or raise it (sysctl -w fs.file-max=1000000)"
+        ),
+        errno.EAGAIN: lambda r: (
+            f"the limit of processes and threads was reached (ulimit -u is "
+            f"{r('RLIMIT_NPROC')}, or the container's pids limit). Use fewer workers or "
+            "worker_threads, or raise the limit (ulimit -u; docker run --pids-limit)"
+        ),
+        errno.ENOMEM: lambda r: (
+            "out of memory (or of the kernel's memory mappings, vm.max_map_count). Use fewer "
+            "workers, a smaller batch_size or prefetch, or free memory"
+        ),
+        errno.ENOSPC: lambda r: (
+            "no space left on the device. Free space there (or, for shared memory, enlarge "
+            "/dev/shm)"
+        ),
+    }
+
+
+_LIMITS = _limits()
+
+
 class StokerWarning(UserWarning):
     """Warnings about the data (a skipped bad file, a link loop) or the machine (a small
     /dev/shm, more workers than cores)."""

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any, NoReturn
 
-from ..errors import ConfigError, WorkerDied, WorkerHung
+from ..errors import ConfigError, WorkerDied, WorkerHung, limit_error
 from . import threads as threads_mod
 from .errors import describe_exit, pack_exception, unpack_exception
 from .slots import Segment, pick_folder
@@ -245,7 +245,18 @@ class Launch:
         self.launched: dict[int, float] = {}
 
     def start(self, wid: int) -> tuple[Process, Connection]:
-        """Start worker ``wid``; it loads the payload and then calls ``target(wid, conn, ...)``."""
+        """Start worker ``wid``; it loads the payload and then calls ``target(wid, conn, ...)``.
+        An operating-system limit (open files, processes, memory) is a ResourceLimitError
+        naming it."""
+        try:
+            return self._start(wid)
+        except OSError as exc:
+            limit = limit_error(exc, f"start worker process {wid}")
+            if limit is exc:
+                raise
+            raise limit from exc
+
+    def _start(self, wid: int) -> tuple[Process, Connection]:
         if not sys.executable:
             raise ConfigError("cannot start worker processes: this Python does not know its own "
                               "executable (sys.executable is empty); use workers=0")
