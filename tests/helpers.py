@@ -115,3 +115,33 @@ def tick_past(path, probe) -> None:
             return
         time.sleep(0.001)
     raise AssertionError("the file system's clock did not advance")
+
+
+def torchvision_style(image, rng):
+    """A torchvision-style augment: torch's global RNG picks a flip and a crop (torch is
+    imported here, inside the call, as a transform module would import it)."""
+    import torch
+
+    t = torch.from_numpy(np.ascontiguousarray(image))
+    if torch.rand(1).item() < 0.5:
+        t = t.flip(1)
+    h, w = t.shape[:2]
+    ch, cw = max(1, h * 3 // 4), max(1, w * 3 // 4)
+    top = int(torch.randint(0, h - ch + 1, (1,)))
+    left = int(torch.randint(0, w - cw + 1, (1,)))
+    return t[top : top + ch, left : left + cw].contiguous().numpy()
+
+
+def albumentations_style(image, rng):
+    """An albumentations-style augment: Python's ``random`` flips, ``np.random`` scales."""
+    import random
+
+    if random.random() < 0.5:
+        image = image[:, ::-1]
+    gain = np.random.uniform(0.6, 1.4)
+    return np.clip(image.astype(np.float32) * gain, 0, 255).astype(np.uint8)
+
+
+def batch_noise(batch, rng):
+    """A batch transform drawing from the global numpy RNG."""
+    batch["image"][...] = np.clip(batch["image"] + np.random.randint(0, 9), 0, 255)

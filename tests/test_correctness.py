@@ -270,3 +270,112 @@ def test_past_max_errors_it_raises_without_warning_beyond_the_budget(tmp_path, b
     skipped = [str(w.message) for w in seen if "stoker skipped" in str(w.message)]
     assert len(skipped) == budget, skipped
     assert all(f"of max_errors={budget} used" in m for m in skipped)
+
+
+# --------------------------------------------------------------------------- global RNGs
+
+
+def _run(folder, augment, workers: int, resume_after: int | None = None) -> list[np.ndarray]:
+    """Images of one epoch and the first batch of the next (resumed after ``resume_after``
+    batches from a fresh loader's state, when given)."""
+    kw = dict(batch_size=6, image_size=16, seed=3, augment=augment, workers=workers)
+    with stoker.Loader(folder, **kw) as loader:
+        if resume_after is None:
+            return [b[0].copy() for b in loader] + [next(iter(loader))[0].copy()]
+        it = iter(loader)
+        head = [next(it)[0].copy() for _ in range(resume_after)]
+        state = loader.state_dict()
+    with stoker.Loader(folder, **kw) as resumed:
+        resumed.load_state_dict(state)
+        return head + [b[0].copy() for b in resumed] + [next(iter(resumed))[0].copy()]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ["torchvision_style", "albumentations_style"])
+def test_augments_on_the_global_rngs_give_the_same_batches_in_workers_inline_and_resumed(
+    name, image_folder
+):
+    import helpers
+
+    augment = getattr(helpers, name)
+    before = np.random.get_state()[1].copy()
+    inline = _run(image_folder, augment, workers=0)
+    assert np.array_equal(np.random.get_state()[1], before)  # the user's state put back
+    workers = _run(image_folder, augment, workers=2)
+    resumed = _run(image_folder, augment, workers=2, resume_after=2)
+    assert len(inline) == len(workers) == len(resumed) == 7
+    for a, b, c in zip(inline, workers, resumed, strict=True):
+        assert np.array_equal(a, b) and np.array_equal(a, c)
+    again = _run(image_folder, augment, workers=0)
+    assert all(np.array_equal(a, b) for a, b in zip(inline, again, strict=True))
+    with stoker.Loader(image_folder, batch_size=6, image_size=16, seed=3, augment=augment,
+                       workers=0, shuffle=False) as a, stoker.Loader(
+        image_folder, batch_size=6, image_size=16, seed=4, augment=augment, workers=0,
+        shuffle=False
+    ) as b:
+        assert not np.array_equal(next(iter(a))[0], next(iter(b))[0])  # the seed counts
+
+
+@pytest.mark.timeout(300)
+def test_a_batch_transform_on_the_global_rng_is_the_same_in_workers_and_inline(image_folder):
+    import helpers
+
+    runs = []
+    for workers in (0, 2):
+        with stoker.Loader(image_folder, batch_size=6, image_size=16, seed=5, workers=workers,
+                           batch_transform=helpers.batch_noise) as loader:
+            runs.append([b[0].copy() for b in loader])
+    assert all(np.array_equal(a, b) for a, b in zip(*runs, strict=True))
+
+
+# --------------------------------------------------------------------------- HF path-only rows
+
+
+def _hf_parquet(folder, stored_paths: list[str | None], embed: tuple[int, ...] = ()) -> str:
+    """A Parquet file in the layout ``datasets``' ``to_parquet()`` writes for images loaded
+    from local files: ``image: struct{bytes, path}`` with bytes null and the path set (rows in
+    ``embed`` carry their bytes, as pushed datasets do)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    (folder / "imgs").mkdir(exist_ok=True)
+    cells = []
+    for i, stored in enumerate(stored_paths):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((6, 6, 3), 20 * i, np.uint8)).save(buf, format="PNG")
+        (folder / "imgs" / f"{i}.png").write_bytes(buf.getvalue())
+        cells.append({"bytes": buf.getvalue() if i in embed else None, "path": stored})
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"image": pa.array(cells, type=kind),
+                      "label": pa.array(range(len(cells)), pa.int64())})
+    out = folder / "train.parquet"
+    pq.write_table(table, out, row_group_size=3)
+    return str(out)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_hugging_face_rows_with_a_path_and_no_bytes_read_the_file(tmp_path, workers):
+    stored = [str(tmp_path / "imgs" / f"{i}.png") if i % 2 else f"imgs/{i}.png" for i in range(7)]
+    parquet = _hf_parquet(tmp_path, stored, embed=(4,))
+    with stoker.Loader(parquet, batch_size=7, image_size=6, augment=None, shuffle=False,
+                       workers=workers, max_errors=0, batch="dict") as loader:
+        b = next(iter(loader))
+    assert b["label"].tolist() == list(range(7))
+    assert b["image"][:, 0, 0, 0].tolist() == [20 * i for i in range(7)]
+
+
+@pytest.mark.timeout(120)
+def test_a_path_only_row_whose_file_is_missing_or_escapes_is_refused_at_construction(tmp_path):
+    stored = [f"imgs/{i}.png" for i in range(4)]
+    stored[2] = "imgs/gone.png"
+    parquet = _hf_parquet(tmp_path, stored)
+    with pytest.raises(stoker.SourceError, match=r"(?s)train\.parquet.*row 2.*gone\.png.*embed"):
+        stoker.Loader(parquet, batch_size=2, image_size=6)
+    (tmp_path / "inner").mkdir()
+    escaping = _hf_parquet(tmp_path / "inner", ["../imgs/0.png", "imgs/1.png"])
+    with pytest.raises(stoker.SourceError, match=r"row 0.*outside the Parquet file's folder"):
+        stoker.Loader(escaping, batch_size=2, image_size=6)

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import order as order_mod
+from . import seeding
 from ._compat import add_note
 from .batchfn import BatchTransform, batch_rng
 from .errors import DecodeError, SourceError, TooManyErrors, one_line
@@ -154,6 +155,10 @@ class Assembler:
         self.columns = columns if columns is not None else Columns({"label": source.labels})
         self.reads = ReadAhead(source, reads)
         self._epoch = -1
+        #: user code that loads samples (an augment callable, a dataset): global RNGs seeded
+        self._user_code = bool(getattr(pipeline, "user_code", False)) or (
+            source.sample_fields is not None
+        )
         self._order = np.zeros(0, dtype=np.int64)
         self.current = -1  # index of the sample being loaded, for crash reports
 
@@ -195,12 +200,15 @@ class Assembler:
             chosen = indices  # in-memory arrays, copied as they are: nothing can fail
         else:
             chosen = np.empty(n, dtype=np.int64)
-            for slot, pos in enumerate(positions):
-                if own:  # a per-sample dataset writes its own fields
-                    out: Any = {name: arrays[name][slot, ...] for name in own}  # views, 0-d
-                else:
-                    out = (arrays["image"][slot], None if masks is None else masks[slot])
-                chosen[slot] = self._load_good(epoch, order, int(pos), out, u[slot], report, status)
+            with seeding.user_states_kept(self._user_code):  # saved once, not per sample
+                for slot, pos in enumerate(positions):
+                    if own:  # a per-sample dataset writes its own fields
+                        out: Any = {name: arrays[name][slot, ...] for name in own}  # 0-d views
+                    else:
+                        out = (arrays["image"][slot], None if masks is None else masks[slot])
+                    chosen[slot] = self._load_good(
+                        epoch, order, int(pos), out, u[slot], report, status
+                    )
         arrays["index"][:n] = self.source.source_indices(chosen)  # numbered as the user's source
         for name, column in columns:
             arrays[name][:n] = column[chosen]

@@ -26,6 +26,7 @@ import numpy as np
 
 from ._compat import add_note
 from .errors import ConfigError
+from .seeding import seeded
 from .workers.slots import FieldSpec
 
 #: Fields a batch transform may change in place but never replace with another dtype or shape.
@@ -108,7 +109,8 @@ class BatchTransform:
             )
 
     def _call(self, arrays: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, Any]:
-        out = self.fn(arrays, rng)
+        with seeded(rng):  # global RNGs as for augment=: from the batch's own generator
+            out = self.fn(arrays, rng)
         if out is None:
             return {}
         if not isinstance(out, dict):

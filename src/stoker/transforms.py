@@ -9,6 +9,7 @@ results depend only on ``(seed, epoch, index)``.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
@@ -21,6 +22,7 @@ from . import decode as dec
 from . import pixels
 from .errors import ConfigError, DecodeError
 from .pixels import resize_into
+from .seeding import seeded
 
 Box = tuple[int, int, int, int]  # top, left, height, width
 
@@ -276,22 +278,36 @@ class CustomPipeline(Pipeline):
     def __init__(self, size, fast, max_pixels, ops: Sequence[Callable[..., np.ndarray]]):
         super().__init__(size, fast, max_pixels)
         self.ops = list(ops)
+        # the global RNGs are seeded per sample for a user's callable (stock ops draw from rng)
+        self.user_code = any(not _op_module(op).startswith("stoker.") for op in self.ops)
 
     def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
         image = as_rgb(region) if self.channels == 3 else region
-        for op in self.ops:
-            image = op(image, rng)
+        with self._globals(rng):
+            for op in self.ops:
+                image = op(image, rng)
         image = _check_user_image(image, self.ops)
         resize_into(pixels.to_channels(image, self.channels), out, self.interpolation)
 
     def finish_pair(self, region, mask, u, rng, out, mask_out) -> None:
         image = as_rgb(region) if self.channels == 3 else region
-        for op in self.ops:
-            image, mask = _pair_step(op, image, mask, rng)
+        with self._globals(rng):
+            for op in self.ops:
+                image, mask = _pair_step(op, image, mask, rng)
         image = _check_user_image(image, self.ops)
         mask = _check_user_mask(mask, image, self.ops)
         resize_into(pixels.to_channels(image, self.channels), out, self.interpolation)
         resize_mask_into(mask, mask_out)
+
+
+    def _globals(self, rng: Any) -> Any:
+        """``seeding.seeded(rng)`` around a user's callables; nothing around stock ops."""
+        return seeded(rng) if self.user_code else contextlib.nullcontext()
+
+
+def _op_module(op: Any) -> str:
+    """The module a callable (a function, or an object's class) is defined in."""
+    return str(getattr(op, "__module__", None) or type(op).__module__)
 
 
 def _pair_step(op: Any, image: np.ndarray, mask: np.ndarray, rng: Any) -> tuple[Any, Any]:

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
-import random
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,13 +30,11 @@ import numpy as np
 
 from .._compat import add_note
 from ..errors import ConfigError, SourceError
+from ..seeding import mark_worker, seeded
 from .base import Source
 from .targets import NUMERIC_KINDS
 
 FieldSpec = tuple[str, str, tuple[int, ...]]
-GLOBALS_KEY = 0x6C0B
-"""Mixed into the global RNGs' seeds: streams apart from ``sample_rng()``'s own."""
-_M64 = (1 << 64) - 1
 _RNG: contextvars.ContextVar[np.random.Generator | None] = contextvars.ContextVar(
     "stoker_sample_rng", default=None
 )
@@ -54,54 +50,6 @@ def sample_rng() -> np.random.Generator:
             "stoker Loader is loading that sample"
         )
     return rng
-
-
-def _splitmix(x: int) -> int:
-    """One splitmix64 step: a well-spread 64-bit mix of ``x`` (stable, ~0.3 µs)."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
-
-
-def global_seeds(entropy: Any) -> tuple[int, int, int]:
-    """Seeds of numpy's global RNG (32 bits: its fast legacy seeding), Python's ``random`` and
-    torch (64 bits each) from a sample's ``(seed, epoch, index)``, mixed apart from each other.
-    A SeedSequence would cost ~35 µs more per sample (numpy's array seeding included)."""
-    h = GLOBALS_KEY
-    for word in entropy if isinstance(entropy, (list, tuple)) else [entropy]:
-        word = int(word)
-        h = _splitmix(h ^ (word & _M64))
-        while word >> 64:  # a seed wider than 64 bits: every bit counts
-            word >>= 64
-            h = _splitmix(h ^ (word & _M64))
-    return h & 0xFFFFFFFF, _splitmix(h ^ 1), _splitmix(h ^ 2)
-
-
-def seed_globals(rng: np.random.Generator) -> None:
-    """Seed numpy's global RNG, Python's ``random`` and (when imported) torch's CPU generator
-    from the seed sequence of ``rng`` (``SeedSequence([seed, epoch, index])``): ~12 µs."""
-    entropy = getattr(rng.bit_generator.seed_seq, "entropy", None)
-    numpy_seed, random_seed, torch_seed = global_seeds(entropy)
-    np.random.seed(numpy_seed)
-    random.seed(random_seed)
-    torch = sys.modules.get("torch")
-    if torch is not None and hasattr(torch, "default_generator"):
-        torch.default_generator.manual_seed(torch_seed)
-
-
-def _global_states() -> tuple[Any, Any, Any]:
-    """The global RNGs' states (numpy, random, torch CPU or None), to put back afterwards."""
-    torch = sys.modules.get("torch")
-    saved = torch.get_rng_state() if torch is not None and hasattr(torch, "get_rng_state") else None
-    return np.random.get_state(), random.getstate(), saved
-
-
-def _restore(states: tuple[Any, Any, Any]) -> None:
-    np.random.set_state(states[0])
-    random.setstate(states[1])
-    if states[2] is not None:
-        sys.modules["torch"].set_rng_state(states[2])
 
 
 def is_dataset(obj: Any) -> bool:
@@ -170,7 +118,6 @@ class DatasetSource(Source):
 
     read_ahead = False  # __getitem__ runs in the worker's own thread, one sample at a time
     from_storage = False  # what __getitem__ reads is the user's business
-    in_worker = False  # in a worker process the global RNGs are the loader's: not put back
 
     def __init__(self, dataset: Any, spec: Any = None) -> None:
         self.dataset = dataset
@@ -218,7 +165,7 @@ class DatasetSource(Source):
 
     def open_in_worker(self) -> None:
         """In a worker process: reseed the global RNGs per sample without saving them."""
-        self.in_worker = True
+        mark_worker()
 
     def name(self, index: int) -> str:
         """``dataset[index]``."""
@@ -249,15 +196,12 @@ class DatasetSource(Source):
     def _call(self, index: int, rng: np.random.Generator) -> Any:
         """``dataset[index]`` with ``sample_rng()`` set to ``rng`` and the global RNGs seeded
         from it (and put back afterwards outside a worker process)."""
-        saved = None if self.in_worker else _global_states()
         token = _RNG.set(rng)
-        seed_globals(rng)
         try:
-            return self.dataset[index]
+            with seeded(rng):
+                return self.dataset[index]
         finally:
             _RNG.reset(token)
-            if saved is not None:
-                _restore(saved)
 
     def fingerprint(self) -> str:
         """Digest of the dataset's type, length and fields (its content is not known)."""

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError
 from .base import Source, cache_folder, drop_pages, short_read, stock
+from .hfpaths import PathRows, path_rows
 from .parquet_targets import join_labels as _join_labels
 from .parquet_targets import label_names, shard_targets
 from .shardindex import HEADER_ROWS, local_index
@@ -66,6 +67,9 @@ class ShardSource(Source):
         labels: list[Any] = []
         self.modes: list[int] = []
         self.index_files: list[str] = []
+        #: Per shard: its rows whose image is a file named by the row's path (Hugging Face
+        #: Parquet written from local files), or None
+        self.path_rows: list[PathRows | None] = []
         hf_classes: list[str] | None = None
         for k, path in enumerate(self.files):
             pf = _open_parquet(path)
@@ -85,6 +89,7 @@ class ShardSource(Source):
             idx = local_index(path, pf, self._value_path(pf), self._cache_dir, sha)
             self.modes.append(0 if idx is not None else 1)
             self.index_files.append(idx or "")
+            self.path_rows.append(path_rows(pf, path, self.image_column))
         self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
         self.block_sizes = tuple(int(g) for g in groups)
         self._group_starts = [_group_starts(path) for path in self.files]
@@ -171,9 +176,13 @@ class ShardSource(Source):
         """Nothing to do: maps and readers open lazily on first use in each process."""
 
     def close(self) -> None:
-        """Close this process's open shard files and readers."""
+        """Close this process's open shard files and readers (and unlink the shared copy of
+        path-only rows' paths)."""
         for handle, _ in self._maps.values():
             _close(handle)
+        for rows in getattr(self, "path_rows", []):
+            if rows is not None:
+                rows.close()
         self._reset()
 
     # ------------------------------------------------------------------ reading
@@ -194,7 +203,7 @@ class ShardSource(Source):
                 handle, table = entry
                 offset, length = (int(v) for v in table[row + HEADER_ROWS])
                 if offset < 0:
-                    raise DecodeError(f"{self.name(index)}: no image bytes (null)")
+                    return self._from_path(shard, row, index)
                 if isinstance(handle, int):
                     data = os.pread(handle, length, offset)
                 else:
@@ -297,8 +306,18 @@ class ShardSource(Source):
             self._group = (shard, group, values)
         value = values[row - int(starts[group])].as_py()
         if value is None:
-            raise DecodeError(f"{self.name(index)}: no image bytes (null)")
+            return self._from_path(shard, row, index)
         return value
+
+    def _from_path(self, shard: int, row: int, index: int) -> bytes:
+        """A row without image bytes: the file its path names (see ``hfpaths``), if any."""
+        known = getattr(self, "path_rows", [])  # remote shards have none
+        rows = known[shard] if shard < len(known) else None
+        file = rows.path(row) if rows is not None else None
+        if file is None:
+            raise DecodeError(f"{self.name(index)}: no image bytes (null) and no path")
+        with open(file, "rb") as f:
+            return f.read()
 
     def _parquet_reader(self, shard: int) -> pq.ParquetFile:
         """A ParquetFile on ``shard`` for row-group reads (remote sources open it their way)."""

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import seeding
 from ..assemble import Assembler, Columns, Plan
 from ..batchfn import BatchTransform
 from ..errors import WorkerDied
@@ -142,6 +143,7 @@ def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> No
 
     # bad files are reported once, by name, in the parent; OpenCV's own stderr lines would not be
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    seeding.mark_worker()  # the global RNGs are the loader's here: reseeded, never put back
     spec.source.open_in_worker()
     _Worker(wid, conn, spec).run()
 

@@ -1,0 +1,115 @@
+"""Hugging Face Parquet rows that name a file instead of holding its bytes.
+
+``datasets``' ``Dataset.to_parquet()`` of images loaded from local files writes rows
+``image: struct{bytes: null, path: "..."}``; its own ``Image`` feature then opens the path.
+stoker does the same: a row whose bytes are null and whose path is set is read from that file.
+
+Where the path leads, checked once at construction (a missing file is an error then, naming
+the Parquet file, the row and the fix, never a failure of every row at the first batch):
+an absolute path is the user's own file and is read as it is; a relative one is read from the
+Parquet file's folder and must stay inside it (a ``..`` that climbs out is refused, as a tar
+member's path is). Rows with neither bytes nor a path stay bad samples, counted as before.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import SourceError
+from .base import PathIndex
+
+EMBED_FIX = (
+    "embed the image bytes in the Parquet file (with datasets: "
+    "ds.with_format('arrow').map(datasets.table.embed_table_storage, batched=True) before "
+    "to_parquet, as push_to_hub does), or convert it with `stoker convert SRC DST`, which "
+    "stores the bytes"
+)
+
+
+class PathRows:
+    """The rows of one shard whose image is the file its ``path`` names."""
+
+    def __init__(self, rows: np.ndarray, paths: PathIndex) -> None:
+        self.rows, self.paths = rows, paths
+
+    def path(self, row: int) -> str | None:
+        """The file holding row ``row``'s image, or None (the row has bytes, or nothing)."""
+        k = int(np.searchsorted(self.rows, row))
+        if k < len(self.rows) and int(self.rows[k]) == row:
+            return self.paths.path(k)
+        return None
+
+    def close(self) -> None:
+        """Unlink the paths' shared copy (parent only)."""
+        self.paths.close()
+
+
+def path_rows(pf: pq.ParquetFile, shard: str, column: str) -> PathRows | None:
+    """The path-only rows of ``shard``'s image ``column`` (None when it has none), each path
+    resolved and its file checked; an error names the first rows whose file is missing."""
+    kind = pf.schema_arrow.field(column).type
+    if not pa.types.is_struct(kind) or kind.get_field_index("path") < 0:
+        return None
+    folder = os.path.dirname(os.path.abspath(shard))
+    rows: list[int] = []
+    paths: list[str] = []
+    sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
+    for g in _groups_with_nulls(pf, column):
+        start = sum(sizes[:g])
+        values = pf.read_row_group(g, columns=[column]).column(0).combine_chunks()
+        empty = values.field("bytes").is_null().to_numpy(zero_copy_only=False)
+        named = values.field("path").to_pylist()
+        for r in np.flatnonzero(empty):
+            if named[r] is not None:
+                rows.append(start + int(r))
+                paths.append(_resolve(named[r], folder, shard, start + int(r)))
+    if not rows:
+        return None
+    _check_exist(rows, paths, shard)
+    return PathRows(np.asarray(rows, dtype=np.int64), PathIndex(Path("/"), paths))
+
+
+def _groups_with_nulls(pf: pq.ParquetFile, column: str) -> list[int]:
+    """Row groups whose ``bytes`` may be null (the column's statistics say so, or say
+    nothing)."""
+    md = pf.metadata
+    name = f"{column}.bytes"
+    where = [i for i in range(md.num_columns) if md.row_group(0).column(i).path_in_schema == name]
+    out = []
+    for g in range(md.num_row_groups):
+        stats = md.row_group(g).column(where[0]).statistics if where else None
+        if stats is None or stats.null_count is None or stats.null_count > 0:
+            out.append(g)
+    return out
+
+
+def _resolve(stored: str, folder: str, shard: str, row: int) -> str:
+    """The file a row's ``path`` names: absolute as it is, relative from the shard's folder."""
+    if os.path.isabs(stored):
+        return stored
+    full = os.path.normpath(os.path.join(folder, stored))
+    if os.path.commonpath([folder, full]) != folder:
+        raise SourceError(
+            f"{shard}[row {row}]: image path {stored!r} leads outside the Parquet file's "
+            f"folder ({folder}); a relative path is read only inside it: store absolute "
+            f"paths, or {EMBED_FIX}"
+        )
+    return full
+
+
+def _check_exist(rows: list[int], paths: list[str], shard: str) -> None:
+    missing = [(r, p) for r, p in zip(rows, paths, strict=True) if not os.path.isfile(p)]
+    if not missing:
+        return
+    listed = "\n".join(f"  row {r}: {p}" for r, p in missing[:5])
+    more = f"\n  ... and {len(missing) - 5} more" if len(missing) > 5 else ""
+    raise SourceError(
+        f"{shard}: {len(missing)} of {len(rows)} rows hold no image bytes, only a path to a "
+        f"file that does not exist (relative paths are read from the Parquet file's folder):\n"
+        f"{listed}{more}\nput the files there, or {EMBED_FIX}"
+    )
