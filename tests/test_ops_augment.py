@@ -274,7 +274,11 @@ def test_colorjitter_ranges_are_torchvision_s() -> None:
     assert cj.brightness == (0.6, 1.4) and cj.contrast == (0.5, 1.5)
     assert cj.saturation == (0.0, 2.5) and cj.hue == (-0.1, 0.1)
     assert ColorJitter(brightness=0, hue=0).brightness is None
-    assert ColorJitter().hue is None and ColorJitter(brightness=(1, 1)).brightness is None
+    assert ColorJitter(brightness=(1, 1)).brightness is None
+    default = ColorJitter()  # stoker's default is a jitter (torchvision's, all 0, is not)
+    assert (default.brightness, default.contrast) == ((0.8, 1.2), (0.8, 1.2))
+    assert default.saturation is None and default.hue is None
+    assert not np.array_equal(default(IMG, np.random.default_rng(0)), IMG)
 
 
 def test_colorjitter_draws_every_order_and_factors_within_range() -> None:

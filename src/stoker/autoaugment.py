@@ -61,9 +61,15 @@ class ColorJitter:
     from ``[max(0, 1 - x), 1 + x]``) or a ``(min, max)`` range of factors; ``hue`` takes
     ``x`` in ``[0, 0.5]`` (a shift of the hue by ``[-x, x]`` turns) or a range within
     ``[-0.5, 0.5]``. Per sample the four adjustments run in a random order, as torchvision's.
+
+    The defaults (brightness and contrast 0.2) keep ``ColorJitter()`` a jitter; torchvision's
+    defaults, all 0, change nothing. Given explicitly, every argument means what it means in
+    torchvision.
     """
 
-    def __init__(self, brightness: Any = 0, contrast: Any = 0, saturation: Any = 0, hue: Any = 0):
+    def __init__(
+        self, brightness: Any = 0.2, contrast: Any = 0.2, saturation: Any = 0, hue: Any = 0
+    ) -> None:
         self.brightness = _factor_range("brightness", brightness)
         self.contrast = _factor_range("contrast", contrast)
         self.saturation = _factor_range("saturation", saturation)

@@ -22,6 +22,7 @@ How each matches its definition:
 from __future__ import annotations
 
 import math
+import threading
 
 import cv2
 import numpy as np
@@ -116,10 +117,25 @@ def hue(image: np.ndarray, shift: float) -> np.ndarray:
     keeping saturation and value; gray images are unchanged."""
     if shift == 0 or not is_rgb(image):
         return image
-    hsv: np.ndarray = cv2.cvtColor(image.astype(np.float32), cv2.COLOR_RGB2HSV)  # degrees
+    rgb, hsv = _scratch(image.shape)
+    rgb[...] = image
+    cv2.cvtColor(rgb, cv2.COLOR_RGB2HSV, dst=hsv)  # hue in degrees
     hsv[..., 0] += (shift % 1.0) * 360.0  # HSV2RGB takes angles 0-720, not < 0
-    rgb = cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)  # 0-255, never negative
+    cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB, dst=rgb)  # 0-255, never negative
     return cv2.convertScaleAbs(rgb)  # rounded, saturated, in one pass
+
+
+_SCRATCH = threading.local()
+
+
+def _scratch(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Two float32 arrays of ``shape``, kept per thread for the last shape asked for: a fresh
+    float image per call costs more in page faults than the colour conversion itself (see
+    benchmarks/README.md#stock-augmentation-ops)."""
+    pair = getattr(_SCRATCH, "pair", None)
+    if pair is None or pair[0].shape != shape:
+        pair = _SCRATCH.pair = (np.empty(shape, np.float32), np.empty(shape, np.float32))
+    return pair
 
 
 def sharpness(image: np.ndarray, factor: float) -> np.ndarray:
