@@ -225,3 +225,28 @@ def test_subset_both_gives_each_half_its_own_augment_and_batch_transform(image_f
         )
     with pytest.raises(ConfigError, match="pass subset='both'"):
         stoker.Loader(image_folder, augment={"training": "train", "validation": "eval"})
+
+
+def _noisy(image, rng):
+    """A ported transform that draws from the global RNGs, as torchvision's do."""
+    import random
+
+    return np.roll(image, random.randrange(4) + int(np.random.randint(4)), axis=1)
+
+
+def test_peek_and_the_probe_leave_the_users_global_rngs_alone(image_folder):
+    import random
+
+    random.seed(1)
+    np.random.seed(1)
+    want = (random.random(), np.random.random())
+    random.seed(1)
+    np.random.seed(1)
+
+    def draws(batch, rng):
+        random.random(), np.random.random()
+
+    with stoker.Loader(image_folder, workers=0, augment=_noisy, batch_transform=draws, **KW) as lo:
+        lo.peek()
+        lo.peek(1)
+    assert (random.random(), np.random.random()) == want

@@ -19,7 +19,10 @@ same names with the same dtypes and per-sample shapes, or a TypeError says which
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import random
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -40,6 +43,23 @@ def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generat
     """The generator a batch transform gets for batch ``batch`` of ``epoch`` on ``rank``."""
     seq = np.random.SeedSequence([seed, epoch, rank, batch], spawn_key=(BATCH_KEY,))
     return np.random.default_rng(seq)
+
+
+@contextlib.contextmanager
+def kept_global_rngs() -> Iterator[None]:
+    """Run user code in the calling process (the probe call, ``peek()``) and leave the global
+    RNGs (``random``, ``np.random``, torch's when imported) as they were: a look at a batch
+    never changes the user's own random draws."""
+    py, np_state = random.getstate(), np.random.get_state()
+    torch = sys.modules.get("torch")
+    torch_state = torch.random.get_rng_state() if torch is not None else None
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(np_state)
+        if torch is not None and torch_state is not None:
+            torch.random.set_rng_state(torch_state)
 
 
 def _name(fn: Any) -> str:
@@ -72,7 +92,8 @@ class BatchTransform:
             for name, dtype, shape in self.inputs
         }
         try:
-            returned = self._call(arrays, np.random.default_rng(0))
+            with kept_global_rngs():
+                returned = self._call(arrays, np.random.default_rng(0))
         except Exception as exc:
             add_note(
                 exc,

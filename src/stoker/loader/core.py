@@ -14,6 +14,7 @@ import numpy as np
 from .. import batch as batch_mod
 from .. import order as order_mod
 from ..assemble import Assembler, Report
+from ..batchfn import kept_global_rngs
 from ..decode import decoder_name
 from ..errors import ConfigError, StokerError, StokerWarning, TooManyErrors
 from ..sources.targets import class_ids
@@ -255,7 +256,8 @@ class Loader:
         fields = self.layout.arrays()
         if self._peeker is None:
             self._peeker = self._assembler()
-        report = self._peeker.fill(epoch, position, fields)
+        with kept_global_rngs():  # the user's own random draws are not moved by a look
+            report = self._peeker.fill(epoch, position, fields)
         return self._arrange(fields, report.count)
 
     def _account(self, report: Report) -> None:
