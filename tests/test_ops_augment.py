@@ -482,13 +482,15 @@ def test_after_the_fused_train_pipeline_same_seed_same_bytes_with_workers(
 
 @pytest.mark.timeout(300)
 def test_a_resumed_run_replays_the_ops(image_folder: pathlib.Path) -> None:
-    augment = ["train", TrivialAugmentWide(), RandomErasing(p=1.0)]
-    expected = _epoch(image_folder, augment, 0)
-    with stoker.Loader(image_folder, augment=augment, workers=2, **KW) as first:
+    def augment():  # new objects each time, as in a restarted script
+        return ["train", TrivialAugmentWide(), RandomErasing(p=1.0)]
+
+    expected = _epoch(image_folder, augment(), 0)
+    with stoker.Loader(image_folder, augment=augment(), workers=2, **KW) as first:
         stream = iter(first)
         got = [next(stream)[0].copy() for _ in range(2)]
         state = first.state_dict()
-    with stoker.Loader(image_folder, augment=augment, workers=2, **KW) as again:
+    with stoker.Loader(image_folder, augment=augment(), workers=2, **KW) as again:
         again.load_state_dict(state)
         got += [x.copy() for x, _ in again]
     assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
@@ -501,6 +503,13 @@ def test_ops_in_a_plain_op_list_run_in_worker_processes(image_folder: pathlib.Pa
     two = _epoch(image_folder, augment, 2)
     assert all(np.array_equal(a, b) for a, b in zip(zero, two, strict=True))
     assert all(x.shape == (6, 32, 32, 3) for x in two)
+
+
+def test_ops_say_what_they_are() -> None:
+    assert repr(RandAugment()) == "RandAugment(num_ops=2, magnitude=9, num_magnitude_bins=31)"
+    assert repr(TrivialAugmentWide()) == "TrivialAugmentWide(num_magnitude_bins=31)"
+    assert "hue=(-0.1, 0.1)" in repr(ColorJitter(hue=0.1))
+    assert "value='random'" in repr(RandomErasing(value="random"))
 
 
 def test_a_stock_name_must_be_followed_by_ops(image_folder: pathlib.Path) -> None:

@@ -82,6 +82,12 @@ class ColorJitter:
         factors = [None if r is None else float(rng.uniform(r[0], r[1])) for r in ranges]
         return order, factors
 
+    def __repr__(self) -> str:
+        return (
+            f"ColorJitter(brightness={self.brightness}, contrast={self.contrast}, "
+            f"saturation={self.saturation}, hue={self.hue})"
+        )
+
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         image = im.check_image(image, "ColorJitter")
         order, factors = self.draw(rng)
@@ -136,6 +142,10 @@ class RandomErasing:
             left = int(rng.integers(0, w - ew + 1))
             return top, left, eh, ew
         return None
+
+    def __repr__(self) -> str:
+        value = self.value if isinstance(self.value, str) else list(self.value)
+        return f"RandomErasing(p={self.p}, scale={self.scale}, ratio={self.ratio}, value={value!r})"
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         image = im.check_image(image, "RandomErasing")
@@ -279,6 +289,9 @@ class TrivialAugmentWide:
             m = -m
         return name, m
 
+    def __repr__(self) -> str:
+        return f"TrivialAugmentWide(num_magnitude_bins={self.num_magnitude_bins})"
+
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         image = im.check_image(image, "TrivialAugmentWide")
         name, m = self.draw(image, rng)
@@ -324,6 +337,12 @@ class RandAugment:
                 m = -m
             chosen.append((name, m))
         return chosen
+
+    def __repr__(self) -> str:
+        return (
+            f"RandAugment(num_ops={self.num_ops}, magnitude={self.magnitude}, "
+            f"num_magnitude_bins={self.num_magnitude_bins})"
+        )
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         image = im.check_image(image, "RandAugment")
