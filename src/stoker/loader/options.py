@@ -79,7 +79,8 @@ OPTIONS: tuple[Option, ...] = (
            "decoded) before resizing."),
     Option("pad_to_aspect_ratio", "bool",
            "With `augment=None`: resize the whole image into the middle of the target, black "
-           "borders."),
+           "borders, placed exactly as Keras places it (`tf.image.resize_with_pad`); not with "
+           "masks."),
     Option("batch_size", "int", "Samples per batch."),
     Option("image_size", "int | tuple[int, int] | None",
            "Every batch's `(height, width)` (an int for a square); `None` is the arrays' own size "
@@ -87,7 +88,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("augment", "str | callable | list | dict | None",
            "`\"train\"` (random resized crop + flip: wrong for targets tied to pixel positions), "
            "`\"eval\"` (resize, centre crop), `None` (plain resize), a callable "
-           "`(image, rng) -> image`, a list of `stoker.ops`, a stock name then ops "
+           "`(image, rng) -> image` (with masks `(image, mask, rng) -> (image, mask)`), a list "
+           "of `stoker.ops`, a stock name then ops "
            "(`[\"train\", stoker.ops.TrivialAugmentWide()]`: the ops run on the fused "
            "pipeline's output, see [Augmentation ops](augment-ops.md)), or a dict per half with "
            "`subset=\"both\"`; `\"auto\"` is `\"train\"` for image files (`\"eval\"` for "
