@@ -67,6 +67,16 @@ class StatsReport:
     #: the source reads from storage (not memory, not a user's __getitem__): only then can
     #: the disk be the bottleneck
     from_storage: bool = True
+    #: with ``Loader(cluster=...)``: the data path, per node (cores, img/s, MB/s on the wire,
+    #: batches reissued, bad samples), the trainer's receive CPU per image; else {}
+    cluster: dict = field(default_factory=dict)
+
+    @property
+    def cluster_bottleneck(self) -> str:
+        """With a cluster: 'cluster' when the trainer waited for batches, else 'trainer'."""
+        if not self.cluster or self.batches == 0:
+            return ""
+        return "cluster" if self.bottleneck == "input" else "trainer"
 
     @property
     def read_share(self) -> float:
@@ -141,7 +151,29 @@ class StatsReport:
         if self.kept_batches:
             lines.append(f"  batches kept by the consumer past reuse: {self.kept_batches}")
         lines += [f"  note: {n}" for n in self.notes]
+        lines += _cluster_lines(self.cluster, self.cluster_bottleneck)
         return "\n".join(lines)
+
+
+def _cluster_lines(cluster: dict, bottleneck: str) -> list[str]:
+    """The cluster's part of the report: data path, each node, the receive cost."""
+    if not cluster:
+        return []
+    lines = [
+        f"  cluster: {cluster['cores']} remote core(s) over {cluster['transport']}"
+        f"{' on ' + cluster['listen'] if cluster['listen'] else ''}; the trainer's receive "
+        f"CPU {cluster['receive_ms_per_image']:.3f} ms/image, "
+        f"{cluster['wire_bytes_per_image'] / 1e3:,.1f} KB/image on the wire; bottleneck: "
+        f"{bottleneck or 'unknown'}; refused connections: {cluster['refused']}"
+    ]
+    for n in cluster["nodes"]:
+        lines.append(
+            f"    node {n['node']} ({n['id']}): {n['cores']} core(s), {n['transport']}, "
+            f"{'up' if n['alive'] else 'gone'}; {n['img_s']:,.0f} img/s, "
+            f"{n['wire_mb_s']:,.1f} MB/s, {n['batches']} batches, {n['reissued']} reissued, "
+            f"{n['bad']} bad samples{' (' + n['why'] + ')' if n.get('why') else ''}"
+        )
+    return lines
 
 
 def _listed(files: list[tuple[str, str]], most: int = 10) -> list[str]:

@@ -20,6 +20,8 @@ from ..errors import ConfigError, StokerError, StokerWarning, TooManyErrors
 from ..sources.targets import class_ids
 from ..stats import Stats, StatsReport, WaitMeter
 from ..workers.engine import Engine
+from ..workers.cluster import options as cluster_options
+from ..workers.cluster import probe_digest
 from ..workers.launch import describe as describe_start
 from ..workers.threads import describe as describe_threads
 from . import config, options, wiring
@@ -92,6 +94,10 @@ class Loader:
         read_ahead: Any = "auto",
         page_cache: str = "auto",
         spec: Any = None,
+        cluster: str | None = None,
+        cluster_workers: Any = "auto",
+        cluster_transport: str = "tcp",
+        cluster_listen: str | None = None,
     ) -> None:
         self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         # the plain arguments first, before a source is opened or anything is started
@@ -104,6 +110,7 @@ class Loader:
         self._prefetch_arg = config.prefetch_arg(prefetch)
         self.start_method = config.start_method(start_method)
         self.reads = config.read_settings(read_ahead, page_cache, self.timeout)
+        self.cluster = cluster_options(cluster, cluster_workers, cluster_transport, cluster_listen)
         parts = wiring.build(self._args, self.batch_size, self.seed, self.shuffle)
         self.source, self.subset = parts.source, subset
         self.image_size, self.augment, self.pipeline = (
@@ -303,7 +310,7 @@ class Loader:
             self.workers, self._workers_reason = auto_workers(
                 assembler, self.layout, self.batch_size
             )
-        if self.workers == 0:
+        if self.workers == 0 and self.cluster is None:
             self._run.start_inline(assembler, self.layout)
             return
         spec = {
@@ -315,10 +322,23 @@ class Loader:
             "reads": self.reads,
             "batch_fn": self._batch_fn,
         }
+        if self.cluster is not None:  # the nodes get exactly what the local workers get
+            self._run.start_cluster(
+                spec, self.workers, self.cluster, self._prefetch_arg, self._batches,
+                self.timeout, self.source.name, self._samples,
+                lambda: probe_digest(assembler, self.layout, (0, 0)),
+            )
+            return
         self._run.start_pool(
             spec, self.workers, self._prefetch_arg, self._batches, self.timeout, self.source.name,
             self.worker_threads,
         )
+
+    def _samples(self, key: tuple[int, int]) -> list[str]:
+        """The names of the samples batch ``key`` (epoch, position) holds."""
+        start = key[1] * self.batch_size
+        order = self.plan.order(key[0])[start: start + self.batch_size]
+        return [self.source.name(int(i)) for i in order]
 
     # ------------------------------------------------------------------ state
 
@@ -393,6 +413,7 @@ class Loader:
             startup=startup,
             worker_threads=describe_threads(self.worker_threads) if self.workers else "",
             from_storage=bool(self.source.from_storage),
+            cluster=self._run.cluster_stats(),
         )
 
     def _notes(self) -> list[str]:

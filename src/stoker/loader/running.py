@@ -157,6 +157,7 @@ class Running:
         self.pid = os.getpid()
         self._reason, self.folder = "not started", "-"
         self.started: list[StartReport] = []
+        self._cluster: dict[str, Any] = {}
 
     def start_inline(self, assembler: Assembler, layout: SlotLayout) -> None:
         """Load on demand in this process (``workers=0``)."""
@@ -184,6 +185,43 @@ class Running:
             self.close(fast=True)
             raise
 
+    def start_cluster(self, spec: dict[str, Any], workers: int, cluster: Any, prefetch: Any,
+                      batches: int, timeout: float, name: Any, samples: Any, probe: Any) -> None:
+        """Start decode actors on the cluster's nodes (``workers.cluster``) beside ``workers``
+        local processes, and the prefetch engine over both; a failed start leaves nothing."""
+        from ..workers import cluster as cluster_mod
+
+        layout: SlotLayout = spec["layout"]
+        clean_stale()
+        shutdown.register(self)
+        nodes = None
+        try:
+            nodes = cluster_mod.Nodes(cluster, spec, workers, timeout, probe)
+            per_worker, deepest, slots, self._reason = config.prefetch(
+                prefetch, workers + nodes.cores, HELD, layout.nbytes
+            )
+            slots += nodes.cores * cluster_mod.REMOTE_EXTRA
+            self.folder = pick_folder(slots * layout.nbytes)
+            local = WorkerPool(workers, spec, timeout) if workers else None
+            self.pool = cluster_mod.MixedPool(local, nodes)  # type: ignore[assignment]
+            self.started = self.pool.started
+            self.engine = cluster_mod.ClusterEngine(
+                self.pool, layout, slots, per_worker, batches, self.folder, timeout, name,  # type: ignore[arg-type]
+                deepest, samples,
+            )
+        except BaseException:
+            if nodes is not None and self.pool is None:
+                nodes.close()
+            self.close(fast=True)
+            raise
+
+    def cluster_stats(self) -> dict[str, Any]:
+        """The cluster's figures for ``stats()`` (kept after a close); {} without a cluster."""
+        report = getattr(self.engine, "report", None)
+        if report is not None:
+            self._cluster = report()
+        return self._cluster
+
     @property
     def prefetch_reason(self) -> str:
         """Why the ring has the depth it has (and when the engine deepened it)."""
@@ -200,7 +238,8 @@ class Running:
         every segment; safe to call again, or from a signal handler in the middle of a close.
         In a forked child it only forgets them: they are the parent's."""
         engine, pool = self.engine, self.pool
-        self._reason = self.prefetch_reason  # what the engine measured outlives it
+        self._reason = self.prefetch_reason
+        self.cluster_stats()  # what the engine measured outlives it
         self.engine = self.pool = None
         shutdown.unregister(self)
         if os.getpid() != self.pid:

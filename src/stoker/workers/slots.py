@@ -15,7 +15,10 @@ import os
 import secrets
 import sys
 import tempfile
+import threading
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -287,6 +290,21 @@ class Segment:
         self.map = None  # type: ignore[assignment]
 
 
+_PICKLING = threading.local()
+
+
+@contextmanager
+def by_value() -> Iterator[None]:
+    """While active (in this thread), SharedArrays pickle their arrays, not a handle: for a
+    process on another machine, which cannot map this machine's segments. It unpickles them
+    into a segment of its own, which its own workers then share."""
+    _PICKLING.by_value = True
+    try:
+        yield
+    finally:
+        _PICKLING.by_value = False
+
+
 class SharedArrays:
     """Named arrays copied once into one parent-owned segment; pickles as a small handle.
 
@@ -295,6 +313,9 @@ class SharedArrays:
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], tag: str) -> None:
+        self._fill(arrays, tag)
+
+    def _fill(self, arrays: dict[str, np.ndarray], tag: str) -> None:
         self.specs: list[tuple[str, str, tuple[int, ...], int]] = []
         offset = 0
         for name, arr in arrays.items():
@@ -314,9 +335,14 @@ class SharedArrays:
         return os.path.exists(self.segment.path)
 
     def __getstate__(self) -> dict[str, Any]:
+        if getattr(_PICKLING, "by_value", False):
+            return {"arrays": {s[0]: np.ascontiguousarray(self[s[0]]) for s in self.specs}}
         return {"specs": self.specs, "handle": self.segment.handle()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "arrays" in state:  # sent by value (another machine): this process owns a copy
+            self._fill(state["arrays"], "node")
+            return
         self.specs, self.segment = state["specs"], Segment.attach(*state["handle"])
 
     def unlink(self) -> None:
