@@ -41,6 +41,11 @@ class WorkerHung(StokerError):
     """A worker made no progress within the loader's ``timeout``."""
 
 
+class ClusterError(StokerError):
+    """The cluster cannot decode for this loader: a node differs from the trainer, cannot
+    read the data, or every node is gone."""
+
+
 class ResourceLimitError(StokerError, OSError):
     """The operating system refused a file or a mapping: a per-process limit was reached (the
     message names it and the fix)."""

@@ -19,9 +19,9 @@ from ..decode import decoder_name
 from ..errors import ConfigError, StokerError, StokerWarning, TooManyErrors
 from ..sources.targets import class_ids
 from ..stats import Stats, StatsReport, WaitMeter
-from ..workers.engine import Engine
 from ..workers.cluster import options as cluster_options
 from ..workers.cluster import probe_digest
+from ..workers.engine import Engine
 from ..workers.launch import describe as describe_start
 from ..workers.threads import describe as describe_threads
 from . import config, options, wiring

@@ -203,10 +203,11 @@ class Running:
             slots += nodes.cores * cluster_mod.REMOTE_EXTRA
             self.folder = pick_folder(slots * layout.nbytes)
             local = WorkerPool(workers, spec, timeout) if workers else None
-            self.pool = cluster_mod.MixedPool(local, nodes)  # type: ignore[assignment]
-            self.started = self.pool.started
+            mixed = cluster_mod.MixedPool(local, nodes)
+            self.pool = mixed  # type: ignore[assignment]
+            self.started = mixed.started
             self.engine = cluster_mod.ClusterEngine(
-                self.pool, layout, slots, per_worker, batches, self.folder, timeout, name,  # type: ignore[arg-type]
+                mixed, layout, slots, per_worker, batches, self.folder, timeout, name,  # type: ignore[arg-type]
                 deepest, samples,
             )
         except BaseException:

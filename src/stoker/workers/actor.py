@@ -61,8 +61,7 @@ def identity(claimed_version: str | None = None) -> dict[str, str]:
 
 def field_parts(layout: SlotLayout, seg: Segment, count: int) -> list[memoryview]:
     """The first ``count`` rows of every field of a slot, as byte views (no copy)."""
-    return [memoryview(np.ascontiguousarray(arr[:count])).cast("B")
-            for arr in layout.views(seg).values()]
+    return [np.ascontiguousarray(arr[:count]).data.cast("B") for arr in layout.views(seg).values()]
 
 
 def digest(parts: list[memoryview]) -> str:
@@ -197,6 +196,7 @@ class Decoder:
         self.outbox: queue.Queue[Any] = queue.Queue()
         self.sock: socket.socket | None = None
         self.lock = threading.Lock()
+        self.requests = self.finished = 0
 
     # ------------------------------------------------------------------ start-up checks
 
@@ -213,12 +213,16 @@ class Decoder:
                 "host": socket.gethostname(), "name": source.name(index), "unreadable": readable,
                 "python": sys.version.split()[0]}
 
-    def start(self) -> int:
-        """Start the node's worker pool; its pid."""
+    def start(self) -> dict[str, Any]:
+        """Start the node's worker pool; this actor's pid and its workers'."""
         self.ring = NodeRing(self.settings, self.cores, self.capacity, self.timeout)
         self.ring.done = self._done
         self.ring.start()
-        return os.getpid()
+        return {"pid": os.getpid(), "workers": [p.pid for p in self.ring.pool.procs]}
+
+    def counts(self) -> dict[str, int]:
+        """Requests this node received from the trainer, and batches it finished."""
+        return {"requests": self.requests, "finished": self.finished}
 
     def probe(self, key: tuple[int, int]) -> dict[str, Any]:
         """Fill batch ``key`` here: the digest of its bytes and its bad samples."""
@@ -256,6 +260,7 @@ class Decoder:
                 head = wire.read_header(self.sock)
                 if head.kind != wire.REQUEST:
                     raise wire.WireError(f"unexpected frame kind {head.kind} from the trainer")
+                self.requests += 1
                 self.ring.submit(head.ticket, head.key)
         except BaseException:  # noqa: BLE001 - EOF, reset, or garbage: the trainer is gone
             self._exit()
@@ -281,6 +286,7 @@ class Decoder:
             self._exit()
 
     def _done(self, ticket: int, key: tuple[int, int], slot: int, result: Result) -> None:
+        self.finished += 1
         with self.lock:
             future = self.futures.pop(ticket, None)
         if future is not None:
@@ -296,6 +302,7 @@ class Decoder:
         try:
             if self.ring is not None:
                 self.ring.close()
+            self._release()
         finally:
             os._exit(0)
 
@@ -304,6 +311,7 @@ class Decoder:
     def _fill_now(self, ticket: int, key: tuple[int, int]) -> tuple[str, Any, Any]:
         """Fill ``key`` and wait for it: (kind, report or error, (slot, parts))."""
         assert self.ring is not None
+        self.requests += ticket >= 0
         future: Future = Future()
         with self.lock:
             self.futures[ticket] = future
@@ -339,10 +347,19 @@ class Decoder:
         return head + report, out
 
     def stop(self) -> None:
-        """Stop the pool (the trainer then kills the actor)."""
+        """Stop the pool and remove this node's segments (the trainer then kills the actor)."""
         if self.ring is not None:
             self.ring.close()
             self.ring = None
+        self._release()
+
+    def _release(self) -> None:
+        """Unlink the node's copies of the source's and the columns' shared arrays."""
+        for part in ("source", "columns"):
+            try:
+                self.settings[part].close()
+            except Exception:  # noqa: BLE001 - closing is best effort on the way out
+                pass
 
     def alive(self) -> float:
         """A liveness check: this node's clock."""

@@ -19,6 +19,7 @@ Ray is imported only here, when a loader has ``cluster=``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import pickle
@@ -36,7 +37,7 @@ import numpy as np
 
 from .. import errors as errors_mod
 from ..assemble import Assembler, Report
-from ..errors import ConfigError, StokerError, StokerWarning
+from ..errors import ClusterError, ConfigError, StokerError, StokerWarning
 from . import actor as actor_mod
 from . import wire
 from .engine import Engine, Key
@@ -50,14 +51,10 @@ REMOTE_EXTRA = 1  # batches in flight per remote core beyond a local worker's (t
 NODE_SLOTS_PER_CORE = 4  # a node's own ring: more than the trainer ever asks of one core
 START_TIMEOUT_S = 180.0
 ACCEPT_S = 0.5
+STOP_TIMEOUT_S = 10.0  # a node's pool stops in well under this; then its actor is killed
 #: Test-only hook: the stoker version every node started from now on claims to run
 #: (``tests/test_cluster.py`` proves a mismatch is refused). Never set it elsewhere.
 CLAIMED_VERSION: str | None = None
-
-
-class ClusterError(StokerError):
-    """The cluster cannot decode for this loader: a node differs, cannot read the data, or
-    every node is gone."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +99,7 @@ def probe_digest(assembler: Assembler, layout: SlotLayout, key: Key) -> dict[str
         report = assembler.fill(key[0], key[1], arrays)
     except Exception as exc:  # noqa: BLE001 - then the probe compares nothing
         return {"error": f"{type(exc).__name__}: {exc}"}
-    parts = [memoryview(np.ascontiguousarray(a[: report.count])).cast("B")
-             for a in arrays.values()]
+    parts = [np.ascontiguousarray(a[: report.count]).data.cast("B") for a in arrays.values()]
     return {"digest": actor_mod.digest(parts), "bad": [list(b) for b in report.bad]}
 
 
@@ -124,7 +120,9 @@ class Node:
     why: str = ""  # why this node is on the object-store path when TCP was asked for
     sock: socket.socket | None = None
     alive: bool = True
-    pids: list[int] = field(default_factory=list)
+    pid: int = 0  # the actor's process
+    workers: list[int] = field(default_factory=list)  # its worker processes
+    in_flight: int = 0
     images: int = 0
     bytes: int = 0
     batches: int = 0
@@ -147,6 +145,7 @@ class Node:
                 "images": self.images, "img_s": self.images / span if span > 0 else 0.0,
                 "wire_mb_s": self.bytes / 1e6 / span if span > 0 else 0.0,
                 "wire_bytes": self.bytes, "reissued": self.reissued, "bad": self.bad,
+                "in_flight": self.in_flight, "pid": self.pid, "workers": list(self.workers),
                 **({"why": self.why} if self.why else {})}
 
 
@@ -225,7 +224,8 @@ class Nodes:
                 f"core(s) on {len(others)} node(s) other than this trainer's; add nodes "
                 "(ray start --address=HEAD:6379 on each) or ask for fewer cores"
             )
-        nodes, wid = [], first_wid
+        nodes: list[Node] = []
+        wid = first_wid
         for n in others:
             cores = min(int(n["Resources"]["CPU"]), want)
             if cores <= 0:
@@ -288,14 +288,14 @@ class Nodes:
                     "shared file system mounted alike) or use s3:// / gs:// / https:// shards")
         started = self._get([n.actor.start.remote() for n in self.nodes], "starting its workers")
         for node, pids in zip(self.nodes, started, strict=True):
-            node.pids = pids
+            node.pid, node.workers = pids["pid"], pids["workers"]
         refs = [n.actor.probe.remote((0, 0)) for n in self.nodes]
-        mine = probe()  # while the nodes make theirs
+        own = probe()  # while the nodes make theirs
         found = self._get(refs, "the probe batch")
-        if "digest" not in mine:
+        if "digest" not in own:
             return
         for node, theirs in zip(self.nodes, found, strict=True):
-            if theirs.get("digest") != mine["digest"]:
+            if theirs.get("digest") != own["digest"]:
                 raise ClusterError(
                     f"node {node.ip} made probe batch (epoch 0, batch 0) differently from this "
                     f"trainer ({theirs.get('error') or 'other bytes'}): its CPU or libraries "
@@ -335,7 +335,8 @@ class Nodes:
             if why or node.sock is None:
                 node.transport, node.why = "object_store", why or "no connection arrived"
             else:
-                self._spawn(lambda node=node: self._receive(node), f"stoker-cluster-{node.index}")
+                self._spawn(functools.partial(self._receive, node),
+                            f"stoker-cluster-{node.index}")
 
     def _accept_one(self) -> None:
         """Accept one connection and run the challenge; a peer without the secret is refused."""
@@ -382,6 +383,7 @@ class Nodes:
         view = memoryview(seg.map).cast("B")
         with self.lock:
             self.tickets[ticket] = Ticket(node, wid, key, slot, view)
+            node.in_flight += 1
         if node.transport == "object_store":
             ref = node.actor.fill.remote(ticket, key[0], key[1])
             with self.lock:
@@ -467,6 +469,8 @@ class Nodes:
         """Hand a received batch to the engine (through the event queue)."""
         with self.lock:
             ticket = self.tickets.pop(head.ticket, None)
+            if ticket is not None:
+                node.in_flight -= 1
         if ticket is None:
             self._duplicate()
             return
@@ -519,6 +523,7 @@ class Nodes:
             node.alive = False
             for ticket_id in [t for t, tk in self.tickets.items() if tk.node is node]:
                 del self.tickets[ticket_id]
+            node.in_flight = 0
         self._drop(node)
 
     def _drop(self, node: Node) -> None:
@@ -552,8 +557,12 @@ class Nodes:
                 if images else 0.0}
 
     def close(self) -> None:
-        """Close the connections and kill every actor (their node's workers follow them)."""
+        """Stop every node's pool, close the connections and kill every actor."""
         self.closed = True
+        live = [n for n in self.nodes if n.alive and n.actor is not None]
+        stops = [n.actor.stop.remote() for n in live]
+        if stops:
+            self.ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT_S)
         for node in self.nodes:
             self._drop(node)
         if self.listener is not None:
@@ -737,6 +746,10 @@ class ClusterEngine(Engine):
         nodes.forget(node)
         self.dead.update(node.wids)
         keys = sorted(k for k, (w, _) in self.inflight.items() if w in node.wids)
+        warnings.warn(
+            f"stoker: cluster node {node.ip} left ({why}); its {len(keys)} batch(es) in "
+            f"flight go to the others ({nodes.live_cores()} remote core(s) and "
+            f"{self.mixed.n_local} local worker(s) left)", StokerWarning, stacklevel=2)
         for key in keys:
             w, slot = self.inflight.pop(key)
             self.load[w] -= 1
@@ -757,10 +770,6 @@ class ClusterEngine(Engine):
             self.load[new] += 1
             self.inflight[key] = (new, slot)
             node.reissued += 1
-        warnings.warn(
-            f"stoker: cluster node {node.ip} left ({why}); its {len(keys)} batch(es) in "
-            f"flight went to the others ({nodes.live_cores()} remote core(s) and "
-            f"{self.mixed.n_local} local worker(s) left)", StokerWarning, stacklevel=2)
 
     def report(self) -> dict[str, Any]:
         """The cluster's part of ``stats()``, with the ring's back-pressure figures."""

@@ -17,9 +17,9 @@ import sys
 import tempfile
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-import weakref
 from dataclasses import dataclass
 from typing import Any
 

@@ -1,0 +1,408 @@
+"""Loader(cluster=...): decode actors on Ray nodes give exactly the batches of workers=0.
+
+One simulated Ray cluster (``ray.cluster_utils.Cluster``: a head with no CPU, where this
+trainer runs, and two 1-CPU nodes) serves the whole module: each start costs seconds and
+about half a GB. Faults are made by handshakes, never by delays: a node's worker processes
+are stopped (SIGSTOP) so that its batches are surely in flight, then its actor is killed or
+its node removed. The trainer listens on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import psutil
+import pytest
+
+import stoker
+from stoker.workers import cluster as cluster_mod
+from stoker.workers import wire
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed"),
+]
+CORPUS = Path(__file__).parent / "corpus" / "jpeg"
+HOST = "127.0.0.1"
+COMMON = {"batch_size": 4, "image_size": 32, "augment": "train", "seed": 3, "max_errors": 20,
+          "timeout": 120.0}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A head node without CPUs (the trainer's) and two 1-CPU nodes."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 0, "include_dashboard": False})
+    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+    cluster.wait_for_nodes()
+    try:
+        yield cluster, nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _ours(proc: psutil.Process) -> bool:
+    """A process of stoker's: a worker, a reaper, or a decode actor."""
+    try:
+        line = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return "stoker" in line or "Decoder" in line
+
+
+def _stoker_segments() -> set[str]:
+    """stoker's segments made by this process tree (or by a process now gone): the machine
+    is shared with other test runs, whose segments are theirs."""
+    tree = {os.getpid(), *(p.pid for p in psutil.Process().children(recursive=True))}
+    found = set()
+    for path in Path("/dev/shm").glob("stoker_*"):
+        pid = path.name.split("_")[1]
+        if not pid.isdigit() or int(pid) in tree or not psutil.pid_exists(int(pid)):
+            found.add(path.name)
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """This module's leak check: Ray's own daemons and idle workers come and go, so only
+    stoker's processes (workers, reapers, actors) and segments count."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    segs = _stoker_segments()
+    yield
+    deadline = time.monotonic() + 15.0
+    while True:
+        kids = [p for p in psutil.Process().children(recursive=True)
+                if p.pid not in before and _ours(p) and p.status() != psutil.STATUS_ZOMBIE
+                and not (p.ppid() == os.getpid() and "reaper.py" in " ".join(p.cmdline()))]
+        left = sorted(_stoker_segments() - segs)
+        if not kids and not left:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"test leaked: processes {[' '.join(p.cmdline()) for p in kids]}, "
+                        f"segments {left}", pytrace=False)
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    """An ImageFolder of awkward JPEGs: progressive, arithmetic, odd sampling, CMYK, grey,
+    and corrupt files (each replaced by a good sample and counted once)."""
+    import io
+
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("cluster_data")
+    for k, path in enumerate(sorted(CORPUS.glob("*.jpg"))):
+        folder = root / ("corpus_a" if k % 2 else "corpus_b")
+        folder.mkdir(exist_ok=True)
+        shutil.copy(path, folder / path.name)
+    odd = root / "odd"
+    odd.mkdir()
+    im = Image.linear_gradient("L").resize((96, 64)).convert("RGB")
+    for mode in ("CMYK", "L", "RGB"):
+        buf = io.BytesIO()
+        im.convert(mode).save(buf, "JPEG", quality=85, progressive=mode == "RGB")
+        (odd / f"{mode.lower()}.jpg").write_bytes(buf.getvalue())
+    (odd / "bad_text.jpg").write_bytes(b"not an image\n" * 10)
+    (odd / "bad_truncated.jpg").write_bytes((odd / "rgb.jpg").read_bytes()[:300])
+    return root
+
+
+def _digests(batches) -> list[str]:
+    return [hashlib.sha256(b"".join(a.tobytes() for a in batch)).hexdigest() for batch in batches]
+
+
+def _reference(dataset: Path, epochs: int = 1) -> tuple[list[str], list[tuple[str, str]]]:
+    with pytest.warns(stoker.StokerWarning):
+        with stoker.Loader(dataset, workers=0, **COMMON) as loader:
+            out = []
+            for _ in range(epochs):
+                out += _digests(loader)
+            return out, sorted(loader.stats().bad_files)
+
+
+def _cluster_loader(dataset: Path, **kw) -> stoker.Loader:
+    args = {**COMMON, "workers": 0, "cluster": "ray", "cluster_listen": HOST, **kw}
+    return stoker.Loader(dataset, **args)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Bad samples' warnings are expected here, whether or not these batches hold one."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", stoker.StokerWarning)
+        yield
+
+
+def _bad_names(report) -> list[str]:
+    return sorted(name for name, _ in report.bad_files)
+
+
+@pytest.mark.timeout(300)
+def test_batches_are_bit_identical_to_workers_0_over_tcp_and_the_object_store(
+        ray_cluster, dataset):
+    want, bad = _reference(dataset, epochs=2)
+    with pytest.warns(stoker.StokerWarning, match=r"\[node "):
+        with _cluster_loader(dataset) as loader:  # remote only, the TCP path
+            got = _digests(loader) + _digests(loader)
+            report = loader.stats()
+    assert got == want
+    assert _bad_names(report) == sorted(n for n, _ in bad)  # each bad sample once, over 2 epochs
+    assert report.cluster["transport"] == "tcp" and report.cluster["cores"] == 2
+    assert all(n["batches"] > 0 for n in report.cluster["nodes"])
+    assert report.cluster["listen"].startswith(f"{HOST}:")
+    assert "cluster: 2 remote core(s) over tcp" in str(report)
+    with pytest.warns(stoker.StokerWarning):
+        with _cluster_loader(dataset, workers=1, cluster_workers=1,
+                             cluster_transport="object_store") as loader:  # local + remote
+            got = _digests(loader) + _digests(loader)
+            report = loader.stats()
+    assert got == want
+    assert report.cluster["transport"] == "object_store"
+    assert [n["cores"] for n in report.cluster["nodes"]] == [1]
+
+
+def _stop(pids: list[int]) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+
+
+def _resume(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+
+def _when_in_flight(loader: stoker.Loader, index: int, then) -> threading.Thread:
+    """On a thread: once node ``index`` has a batch in flight, call ``then(node row)``."""
+    def watch() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            row = loader.stats().cluster["nodes"][index]
+            if row["in_flight"] >= 1:
+                then(row)
+                return
+            time.sleep(0.01)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(300)
+def test_an_actor_killed_mid_epoch_loses_and_repeats_nothing(ray_cluster, dataset):
+    want, bad = _reference(dataset)
+    with pytest.warns(stoker.StokerWarning, match="left"):
+        with _cluster_loader(dataset) as loader:
+            batches = iter(loader)
+            got = _digests([next(batches)])
+            victim = loader.stats().cluster["nodes"][0]
+            _stop(victim["workers"])  # its batches cannot finish: they are in flight at the kill
+
+            def kill(row) -> None:
+                os.kill(row["pid"], signal.SIGKILL)
+                _resume(row["workers"])  # they see their parent gone and exit
+
+            watcher = _when_in_flight(loader, 0, kill)
+            got += _digests(batches)
+            watcher.join(10)
+            report = loader.stats()
+    assert got == want
+    assert _bad_names(report) == sorted(n for n, _ in bad)
+    rows = report.cluster["nodes"]
+    assert rows[0]["alive"] is False and rows[0]["reissued"] >= 1
+    assert rows[1]["alive"] is True
+
+
+@pytest.mark.timeout(300)
+def test_a_removed_node_loses_and_repeats_nothing(ray_cluster, dataset):
+    cluster, _ = ray_cluster
+    extra = cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    try:
+        want, bad = _reference(dataset)
+        with pytest.warns(stoker.StokerWarning, match="left"):
+            with _cluster_loader(dataset) as loader:
+                batches = iter(loader)
+                got = _digests([next(batches)])
+                rows = loader.stats().cluster["nodes"]
+                index = next(k for k, r in enumerate(rows) if r["id"] == extra.node_id[:12])
+                _stop(rows[index]["workers"])
+
+                def remove(row) -> None:
+                    cluster.remove_node(extra, allow_graceful=False)
+                    _resume(row["workers"])
+
+                watcher = _when_in_flight(loader, index, remove)
+                got += _digests(batches)
+                watcher.join(30)
+                report = loader.stats()
+    finally:
+        if extra in cluster.worker_nodes:
+            cluster.remove_node(extra)
+    assert got == want
+    assert _bad_names(report) == sorted(n for n, _ in bad)
+    assert report.cluster["nodes"][index]["alive"] is False
+
+
+@pytest.mark.timeout(300)
+def test_every_node_gone_raises_without_local_workers_and_carries_on_with_them(
+        ray_cluster, dataset):
+    want, _ = _reference(dataset)
+    for workers in (0, 1):
+        with pytest.warns(stoker.StokerWarning):
+            with _cluster_loader(dataset, workers=workers, cluster_workers=1) as loader:
+                batches = iter(loader)
+                got = _digests([next(batches)])
+                row = loader.stats().cluster["nodes"][0]
+                _stop(row["workers"])
+
+                def kill(row) -> None:
+                    os.kill(row["pid"], signal.SIGKILL)
+                    _resume(row["workers"])
+
+                watcher = _when_in_flight(loader, 0, kill)
+                if workers == 0:
+                    with pytest.raises(cluster_mod.ClusterError, match="every cluster node"):
+                        got += _digests(batches)
+                else:
+                    got += _digests(batches)
+                    assert got == want
+                watcher.join(10)
+
+
+@pytest.mark.timeout(300)
+def test_resume_with_another_node_count_or_no_cluster_gives_the_same_tail(ray_cluster,
+                                                                           dataset):
+    want, _ = _reference(dataset)
+    with _quiet():
+        with _cluster_loader(dataset, cluster_workers=2) as loader:
+            batches = iter(loader)
+            head = _digests([next(batches) for _ in range(3)])
+            state = json.loads(json.dumps(loader.state_dict()))
+    assert head == want[:3]
+    with _quiet():
+        with _cluster_loader(dataset, cluster_workers=1) as loader:
+            loader.load_state_dict(state)
+            assert _digests(loader) == want[3:]
+    with _quiet():
+        with stoker.Loader(dataset, workers=1, **COMMON) as loader:
+            loader.load_state_dict(state)
+            assert _digests(loader) == want[3:]
+
+
+@pytest.mark.timeout(240)
+def test_batches_in_flight_never_exceed_the_ring(ray_cluster, dataset):
+    import ray
+
+    with _quiet():
+        with _cluster_loader(dataset, batch_size=2) as loader:
+            batches = iter(loader)
+            next(batches)
+            next(batches)
+            time.sleep(1.0)  # room for a loader without back-pressure to run ahead
+            nodes = loader._run.pool.nodes.nodes  # type: ignore[union-attr]
+            counts = ray.get([n.actor.counts.remote() for n in nodes])
+            report = loader.stats().cluster
+            assert len(loader) > 2 + report["ring_slots"]  # so running ahead would show
+            assert sum(c["requests"] for c in counts) <= 2 + report["ring_slots"]
+            assert report["max_in_flight"] <= report["ring_slots"]
+
+
+@pytest.mark.timeout(240)
+def test_a_connection_without_the_secret_is_refused_and_counted(ray_cluster, dataset):
+    with _quiet():
+        with _cluster_loader(dataset, cluster_workers=1) as loader:
+            batches = iter(loader)
+            first = next(batches)
+            host, port = loader.stats().cluster["listen"].rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=30) as sock:
+                sock.sendall(wire.MAGIC + os.urandom(wire.CHALLENGE_BYTES))
+                wire.recv_exact(sock, len(wire.MAGIC) + wire.CHALLENGE_BYTES)
+                sock.sendall(os.urandom(wire.DIGEST_BYTES))  # a guess, not the HMAC
+                wire.recv_exact(sock, wire.DIGEST_BYTES)
+                with pytest.raises((EOFError, ConnectionError)):
+                    while True:  # the trainer closes the connection: nothing else comes
+                        wire.recv_exact(sock, 1)
+            assert loader.stats().cluster["refused"] == 1
+            rest = list(batches)
+    assert len(rest) == len(loader) - 1 and first[0].shape == (4, 32, 32, 3)
+
+
+TRAINER = """
+import json, sys, time, ray, stoker
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+loader = stoker.Loader(sys.argv[2], batch_size=2, image_size=32, workers=0, max_errors=20,
+                       cluster="ray", cluster_listen="127.0.0.1")
+batches = iter(loader)
+next(batches)
+rows = loader.stats().cluster["nodes"]
+print(json.dumps([[r["pid"], *r["workers"]] for r in rows]), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_trainer_killed_mid_epoch_leaves_no_actor_and_no_process(ray_cluster, dataset):
+    cluster, _ = ray_cluster
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(TRAINER), cluster.address,
+                             str(dataset)], stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        line = proc.stdout.readline()  # the handshake: mid-epoch, nodes busy
+        assert line, "the trainer ended before its first batch"
+        pids = [pid for row in json.loads(line) for pid in row]
+    finally:
+        proc.kill()
+        proc.wait(30)
+        proc.stdout.close()
+    deadline = time.monotonic() + 60
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p)
+                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        time.sleep(0.1)
+    assert not alive, f"processes left on the cluster: {alive}"
+
+
+@pytest.mark.timeout(240)
+def test_a_node_with_another_stoker_version_is_refused(ray_cluster, dataset, monkeypatch):
+    monkeypatch.setattr(cluster_mod, "CLAIMED_VERSION", "0.0.0-other")
+    loader = _cluster_loader(dataset, cluster_workers=1)
+    with pytest.raises(cluster_mod.ClusterError, match=r"runs stoker 0\.0\.0-other, this "
+                       r"trainer " + stoker.__version__.replace(".", r"\.")):
+        next(iter(loader))
+    loader.close()
+
+
+def test_cluster_arguments_are_checked_before_anything_starts(dataset):
+    with pytest.raises(stoker.ConfigError, match="cluster_workers"):
+        stoker.Loader(dataset, cluster="ray", cluster_workers=0)
+    with pytest.raises(stoker.ConfigError, match="cluster_transport"):
+        stoker.Loader(dataset, cluster="ray", cluster_transport="pigeon")
+    with pytest.raises(stoker.ConfigError, match="need cluster="):
+        stoker.Loader(dataset, cluster_workers=4)
+    with pytest.raises(stoker.ConfigError, match="cluster="):
+        stoker.Loader(dataset, cluster=3)
