@@ -236,6 +236,19 @@ def test_an_actor_killed_mid_epoch_loses_and_repeats_nothing(ray_cluster, datase
     assert rows[1]["alive"] is True
 
 
+def _until_gone(node_id: str) -> None:
+    """Wait until Ray itself counts a removed node as dead (its health checks take a while),
+    so that later tests are not placed on it."""
+    import ray
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if not any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"Ray still counts node {node_id} as alive")
+
+
 @pytest.mark.timeout(300)
 def test_a_removed_node_loses_and_repeats_nothing(ray_cluster, dataset):
     cluster, _ = ray_cluster
@@ -253,7 +266,9 @@ def test_a_removed_node_loses_and_repeats_nothing(ray_cluster, dataset):
 
                 def remove(row) -> None:
                     cluster.remove_node(extra, allow_graceful=False)
-                    _resume(row["workers"])
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        psutil.wait_procs([psutil.Process(row["pid"])], timeout=60)
+                    _resume(row["workers"])  # only once the actor is gone with its node
 
                 watcher = _when_in_flight(loader, index, remove)
                 got += _digests(batches)
@@ -262,6 +277,7 @@ def test_a_removed_node_loses_and_repeats_nothing(ray_cluster, dataset):
     finally:
         if extra in cluster.worker_nodes:
             cluster.remove_node(extra)
+        _until_gone(extra.node_id)
     assert got == want
     assert _bad_names(report) == sorted(n for n, _ in bad)
     assert report.cluster["nodes"][index]["alive"] is False

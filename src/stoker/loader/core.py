@@ -326,7 +326,7 @@ class Loader:
             self._run.start_cluster(
                 spec, self.workers, self.cluster, self._prefetch_arg, self._batches,
                 self.timeout, self.source.name, self._samples,
-                lambda: probe_digest(assembler, self.layout, (0, 0)),
+                lambda: probe_digest(assembler, self.layout, (0, 0)), self.worker_threads,
             )
             return
         self._run.start_pool(

@@ -157,6 +157,21 @@ OPTIONS: tuple[Option, ...] = (
     Option("spec", "dict | None",
            "For `Loader(dataset)`: the fields' `{name: (shape, dtype)}`, instead of probing "
            "`dataset[0]`."),
+    # past one machine
+    Option("cluster", "str | None",
+           "Decode on the nodes of a Ray cluster as well (see [cluster](cluster.md)): `\"ray\"` "
+           "joins the cluster this process joined (else `address=\"auto\"`), or give a Ray "
+           "address; batches are the same bytes as on one machine."),
+    Option("cluster_workers", "int | str",
+           "With `cluster`: CPU cores to use on the nodes other than the trainer's; `\"auto\"` "
+           "is all of them."),
+    Option("cluster_transport", "str",
+           "With `cluster`: `\"tcp\"` streams each batch over an authenticated connection "
+           "straight into the ring, `\"object_store\"` goes through Ray's object store (only "
+           "Ray's ports open); a node whose connection fails uses the object store."),
+    Option("cluster_listen", "str | None",
+           "With `cluster`: the address this trainer listens on for its nodes' connections; "
+           "`None` is its Ray node IP."),
 )
 
 

@@ -186,9 +186,11 @@ class Running:
             raise
 
     def start_cluster(self, spec: dict[str, Any], workers: int, cluster: Any, prefetch: Any,
-                      batches: int, timeout: float, name: Any, samples: Any, probe: Any) -> None:
+                      batches: int, timeout: float, name: Any, samples: Any, probe: Any,
+                      threads: int | None = 1) -> None:
         """Start decode actors on the cluster's nodes (``workers.cluster``) beside ``workers``
-        local processes, and the prefetch engine over both; a failed start leaves nothing."""
+        local processes, and the prefetch engine over both; a failed start leaves nothing.
+        Each node starts its own ``WorkerPool`` with the same ``spec`` and ``threads``."""
         from ..workers import cluster as cluster_mod
 
         layout: SlotLayout = spec["layout"]
@@ -196,13 +198,13 @@ class Running:
         shutdown.register(self)
         nodes = None
         try:
-            nodes = cluster_mod.Nodes(cluster, spec, workers, timeout, probe)
+            nodes = cluster_mod.Nodes(cluster, spec, workers, timeout, probe, threads)
             per_worker, deepest, slots, self._reason = config.prefetch(
                 prefetch, workers + nodes.cores, HELD, layout.nbytes
             )
             slots += nodes.cores * cluster_mod.REMOTE_EXTRA
             self.folder = pick_folder(slots * layout.nbytes)
-            local = WorkerPool(workers, spec, timeout) if workers else None
+            local = WorkerPool(workers, spec, timeout, threads) if workers else None
             mixed = cluster_mod.MixedPool(local, nodes)
             self.pool = mixed  # type: ignore[assignment]
             self.started = mixed.started

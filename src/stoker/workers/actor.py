@@ -91,10 +91,10 @@ class NodeRing:
     workers and calls ``done(ticket, key, slot, result)`` as each finishes."""
 
     def __init__(self, settings: dict[str, Any], cores: int, capacity: int,
-                 timeout: float) -> None:
+                 timeout: float, threads: int | None = 1) -> None:
         clean_stale()
         self.layout: SlotLayout = settings["layout"]
-        self.pool = WorkerPool(cores, settings, timeout)
+        self.pool = WorkerPool(cores, settings, timeout, threads)
         self.segments = [Segment.create(self.layout.nbytes, f"node{i}") for i in range(capacity)]
         self.free: deque[int] = deque(range(capacity))
         self.waiting: deque[tuple[int, tuple[int, int]]] = deque()
@@ -182,14 +182,17 @@ class NodeRing:
 class Decoder:
     """One node's decode actor (wrapped with ``ray.remote`` by the trainer).
 
-    ``settings`` is the cloudpickled worker settings of the trainer's local pool; ``cores``
-    worker processes fill at most ``capacity`` batches at a time. ``claimed_version`` is the
-    test suite's hook to impersonate another stoker version (see :func:`identity`)."""
+    ``settings`` is the cloudpickled worker settings of the trainer's local pool (the
+    ``spec_args`` dict that ``WorkerPool`` turns into each worker's ``WorkerSpec``) and
+    ``threads`` its thread count per worker: this node's ``WorkerPool(cores, settings,
+    timeout, threads)`` is the trainer's own, on ``cores`` processes that fill at most
+    ``capacity`` batches at a time. ``claimed_version`` is the test suite's hook to
+    impersonate another stoker version (see :func:`identity`)."""
 
     def __init__(self, settings: bytes, cores: int, capacity: int, timeout: float,
-                 claimed_version: str | None = None) -> None:
+                 threads: int | None = 1, claimed_version: str | None = None) -> None:
         self.settings = pickle.loads(settings)
-        self.cores, self.capacity, self.timeout = cores, capacity, timeout
+        self.cores, self.capacity, self.timeout, self.threads = cores, capacity, timeout, threads
         self.claimed = claimed_version
         self.ring: NodeRing | None = None
         self.futures: dict[int, Future] = {}
@@ -215,7 +218,7 @@ class Decoder:
 
     def start(self) -> dict[str, Any]:
         """Start the node's worker pool; this actor's pid and its workers'."""
-        self.ring = NodeRing(self.settings, self.cores, self.capacity, self.timeout)
+        self.ring = NodeRing(self.settings, self.cores, self.capacity, self.timeout, self.threads)
         self.ring.done = self._done
         self.ring.start()
         return {"pid": os.getpid(), "workers": [p.pid for p in self.ring.pool.procs]}

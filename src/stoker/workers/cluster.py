@@ -164,7 +164,8 @@ class Nodes:
     """Every node's actor, the data connections, and the receiving threads."""
 
     def __init__(self, opts: ClusterOptions, settings: dict[str, Any], first_wid: int,
-                 timeout: float, probe: Callable[[], dict[str, Any]]) -> None:
+                 timeout: float, probe: Callable[[], dict[str, Any]],
+                 threads: int | None = 1) -> None:
         import ray
 
         self.ray, self.opts, self.timeout = ray, opts, timeout
@@ -186,7 +187,7 @@ class Nodes:
         self.nodes = self._place(first_wid)
         self.cores = sum(n.cores for n in self.nodes)
         try:
-            self._start_actors(settings)
+            self._start_actors(settings, threads)
             self._check(settings, probe)
             self._connect()
         except BaseException:
@@ -235,7 +236,7 @@ class Nodes:
             wid += cores
         return nodes
 
-    def _start_actors(self, settings: dict[str, Any]) -> None:
+    def _start_actors(self, settings: dict[str, Any], threads: int | None) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         with by_value():  # other machines cannot map this one's shared memory
@@ -251,7 +252,7 @@ class Nodes:
                 max_task_retries=0,
                 max_concurrency=capacity + 4,
                 name=f"stoker-{os.getpid()}-{job}-{node.index}",
-            ).remote(blob, node.cores, capacity, self.timeout, CLAIMED_VERSION)
+            ).remote(blob, node.cores, capacity, self.timeout, threads, CLAIMED_VERSION)
 
     def _get(self, refs: list[Any], what: str) -> list[Any]:
         """``ray.get`` with the start-up timeout; a node's failure is a ClusterError naming it."""
