@@ -183,3 +183,59 @@ def test_each_os_limit_is_named_with_its_fix(code, says):
     assert str(exc).startswith("cannot start worker process 0: ")
     other = OSError(errno.EACCES, "raw")
     assert limit_error(other, "x") is other
+
+
+TRAINER = """
+import sys, time
+import numpy as np, stoker
+from stoker.workers import reaper
+images = np.zeros((64, 32, 32, 3), np.uint8)
+loader = stoker.Loader(images, batch_size=4, workers=2, augment=None)
+it = iter(loader)
+next(it)
+pids = [p.pid for p in loader._run.pool.procs]
+print("READY", reaper.reaper_pid(), *pids, flush=True)
+time.sleep(600)
+"""
+
+ORCHESTRATE = """
+import os, signal, subprocess, sys, time
+
+def gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+def until(test, limit):
+    deadline = time.monotonic() + limit
+    while not test() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return test()
+
+def segments():
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("stoker_"))
+
+trainer = subprocess.Popen([sys.executable, "-c", TRAINER], stdout=subprocess.PIPE, text=True)
+_, reaper_pid, *workers = trainer.stdout.readline().split()
+print("HAD", len(segments()) > 0)
+os.kill(int(reaper_pid), signal.SIGKILL)
+print("REAPER GONE", until(lambda: gone(int(reaper_pid)), 30))
+os.kill(trainer.pid, signal.SIGKILL)
+trainer.wait()
+print("WORKERS GONE", until(lambda: all(gone(int(w)) for w in workers), 30))
+until(lambda: not segments(), 10)
+print("LEFT", segments())
+"""
+
+
+@pytest.mark.timeout(180)
+def test_sigkill_of_the_reaper_then_of_the_trainer_leaves_no_segment(needs_namespace):
+    """The workers see their parent's pipe close and remove its segments before they exit,
+    so a reaper killed first (it would have removed them) changes nothing."""
+    code = f"TRAINER = {TRAINER!r}\n" + textwrap.dedent(ORCHESTRATE)
+    out = chaos_env.run_in_namespace(chaos_env.python(code), shm="256m", timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "HAD True" in out.stdout and "REAPER GONE True" in out.stdout, out.stdout
+    assert "WORKERS GONE True" in out.stdout and "LEFT []" in out.stdout, out.stdout

@@ -77,11 +77,26 @@ def _watch_parent(parent: int) -> None:
     os._exit(0)
 
 
+PARENT_EXIT_S = 5.0  # how long a worker whose pipe closed waits to see its parent gone
+
+
+def _end_with_parent(parent: int) -> None:
+    """The parent's end of the pipe closed without a stop task: the parent is exiting (killed,
+    crashed). Wait until it is gone, then remove its segments before this process ends: its
+    reaper may be dead too, and the watcher thread (a daemon) would end with this process
+    before it had the chance."""
+    deadline = time.monotonic() + PARENT_EXIT_S
+    while _parent_alive(parent) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not _parent_alive(parent):
+        clean_stale(owner=parent)
+
+
 class _Worker:
     """The loop that runs inside one worker process."""
 
-    def __init__(self, wid: int, conn: Connection, spec: WorkerSpec) -> None:
-        self.wid, self.conn, self.spec = wid, conn, spec
+    def __init__(self, wid: int, conn: Connection, spec: WorkerSpec, parent: int = -1) -> None:
+        self.wid, self.conn, self.spec, self.parent = wid, conn, spec, parent
         self.assembler = Assembler(
             spec.source, spec.pipeline, spec.plan, spec.columns, spec.reads, spec.batch_fn
         )
@@ -109,14 +124,21 @@ class _Worker:
             try:
                 task = self.conn.recv()
             except (EOFError, OSError):
-                return  # the parent closed its end (or died: its watcher ends this process)
+                self._parent_closed()
+                return
             if task is None:
                 return
             idle = time.perf_counter() - t0  # waiting for work: the engine sizes the ring by it
             try:
                 self.conn.send(self.serve(*task, idle=idle))
             except (OSError, ValueError):
+                self._parent_closed()
                 return  # the parent stopped listening: end quietly, never with a traceback
+
+    def _parent_closed(self) -> None:
+        """The pipe to the parent closed under this worker: clean up after a dying parent."""
+        if self.parent > 0:
+            _end_with_parent(self.parent)
 
     def serve(
         self, epoch: int, batch: int, slot: int, handle: tuple[str, int], *, idle: float = 0.0
@@ -145,7 +167,7 @@ def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> No
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     seeding.mark_worker()  # the global RNGs are the loader's here: reseeded, never put back
     spec.source.open_in_worker()
-    _Worker(wid, conn, spec).run()
+    _Worker(wid, conn, spec, parent).run()
 
 
 def _parts(spec: WorkerSpec) -> dict[str, Any]:
