@@ -213,3 +213,24 @@ def test_a_tar_rewritten_with_the_same_labels_but_other_images_changes_the_finge
     assert first.fingerprint() != second.fingerprint()
     for s in (first, second):
         s.close()
+
+
+def test_a_tar_state_saved_by_an_earlier_release_resumes_with_a_warning(
+    tmp_path, image_folder, cached
+):
+    """Earlier releases' tar fingerprint lacked the head/tail hash: their state still loads
+    (its names, sizes, members and labels match), with a warning; a truly other one does not."""
+    import stoker
+    from stoker.errors import StokerWarning
+
+    folder = tmp_path / "wds"
+    folder.mkdir()
+    _tar(folder / "a.tar", _jpeg(image_folder), "0")
+    with stoker.Loader(folder, batch_size=2, image_size=16, workers=0) as loader:
+        state = loader.state_dict()
+        (older,) = loader.source.older_fingerprints()
+        with pytest.warns(StokerWarning, match="earlier stoker"):
+            loader.load_state_dict({**state, "fingerprint": older, "position": 1})
+        assert loader.state_dict()["position"] == 1
+        with pytest.raises(ConfigError, match="another dataset"):
+            loader.load_state_dict({**state, "fingerprint": "0" * 24})

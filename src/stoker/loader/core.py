@@ -391,7 +391,8 @@ class Loader:
         if not state:
             self.epoch, self.position, self._ahead = 0, 0, 0
             return
-        self.epoch, self.position = check_state(state, self.state_dict())
+        older: list[str] = getattr(self.source, "older_fingerprints", list)()
+        self.epoch, self.position = check_state(state, self.state_dict(), older)
         self._ahead = 0
 
     # ------------------------------------------------------------------ reporting, adapters

@@ -3,9 +3,11 @@ arithmetic on it. A position counts batches the training step received."""
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StokerWarning
 
 STATE_VERSION = 1
 #: what must match between a saved state and the loader resuming from it
@@ -26,9 +28,20 @@ def make_state(epoch: int, position: int, *, seed: int, batch_size: int, batches
     }
 
 
-def check_state(state: dict[str, Any], mine: dict[str, Any]) -> tuple[int, int]:
+def check_state(state: dict[str, Any], mine: dict[str, Any],
+                older: Sequence[str] = ()) -> tuple[int, int]:
     """``(epoch, position)`` of ``state``, after checking it was saved by a loader like the
-    one whose own state is ``mine``; a ConfigError says what differs."""
+    one whose own state is ``mine``; a ConfigError says what differs. ``older``: this
+    dataset's fingerprints as earlier releases computed them, accepted with a warning."""
+    if state.get("fingerprint") in older:
+        warnings.warn(
+            "this state was saved by an earlier stoker, whose dataset fingerprint did not "
+            "cover the tars' contents; it matches this dataset's tar names, sizes, members and "
+            "labels, and is resumed. Save a new state to have the full check",
+            StokerWarning,
+            stacklevel=3,
+        )
+        state = {**state, "fingerprint": mine["fingerprint"]}
     if state.get("version") != STATE_VERSION:
         raise ConfigError(
             f"state version {state.get('version')!r}; this stoker reads {STATE_VERSION}"

@@ -156,6 +156,15 @@ class TarSource(Source):
         h.update(self.labels.tobytes())
         return h.hexdigest()
 
+    def older_fingerprints(self) -> list[str]:
+        """This dataset's fingerprint as earlier stoker releases computed it (without the
+        tars' head/tail hashes): a state they saved still resumes, with a warning."""
+        h = hashlib.blake2b(self.index.digest().encode(), digest_size=12)
+        for path in self.tars:
+            h.update(f"{os.path.basename(path)}|{os.path.getsize(path)}\0".encode())
+        h.update(self.labels.tobytes())
+        return [h.hexdigest()]
+
     def close(self) -> None:
         """Close this process's file descriptors."""
         fds, self._fds = self._fds, {}
