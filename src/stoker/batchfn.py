@@ -19,17 +19,14 @@ same names with the same dtypes and per-sample shapes, or a TypeError says which
 
 from __future__ import annotations
 
-import contextlib
-import random
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ._compat import add_note
 from .errors import ConfigError
-from .seeding import seeded
+from .seeding import seeded, user_states_kept
 from .workers.slots import FieldSpec
 
 #: Fields a batch transform may change in place but never replace with another dtype or shape.
@@ -43,23 +40,6 @@ def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generat
     """The generator a batch transform gets for batch ``batch`` of ``epoch`` on ``rank``."""
     seq = np.random.SeedSequence([seed, epoch, rank, batch], spawn_key=(BATCH_KEY,))
     return np.random.default_rng(seq)
-
-
-@contextlib.contextmanager
-def kept_global_rngs() -> Iterator[None]:
-    """Run user code in the calling process (the probe call, ``peek()``) and leave the global
-    RNGs (``random``, ``np.random``, torch's when imported) as they were: a look at a batch
-    never changes the user's own random draws."""
-    py, np_state = random.getstate(), np.random.get_state()
-    torch = sys.modules.get("torch")
-    torch_state = torch.random.get_rng_state() if torch is not None else None
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(np_state)
-        if torch is not None and torch_state is not None:
-            torch.random.set_rng_state(torch_state)
 
 
 def _name(fn: Any) -> str:
@@ -92,7 +72,7 @@ class BatchTransform:
             for name, dtype, shape in self.inputs
         }
         try:
-            with kept_global_rngs():
+            with user_states_kept():  # the user's own global random draws are not moved
                 returned = self._call(arrays, np.random.default_rng(0))
         except Exception as exc:
             add_note(

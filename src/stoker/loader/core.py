@@ -14,9 +14,9 @@ import numpy as np
 from .. import batch as batch_mod
 from .. import order as order_mod
 from ..assemble import Assembler, Report
-from ..batchfn import kept_global_rngs
 from ..decode import decoder_name
 from ..errors import ConfigError, StokerError, StokerWarning, TooManyErrors
+from ..seeding import user_states_kept
 from ..sources.targets import class_ids
 from ..stats import Stats, StatsReport, WaitMeter
 from ..workers.cluster import options as cluster_options
@@ -263,7 +263,7 @@ class Loader:
         fields = self.layout.arrays()
         if self._peeker is None:
             self._peeker = self._assembler()
-        with kept_global_rngs():  # the user's own random draws are not moved by a look
+        with user_states_kept():  # the user's own random draws are not moved by a look
             report = self._peeker.fill(epoch, position, fields)
         return self._arrange(fields, report.count)
 
