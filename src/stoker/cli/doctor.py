@@ -30,7 +30,7 @@ def doctor(clean: bool = False) -> str:
     lines = [
         f"/dev/shm: {total / 2**20:,.0f} MiB, {free / 2**20:,.0f} MiB free"
         + ("  (small: stoker will fall back to file-backed memory)" if total < 256 << 20 else ""),
-        f"stale stoker segments (owner process gone): {len(stale)}",
+        f"stale stoker segments (owner provably gone: its lock is free): {len(stale)}",
         *[f"  {p}" for p in stale[:20]],
         f"usable CPU cores: {config.usable_cpus()}; workers start as fresh interpreters "
         "from stoker's own entry point, never re-running your script, importing from your "

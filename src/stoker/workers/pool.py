@@ -22,7 +22,7 @@ from ..errors import WorkerDied
 from ..sources.base import Source
 from ..sources.readahead import ReadSettings
 from ..transforms import Pipeline
-from . import reaper
+from . import ownerlock, reaper
 from .errors import describe_exit, pack_exception
 from .launch import START_TIMEOUT_S, Launch, Process, StartReport, payload_bytes
 from .slots import Segment, SlotLayout, clean_stale
@@ -63,7 +63,7 @@ def _parent_alive(parent: int) -> bool:
     return True
 
 
-def _watch_parent(parent: int) -> None:
+def _watch_parent(parent: int, owner: str | None) -> None:
     """When the parent dies (even by SIGKILL), exit at once. The parent's reaper removes its
     segments; removing them here too covers a reaper that was killed with it."""
     try:
@@ -73,7 +73,8 @@ def _watch_parent(parent: int) -> None:
     except (AttributeError, OSError):
         while _parent_alive(parent):
             time.sleep(0.5)
-    clean_stale(owner=parent)
+    if owner is not None:
+        clean_stale(owner=owner)  # the parent's segments by its tag: never another pid namespace's
     os._exit(0)
 
 
@@ -160,7 +161,8 @@ class _Worker:
 def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    owner = ownerlock.owner_of(os.path.basename(spec.status[0]))
+    threading.Thread(target=_watch_parent, args=(parent, owner), daemon=True).start()
     import cv2
 
     # bad files are reported once, by name, in the parent; OpenCV's own stderr lines would not be

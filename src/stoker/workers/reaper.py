@@ -7,6 +7,10 @@ path``) and every worker it started (``+P pid start-time``). When the pipe reach
 kernel closes its end either way) or the parent's pid goes away, the reaper unlinks every path
 still listed, kills every listed worker that is still the same process, and exits.
 
+The reaper also holds the parent's segment lock files (``+L path``, see :mod:`.ownerlock`)
+with a shared ``flock``, so no other process takes the parent's segments for stale until the
+reaper itself has removed them (lock files last) and exited.
+
 A path is announced *before* its file is created, so no moment exists where a segment is on
 disk and unknown to the reaper. The reaper runs as ``python -I -S reaper.py PARENT`` in a
 session of its own: it imports only the standard library, starts in milliseconds, and neither
@@ -15,6 +19,7 @@ Ctrl-C at the terminal nor a signal sent to the parent's process group reaches i
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
@@ -72,12 +77,28 @@ def _serve(parent: int) -> tuple[set[str], dict[int, str]]:
             _apply(line.decode("utf-8", "surrogateescape"), paths, procs)
 
 
+_held: dict[str, int] = {}  # in the reaper: the parent's lock files it holds too, and their fds
+
+
 def _apply(line: str, paths: set[str], procs: dict[int, str]) -> None:
     kind, _, rest = line.partition(" ")
     if kind == "+S":
         paths.add(rest)
     elif kind == "-S":
         paths.discard(rest)
+    elif kind == "+L":  # hold the parent's segment lock too (see ownerlock): shared, as it does
+        paths.add(rest)
+        try:
+            fd = os.open(rest, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            _held[rest] = fd
+        except OSError:
+            pass
+    elif kind == "-L":
+        paths.discard(rest)
+        fd = _held.pop(rest, -1)
+        if fd >= 0:
+            os.close(fd)
     elif kind == "+P":
         pid, _, started = rest.partition(" ")
         procs[int(pid)] = started
@@ -93,7 +114,7 @@ def _reap(paths: set[str], procs: dict[int, str]) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    for path in paths:
+    for path in sorted(paths, key=lambda p: p.endswith(".lock")):  # the locks last
         try:
             os.unlink(path)
         except OSError:
@@ -120,6 +141,7 @@ class _Client:
         self.owner = -1
         self.paths: set[str] = set()
         self.procs: dict[int, str] = {}
+        self.locks: set[str] = set()
         self.broken = False
 
     def _alive(self) -> bool:
@@ -146,7 +168,8 @@ class _Client:
         finally:
             os.close(read)
         self.fd, self.owner = write, os.getpid()
-        lines = [f"+S {p}" for p in self.paths] + [f"+P {k} {v}" for k, v in self.procs.items()]
+        lines = ([f"+S {p}" for p in self.paths] + [f"+L {p}" for p in self.locks]
+                 + [f"+P {k} {v}" for k, v in self.procs.items()])
         if lines:
             self._write("\n".join(lines))
 
@@ -203,6 +226,20 @@ def untrack_segment(path: str) -> None:
     if path in _client.paths:
         _client.paths.discard(path)
         _client.tell(f"-S {path}")
+
+
+def hold_lock(path: str) -> None:
+    """This process holds the segment lock ``path`` (see :mod:`.ownerlock`): the reaper holds
+    it too, until it has removed every listed segment, and then removes it."""
+    _client.locks.add(path)
+    _client.tell(f"+L {path}")
+
+
+def release_lock(path: str) -> None:
+    """The segment lock ``path`` was removed by us; the reaper lets it go."""
+    if path in _client.locks:
+        _client.locks.discard(path)
+        _client.tell(f"-L {path}")
 
 
 def track_process(pid: int) -> None:

@@ -1,9 +1,11 @@
 """Shared-memory segments and the batch ring; the parent process owns and unlinks every one.
 
 Segments are plain files in ``/dev/shm`` (or a temporary folder when ``/dev/shm`` is too small)
-named ``stoker_<owner pid>_<token>_<tag>``, so segments left by a dead process are recognised
-and removed at the next start. Space is reserved with ``posix_fallocate`` when a segment is
-created: a full tmpfs gives a clear error then, never a bus error later.
+named ``stoker_<owner pid>_<token>_<n>_<tag>``, created exclusively with mode 0600. Segments left
+by a dead process are removed at the next start, but only when their owner is provably gone:
+its lock file is free (:mod:`.ownerlock`), never because its pid is missing here (it may run in
+another PID namespace that shares ``/dev/shm``). Space is reserved with ``posix_fallocate`` when
+a segment is created: a full tmpfs gives a clear error then, never a bus error later.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ import ctypes
 import errno
 import mmap
 import os
-import secrets
 import sys
 import tempfile
 import threading
@@ -26,23 +27,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ResourceLimitError, StokerError
-from . import reaper
+from . import ownerlock, reaper
 
 SHM_DIR = "/dev/shm"
 PREFIX = "stoker_"
 ALIGN = 64
-_TOKEN = secrets.token_hex(3)
 _counter = [0]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def segment_dirs() -> list[str]:
@@ -60,39 +50,65 @@ def shm_free_bytes() -> int:
     return st.f_bavail * st.f_frsize
 
 
-def stale_segments(owner: int | None = None) -> list[str]:
-    """Paths of stoker segments whose owner process is gone (or, given ``owner``, all of its)."""
+def stale_segments(owner: str | None = None) -> list[str]:
+    """Paths of stoker segments whose owner is provably gone (its lock is free), or, given
+    ``owner`` (a tag, ``<pid>_<token>``), all of that owner's."""
+    return _stale(owner, remove=False)
+
+
+def clean_stale(owner: str | None = None) -> list[str]:
+    """Remove the segments (and lock files) of owners provably gone, or all of ``owner``'s;
+    return the segments' paths."""
+    return _stale(owner, remove=True)
+
+
+def _stale(owner: str | None, remove: bool) -> list[str]:
     found = []
     for folder in segment_dirs():
         try:
             names = os.listdir(folder)
         except OSError:
             continue
+        groups: dict[str, list[str]] = {}
         for name in names:
-            pid = _owner_pid(name)
-            if pid is None or (pid != owner if owner is not None else _pid_alive(pid)):
+            who = ownerlock.owner_of(name)
+            if who is not None and (owner is None or who == owner):
+                groups.setdefault(who, [])
+                if not ownerlock.is_lock(name):
+                    groups[who].append(os.path.join(folder, name))
+        for who, paths in groups.items():
+            if who == owner:
+                found += _remove(folder, who, paths) if remove else paths
                 continue
-            found.append(os.path.join(folder, name))
+            with ownerlock.gone(folder, who, _uid(paths, folder, who)) as dead:
+                if dead:
+                    found += _remove(folder, who, paths) if remove else paths
     return found
 
 
-def clean_stale(owner: int | None = None) -> list[str]:
-    """Remove segments whose owner process is gone (or all of ``owner``'s); return their paths."""
+def _uid(paths: list[str], folder: str, who: str) -> int:
+    """The user whose segments these are (whose lock file alone may vouch for them)."""
+    for path in [*paths, ownerlock.lock_path(folder, who)]:
+        try:
+            return os.lstat(path).st_uid
+        except OSError:
+            continue
+    return -1
+
+
+def _remove(folder: str, who: str, paths: list[str]) -> list[str]:
     removed = []
-    for path in stale_segments(owner):
+    for path in paths:
         try:
             os.unlink(path)
             removed.append(path)
         except OSError:
             pass
+    try:
+        os.unlink(ownerlock.lock_path(folder, who))
+    except OSError:
+        pass
     return removed
-
-
-def _owner_pid(name: str) -> int | None:
-    if not name.startswith(PREFIX):
-        return None
-    part = name[len(PREFIX) :].split("_", 1)[0]
-    return int(part) if part.isdigit() else None
 
 
 def _reserve(fd: int, size: int, path: str) -> None:
@@ -115,6 +131,7 @@ def _unlink_quietly(path: str, creator: int | None = None) -> None:
     except FileNotFoundError:
         pass
     reaper.untrack_segment(path)
+    ownerlock.removed(path)
 
 
 class ShmFullError(StokerError, OSError):
@@ -241,12 +258,15 @@ class Segment:
     @classmethod
     def _create_in(cls, folder: str, size: int, tag: str) -> Segment:
         _counter[0] += 1
-        path = os.path.join(folder, f"{PREFIX}{os.getpid()}_{_TOKEN}_{_counter[0]}_{tag}")
+        path = os.path.join(folder, f"{PREFIX}{ownerlock.tag()}_{_counter[0]}_{tag}")
+        ownerlock.adding(folder, path)  # held before the segment exists: never "stale" early
         reaper.track_segment(path)
+        flags = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            fd = os.open(path, flags, 0o600)
         except OSError as exc:
             reaper.untrack_segment(path)
+            ownerlock.removed(path)
             raise _limit_error(exc, path) from exc
         try:
             _reserve(fd, size, path)
