@@ -81,7 +81,12 @@ def _watch_parent(parent: int, owner: str | None) -> None:
 PARENT_EXIT_S = 5.0  # how long a worker whose pipe closed waits to see its parent gone
 
 
-def _end_with_parent(parent: int) -> None:
+def _owner(spec: WorkerSpec) -> str | None:
+    """The parent's owner tag (``<pid>_<token>``), read from its status segment's name."""
+    return ownerlock.owner_of(os.path.basename(spec.status[0]))
+
+
+def _end_with_parent(parent: int, owner: str | None) -> None:
     """The parent's end of the pipe closed without a stop task: the parent is exiting (killed,
     crashed). Wait until it is gone, then remove its segments before this process ends: its
     reaper may be dead too, and the watcher thread (a daemon) would end with this process
@@ -89,8 +94,8 @@ def _end_with_parent(parent: int) -> None:
     deadline = time.monotonic() + PARENT_EXIT_S
     while _parent_alive(parent) and time.monotonic() < deadline:
         time.sleep(0.01)
-    if not _parent_alive(parent):
-        clean_stale(owner=parent)
+    if not _parent_alive(parent) and owner is not None:
+        clean_stale(owner=owner)
 
 
 class _Worker:
@@ -139,7 +144,7 @@ class _Worker:
     def _parent_closed(self) -> None:
         """The pipe to the parent closed under this worker: clean up after a dying parent."""
         if self.parent > 0:
-            _end_with_parent(self.parent)
+            _end_with_parent(self.parent, _owner(self.spec))
 
     def serve(
         self, epoch: int, batch: int, slot: int, handle: tuple[str, int], *, idle: float = 0.0
@@ -161,8 +166,7 @@ class _Worker:
 def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> None:
     """Entry point of a worker process."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    owner = ownerlock.owner_of(os.path.basename(spec.status[0]))
-    threading.Thread(target=_watch_parent, args=(parent, owner), daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(parent, _owner(spec)), daemon=True).start()
     import cv2
 
     # bad files are reported once, by name, in the parent; OpenCV's own stderr lines would not be
