@@ -239,3 +239,64 @@ def test_sigkill_of_the_reaper_then_of_the_trainer_leaves_no_segment(needs_names
     assert out.returncode == 0, out.stderr[-3000:]
     assert "HAD True" in out.stdout and "REAPER GONE True" in out.stdout, out.stdout
     assert "WORKERS GONE True" in out.stdout and "LEFT []" in out.stdout, out.stdout
+
+
+TRAINER_NEXT = """
+import sys, time
+import numpy as np, stoker
+from stoker.workers import reaper
+images = np.zeros((64, 32, 32, 3), np.uint8)
+loader = stoker.Loader(images, batch_size=4, workers=2, augment=None)
+it = iter(loader)
+next(it)
+print("READY", reaper.reaper_pid(), flush=True)
+sys.stdin.readline()  # the test killed the reaper
+next(it)
+print("NEXT", reaper.reaper_pid(), flush=True)
+time.sleep(600)
+"""
+
+ORCHESTRATE_GROUP = """
+import os, signal, subprocess, sys, time
+
+def gone(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[-1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+def until(test, limit):
+    deadline = time.monotonic() + limit
+    while not test() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return test()
+
+def segments():
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("stoker_"))
+
+trainer = subprocess.Popen([sys.executable, "-c", TRAINER_NEXT], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True, start_new_session=True)
+first = int(trainer.stdout.readline().split()[1])
+os.kill(first, signal.SIGKILL)
+print("REAPER GONE", until(lambda: gone(first), 30))
+trainer.stdin.write("go\\n")
+trainer.stdin.flush()
+second = trainer.stdout.readline().split()[1]
+print("REPLACED", second not in ("None", str(first)))
+os.killpg(trainer.pid, signal.SIGKILL)  # the trainer and its workers at once
+trainer.wait()
+until(lambda: not segments(), 10)
+print("LEFT", segments())
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_killed_reaper_is_replaced_between_batches(needs_namespace):
+    """The reaper is killed; at the next batch the trainer starts a new one, told every
+    segment and worker, so the trainer and its workers killed together still leave nothing."""
+    code = f"TRAINER_NEXT = {TRAINER_NEXT!r}\n" + textwrap.dedent(ORCHESTRATE_GROUP)
+    out = chaos_env.run_in_namespace(chaos_env.python(code), shm="256m", timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "REAPER GONE True" in out.stdout and "REPLACED True" in out.stdout, out.stdout
+    assert "LEFT []" in out.stdout, out.stdout

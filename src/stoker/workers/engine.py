@@ -25,6 +25,7 @@ import numpy as np
 
 from ..assemble import Report
 from ..errors import WorkerHung, one_line
+from . import reaper
 from .errors import unpack_exception
 from .pool import WorkerPool
 from .slots import Segment, ShmFullError, SlotLayout
@@ -114,6 +115,7 @@ class Engine:
 
     def get(self, key: Key) -> tuple[dict[str, np.ndarray], Report]:
         """Return batch ``key`` (waiting if needed); keeps the window ahead of it full."""
+        reaper.revive()  # a killed reaper is replaced before a death of ours would need it
         if not self.scheduled or self.scheduled[0] != key:
             self._reset(key)
         self._reclaim(HELD - 1)

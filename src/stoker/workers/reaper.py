@@ -200,6 +200,18 @@ class _Client:
                 stacklevel=4,
             )
 
+    def revive(self) -> None:
+        """Start a new reaper, told everything, if this process's has died while it still has
+        segments or workers to watch (checked between batches: a dead reaper is replaced
+        before the trainer's own death would need it)."""
+        with self.lock:
+            if self.broken or not (self.paths or self.procs) or self._alive():
+                return
+            try:
+                self._start()
+            except OSError:
+                self.pid = -1
+
     def forget_after_fork(self) -> None:
         """In a forked child: drop the parent's reaper (its pipe and lists are not ours)."""
         if self.fd >= 0:
@@ -252,6 +264,11 @@ def untrack_process(pid: int) -> None:
     """The worker ended (joined by us)."""
     if _client.procs.pop(pid, None) is not None:
         _client.tell(f"-P {pid}")
+
+
+def revive() -> None:
+    """Replace this process's reaper if it died (see ``_Client.revive``)."""
+    _client.revive()
 
 
 def reaper_pid() -> int | None:
