@@ -250,3 +250,33 @@ def test_peek_and_the_probe_leave_the_users_global_rngs_alone(image_folder):
         lo.peek()
         lo.peek(1)
     assert (random.random(), np.random.random()) == want
+
+
+@pytest.mark.timeout(300)
+def test_cutmix_on_masks_pastes_the_mask_box_with_the_image_box(tmp_path):
+    from PIL import Image
+
+    from stoker.datasets import make_image_folder
+
+    root = make_image_folder(tmp_path / "p", classes=1, per_class=8, min_side=40, max_side=60)
+    rows = ["image,mask"]
+    for k, photo in enumerate(sorted(root.glob("*/*.jpg"))):
+        w, h = Image.open(photo).size
+        Image.fromarray((np.indices((h, w)).sum(0) // 7 % 5).astype(np.uint8)).save(
+            tmp_path / f"m{k}.png"
+        )
+        rows.append(f"{photo},m{k}.png")
+    (tmp_path / "pairs.csv").write_text("\n".join(rows) + "\n")
+    kw = dict(batch_size=4, image_size=24, augment="eval", seed=4)
+    with stoker.Loader(tmp_path / "pairs.csv", workers=0, **kw) as plain:
+        x0, m0 = (np.array(v) for v in next(iter(plain)))
+    with stoker.Loader(tmp_path / "pairs.csv", workers=2, batch_transform=cutmix_masks,
+                       **kw) as mixed:
+        x, m = (np.array(v) for v in next(iter(mixed)))
+    y_0, y_1, x_0, x_1 = cutmix_box(24, 24, batch_rng(4, 0, 0, 0))
+    assert y_1 > y_0 and x_1 > x_0
+    box = np.s_[:, y_0:y_1, x_0:x_1]
+    want_x, want_m = x0.copy(), m0.copy()
+    want_x[box], want_m[box] = np.roll(x0, 1, axis=0)[box], np.roll(m0, 1, axis=0)[box]
+    np.testing.assert_array_equal(x, want_x)
+    np.testing.assert_array_equal(m, want_m)
