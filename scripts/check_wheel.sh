@@ -51,13 +51,17 @@ for f in /usr/include/jpeglib.h /usr/include/x86_64-linux-gnu/jconfig.h \
     [ -e "$f" ] && hide="$hide mount --bind /dev/null $f &&"
 done
 cat > "$work/probe.py" <<'PY'
-import ctypes.util, os, subprocess, sys, tempfile
+import ctypes, os, subprocess, sys, tempfile
 import numpy as np
 from PIL import Image
 import stoker
 from stoker.decode import jpegcrop
 assert "site-packages" in stoker.__file__, stoker.__file__
-print("libjpeg visible to the dynamic loader:", ctypes.util.find_library("jpeg"))
+try:
+    ctypes.CDLL("libjpeg.so.62")
+    sys.exit("the system's libjpeg.so.62 can still be loaded: the check proves nothing")
+except OSError as exc:
+    print(f"the system's libjpeg cannot be loaded here ({exc})")
 assert jpegcrop.AVAILABLE, "the wheel's C extension did not load"
 folder = tempfile.mkdtemp()
 os.mkdir(f"{folder}/a")
