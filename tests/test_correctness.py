@@ -379,3 +379,109 @@ def test_a_path_only_row_whose_file_is_missing_or_escapes_is_refused_at_construc
     escaping = _hf_parquet(tmp_path / "inner", ["../imgs/0.png", "imgs/1.png"])
     with pytest.raises(stoker.SourceError, match=r"row 0.*outside the Parquet file's folder"):
         stoker.Loader(escaping, batch_size=2, image_size=6)
+
+
+# --------------------------------------------------------------------------- image leaves
+
+KINDS = {  # a dataset field: per-sample value of sample i
+    "pixels": lambda i: np.full((4, 5, 3), 10 * i, np.uint8),  # uint8 (H, W, C)
+    "chw": lambda i: np.full((3, 4, 5), i / 10, np.float32),  # ToTensor's float (C, H, W)
+    "vector": lambda i: np.full((6,), i, np.float32),
+    "label": lambda i: np.int64(i),
+}
+
+
+class Structured:
+    """A dataset whose samples are a dict, a tuple or one array of the given field kinds."""
+
+    def __init__(self, shape: str, kinds: list[str]) -> None:
+        self.shape, self.kinds = shape, kinds
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int):
+        values = [KINDS[k](i) for k in self.kinds]
+        if self.shape == "dict":
+            return {f"f{k}": v for k, v in enumerate(values)}
+        return tuple(values) if self.shape == "tuple" else values[0]
+
+
+def _leaves(batch, shape: str) -> list:
+    if shape == "dict":
+        return [batch[f"f{k}"] for k in range(len(batch))]
+    return list(batch) if shape == "tuple" else [batch]
+
+
+def _as_numpy(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        return x.detach().float().numpy() if x.is_floating_point() else x.numpy()
+    return np.asarray(x)
+
+
+def _first(kind: str, loader, **options):
+    if kind == "torch":
+        import torch
+
+        if "dtype" in options:
+            options["dtype"] = getattr(torch, options["dtype"])
+        return next(iter(loader.torch(**options)))
+    if kind == "jax":
+        return next(iter(loader.jax(**options)))
+    return loader.keras(**options)[0]
+
+
+@pytest.mark.timeout(300)
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=st.sampled_from(["dict", "tuple", "single"]),
+    kinds=st.lists(st.sampled_from(sorted(KINDS)), min_size=1, max_size=3),
+    adapter=st.sampled_from(["torch", "jax", "keras"]),
+    normalise=st.booleans(),
+)
+def test_image_options_reach_every_image_leaf_of_any_structure_or_are_refused(
+    shape, kinds, adapter, normalise
+):
+    if shape == "single":
+        kinds = kinds[:1]
+    options = {"dtype": "float16"}
+    if normalise:
+        options.update(mean=0, std=1)
+    images = [k for k in kinds if k in ("pixels", "chw")]
+    with stoker.Loader(Structured(shape, kinds), batch_size=3, shuffle=False,
+                       workers=0) as loader:
+        if not images or (normalise and "chw" in images):
+            with pytest.raises(ConfigError, match="f0|'0'|'x'|'1'|'2'|f1|f2") as refused:
+                _first(adapter, loader, **options)
+            culprit = "chw" if images else None
+            if culprit is not None:  # the message names the float field
+                assert "float32 (3, 4, 5)" in str(refused.value)
+            return
+        batch = _first(adapter, loader, **options)
+    for kind, leaf in zip(kinds, _leaves(batch, shape), strict=True):
+        value = _as_numpy(leaf)
+        if kind in ("pixels", "chw"):
+            assert str(getattr(leaf, "dtype", "")).endswith("float16"), (kind, leaf.dtype)
+        if kind == "pixels":
+            want = np.full((3, 4, 5, 3), 0.0) + (np.arange(3) * 10.0)[:, None, None, None]
+            want = want / 255 if normalise else want
+            if adapter == "torch":  # torch's default layout: (B, C, H, W)
+                want = want.transpose(0, 3, 1, 2)
+            assert value.shape == want.shape and np.allclose(value, want, rtol=1e-2)
+        elif kind == "chw":
+            assert value.shape == (3, 3, 4, 5)
+            assert np.allclose(value[:, 0, 0, 0], np.arange(3) / 10, atol=1e-3)
+        elif kind == "vector":
+            assert str(leaf.dtype).endswith("float32")
+        else:
+            assert "int" in str(leaf.dtype)
+
+
+@pytest.mark.timeout(300)
+def test_tf_converts_a_tuple_datasets_image_leaves():
+    with stoker.Loader(Structured("tuple", ["pixels", "chw", "label"]), batch_size=3,
+                       shuffle=False, workers=0) as loader:
+        pixels, chw, label = next(iter(loader.tf(dtype="float16")))
+        assert pixels.dtype.name == chw.dtype.name == "float16" and label.dtype.name == "int64"
+        with pytest.raises(ConfigError, match=r"'1' float32 \(3, 4, 5\)"):
+            loader.tf(dtype="float32", mean=0, std=1)

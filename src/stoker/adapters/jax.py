@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from ..batch import DERIVED, leaves, map_form
 from .base import LoaderView, look_ahead, owned_batch
-from .scaling import ImageOptions, channels_of
+from .scaling import CAST, PIXELS, ImageOptions, leaf_kinds, pixel_channels
 
 __all__ = ["JaxLoader", "to_jax"]
 
@@ -55,8 +55,18 @@ class JaxLoader(LoaderView):
         self.loader = loader
         self.sharding = sharding
         self._copy = _on_cpu(sharding)
-        self.image = ImageOptions(channels_of(loader), **image)  # dtype, mean, std
+        self._kinds = leaf_kinds(
+            loader, "jax", dtype=image.get("dtype") is not None,
+            mean=image.get("mean") is not None, layout=False,
+        )
+        channels = pixel_channels(loader, self._kinds)
+        self.image = ImageOptions(channels, **image)  # dtype, mean, std
         self._convert = jax.jit(self._image) if self.image.active else None
+        self._cast = jax.jit(self._cast_only) if self.image.active else None
+
+    def _cast_only(self, x: Any) -> Any:
+        """A dataset's non-uint8 image field -> ``dtype`` (no scaling: its units are its own)."""
+        return x.astype(self.image.dtype)
 
     def _image(self, x: Any) -> Any:
         """The image batch -> ``dtype`` (and ``mean``/``std``), on the device."""
@@ -85,8 +95,9 @@ class JaxLoader(LoaderView):
             put = jax.device_put(batch, self.sharding)
         if self._convert is None:
             return put
-        convert = self._convert
-        return map_form(form, put, lambda n, v: convert(v) if n == "image" else v)
+        fns: dict[str, Any] = {PIXELS: self._convert, CAST: self._cast}
+        kinds = self._kinds
+        return map_form(form, put, lambda n, v: fns[kinds[n]](v) if n in kinds else v)
 
     def __repr__(self) -> str:
         return f"JaxLoader({self.loader!r}, sharding={self.sharding!r})"

@@ -39,8 +39,7 @@ import keras
 
 from ..batch import map_form
 from .base import owned_batch
-from .scaling import ImageOptions
-from .scaling import channels_of as _channels
+from .scaling import CAST, PIXELS, ImageOptions, leaf_kinds, pixel_channels
 
 __all__ = ["LoaderCheckpoint", "StokerPyDataset", "WaitReport", "to_keras"]
 
@@ -84,7 +83,12 @@ class StokerPyDataset(keras.utils.PyDataset):
         super().__init__(workers=1, use_multiprocessing=False, max_queue_size=1)
         self.loader = loader
         first = keras.config.image_data_format() == "channels_first"
-        self.image = ImageOptions(_channels(loader), dtype, mean, std, channels_first=first)
+        self._kinds = leaf_kinds(
+            loader, "keras", dtype=dtype is not None, mean=mean is not None, layout=False
+        )
+        channels = pixel_channels(loader, self._kinds)
+        self.image = ImageOptions(channels, dtype, mean, std, channels_first=first)
+        self._cast = ImageOptions(channels, dtype)  # a dataset's non-uint8 image fields
         self._stream: Any = None
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}  # index -> batch, for indices Keras may ask again
@@ -153,8 +157,11 @@ class StokerPyDataset(keras.utils.PyDataset):
         batch = next(self._stream)
         if not self.image.active:
             return batch
+        options = {PIXELS: self.image, CAST: self._cast}
+        kinds = self._kinds
         return map_form(
-            self.loader.form, batch, lambda n, v: self.image.numpy(v) if n == "image" else v
+            self.loader.form, batch,
+            lambda n, v: options[kinds[n]].numpy(v) if n in kinds else v,
         )
 
     def _reset(self) -> None:

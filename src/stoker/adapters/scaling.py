@@ -92,3 +92,63 @@ class ImageOptions:
         if self.channels_first:
             x = np.ascontiguousarray(x.transpose(0, 3, 1, 2))
         return x
+
+
+#: What the image options do to an image leaf: every option ("pixels": uint8 (H, W, C), whose
+#: 0-255 units and channels-last layout stoker knows), or only ``dtype`` ("cast").
+PIXELS, CAST = "pixels", "cast"
+
+
+def _describe_field(name: str, dtype: Any, shape: tuple[int, ...]) -> str:
+    return f"{name!r} {np.dtype(dtype)} {tuple(shape)}"
+
+
+def leaf_kinds(
+    loader: Any, view: str, *, dtype: bool, mean: bool, layout: bool
+) -> dict[str, str]:
+    """The image leaves of ``loader``'s batches and what the image options do to each.
+
+    An image leaf is the field ``image`` and, in a per-sample dataset's batches (``Loader(
+    dataset)``, whatever its structure: dict, tuple, single array), every field of one image
+    per sample (3-D): a uint8 ``(H, W, C)`` one (C 1, 3 or 4) gets every option, any other
+    (a float ``(C, H, W)`` tensor from ``ToTensor``) only ``dtype``. An option that would
+    change no leaf, or cannot apply to one, is refused naming the leaf: never ignored.
+    ``dtype``/``mean``/``layout``: whether those options were given (``layout``: explicitly)."""
+    fields = getattr(getattr(loader, "layout", None), "fields", None)
+    if fields is None:  # not a stoker Loader (a test double): its "image" field, as before
+        return {"image": PIXELS}
+    source = getattr(loader, "source", None)
+    dataset = getattr(source, "sample_fields", None) is not None
+    kinds = {}
+    for name, dt, shape in fields:
+        if name == "image" or (dataset and len(shape) == 3):
+            pixels = np.dtype(dt) == np.uint8 and len(shape) == 3 and shape[-1] in (1, 3, 4)
+            kinds[name] = PIXELS if pixels else CAST
+    if (dtype or mean or layout) and not kinds:
+        listed = ", ".join(_describe_field(*f) for f in fields if f[0] != "index")
+        raise ConfigError(
+            f"{view}(): dtype/mean/std/layout convert images, and no field of this loader is "
+            f"one (the field 'image', or a dataset's 3-D field per sample); its fields are "
+            f"{listed}. Leave the options out, or convert in __getitem__"
+        )
+    spec = {f[0]: f for f in fields}
+    for name, kind in kinds.items():
+        if kind == CAST and (mean or layout):
+            option = "mean/std" if mean else "layout"
+            raise ConfigError(
+                f"{view}({option}=...): field {_describe_field(*spec[name])} is not a uint8 "
+                f"(H, W, C) image, whose 0-255 units and channel axis stoker knows; {option} "
+                "applies only to those (dtype= alone casts this field). Normalise or permute "
+                "it in __getitem__, or return uint8 (H, W, C) and let the adapter do it"
+            )
+    return kinds
+
+
+def pixel_channels(loader: Any, kinds: dict[str, str]) -> int:
+    """Channels of the loader's uint8 image leaves (for per-channel ``mean``/``std``)."""
+    layout = getattr(loader, "layout", None)
+    for name, kind in kinds.items():
+        spec = layout.field(name) if layout is not None and kind == PIXELS else None
+        if spec is not None:
+            return int(spec[2][-1])
+    return channels_of(loader)

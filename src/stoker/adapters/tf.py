@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from ..batch import map_form
 from .base import owned_batch
-from .scaling import ImageOptions, channels_of, is_channels_first
+from .scaling import CAST, PIXELS, ImageOptions, is_channels_first, leaf_kinds, pixel_channels
 
 __all__ = ["to_tf"]
 
@@ -72,7 +72,7 @@ def to_tf(
     dtype: Any = None,
     mean: Any = None,
     std: Any = None,
-    layout: str = "channels_last",
+    layout: str | None = None,
 ) -> tf.data.Dataset:
     """Wrap ``loader`` as a ``tf.data.Dataset``: ``for images, labels in to_tf(train): ...``.
 
@@ -88,10 +88,13 @@ def to_tf(
     batch = loader.batch_size if _always_full(loader) else None
     signature = map_form(loader.form, loader.form, lambda name, _: _spec(loader, name, batch))
     dataset = tf.data.Dataset.from_generator(_Epochs(loader), output_signature=signature)
-    first = is_channels_first(layout, "tf")
-    image = ImageOptions(channels_of(loader), dtype, mean, std, channels_first=first)
+    first = is_channels_first("channels_last" if layout is None else layout, "tf")
+    kinds = leaf_kinds(
+        loader, "tf", dtype=dtype is not None, mean=mean is not None, layout=layout is not None
+    )
+    image = ImageOptions(pixel_channels(loader, kinds), dtype, mean, std, channels_first=first)
     if image.active:
-        dataset = dataset.map(_converter(loader.form, image))
+        dataset = dataset.map(_converter(loader.form, image, kinds))
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
     options = tf.data.Options()
     # tf.data would add a prefetch of its own, pulling batches ahead of the training step on a
@@ -100,7 +103,7 @@ def to_tf(
     return dataset.with_options(options)
 
 
-def _converter(form: Any, image: ImageOptions) -> Any:
+def _converter(form: Any, image: ImageOptions, kinds: dict[str, str]) -> Any:
     """A ``Dataset.map`` function converting the image leaf to ``image``'s dtype/scaling and
     layout."""
     target = None if image.dtype is None else tf.as_dtype(image.dtype)
@@ -116,6 +119,12 @@ def _converter(form: Any, image: ImageOptions) -> Any:
 
     def apply(*args: Any) -> Any:
         batch = args if isinstance(form, tuple) else args[0]
-        return map_form(form, batch, lambda n, v: convert(v) if n == "image" else v)
+        def leaf(name: str, v: Any) -> Any:
+            kind = kinds.get(name)
+            if kind == PIXELS:
+                return convert(v)
+            return tf.cast(v, target) if kind == CAST and target is not None else v
+
+        return map_form(form, batch, leaf)
 
     return apply

@@ -36,7 +36,7 @@ from .cuda import (
     is_text,
     pinner_for,
 )
-from .scaling import channels_of, is_channels_first, units
+from .scaling import CAST, PIXELS, is_channels_first, leaf_kinds, pixel_channels, units
 
 __all__ = ["TorchLoader", "to_torch"]
 
@@ -85,7 +85,12 @@ class TorchLoader(LoaderView):
         if mean is not None and (dtype is None or not dtype.is_floating_point):
             raise ConfigError("mean/std need a floating dtype: pass dtype=torch.float32 too")
         self.dtype = dtype
-        self._norm = None if mean is None else units(mean, std, channels_of(loader))
+        self._kinds = leaf_kinds(
+            loader, "torch", dtype=dtype is not None, mean=mean is not None,
+            layout=layout is not None or channels_last is not None,
+        )
+        channels = pixel_channels(loader, self._kinds)
+        self._norm = None if mean is None else units(mean, std, channels)
         self._consts: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def __iter__(self) -> Iterator[Tensors]:
@@ -126,7 +131,17 @@ class TorchLoader(LoaderView):
         t = torch.from_numpy(value)
         if dev is not None and dev.type != "cpu":
             t = t.to(dev)
-        return self._convert(t) if name == "image" else t
+        return self._image_leaf(name, t)
+
+    def _image_leaf(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """A field as the image options make it: every option on a uint8 (H, W, C) image,
+        ``dtype`` alone on a dataset's other image fields, nothing on any other field."""
+        kind = self._kinds.get(name)
+        if kind == PIXELS:
+            return self._convert(t)
+        if kind == CAST and self.dtype is not None:
+            return t.to(self.dtype)
+        return t
 
     def _plain(self, batches: Iterable[Any], dev: torch.device | None) -> Iterator[Any]:
         form = self.loader.form
@@ -161,8 +176,7 @@ class TorchLoader(LoaderView):
         reason go to the loader's ``stats()``."""
         stats = self.loader.device_stats()
 
-        def convert(name: str, t: Any) -> Any:
-            return self._convert(t) if name == "image" else t
+        convert = self._image_leaf
 
         ring = self.loader.ring()
         why = "zero_copy=False"
