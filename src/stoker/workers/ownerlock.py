@@ -65,8 +65,9 @@ def is_lock(name: str) -> bool:
 # ---------------------------------------------------------------------------- the owner's side
 
 
-def adding(folder: str, path: str) -> None:
-    """Before creating segment ``path`` in ``folder``: hold this process's lock there."""
+def adding(path: str) -> None:
+    """Before creating segment ``path``: hold this process's lock in its folder."""
+    folder = os.path.dirname(path)
     with _state_lock:
         held = _held.get(folder)
         if held is None or held[0] != os.getpid():

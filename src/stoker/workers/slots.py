@@ -259,7 +259,7 @@ class Segment:
     def _create_in(cls, folder: str, size: int, tag: str) -> Segment:
         _counter[0] += 1
         path = os.path.join(folder, f"{PREFIX}{ownerlock.tag()}_{_counter[0]}_{tag}")
-        ownerlock.adding(folder, path)  # held before the segment exists: never "stale" early
+        ownerlock.adding(path)  # held before the segment exists: never "stale" early
         reaper.track_segment(path)
         flags = os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
