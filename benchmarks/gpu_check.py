@@ -19,6 +19,10 @@ What it does, in order (each part in its own process, so CPU and memory are meas
    img/s, the GPU's wait share (CUDA events around each wait for data), host CPU ms per image,
    peak PSS of the process tree.
 5. stoker's throughput without a model at 1, 2, 4, 8 and 15 workers (the scaling curve).
+6. the same on a Ray cluster (when Ray is installed): the trainer on core 0 decoding nothing,
+   one simulated Ray node (``ray.cluster_utils.Cluster``) on 1, 2, 4, 8 and 15 other cores
+   (``Loader(cluster="ray", cluster_workers=N)``, the TCP data path): img/s, the trainer's CPU
+   per image and its receive cost (the cluster curve, ``benchmarks/cluster.py`` on one node).
 
 Results: ``OUT/gpu_check.json`` and a short table (printed, and ``OUT/gpu_check.md``).
 """
@@ -43,9 +47,11 @@ WHEELS = HERE / "wheels"
 NEEDED = ("simplejpeg", "cloudpickle", "pytest", "pytest_timeout", "pygments")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 FULL = {"classes": 100, "per_class": 100, "batch": 256, "warmup": 35, "steps": 60,
-        "workers": 15, "scale": [1, 2, 4, 8, 15], "scale_batches": 12, "child_s": 240}
+        "workers": 15, "scale": [1, 2, 4, 8, 15], "scale_batches": 12, "child_s": 240,
+        "cluster_scale": [1, 2, 4, 8, 15]}
 DRY = {"classes": 3, "per_class": 12, "batch": 8, "warmup": 2, "steps": 3, "workers": 1,
-       "scale": [1, 2], "scale_batches": 3, "child_s": 240, "min_side": 64, "max_side": 120}
+       "scale": [1, 2], "scale_batches": 3, "child_s": 240, "min_side": 64, "max_side": 120,
+       "cluster_scale": [1]}
 
 
 # ---------------------------------------------------------------------------- setup
@@ -283,6 +289,56 @@ def scale(data: str, cfg: dict[str, Any], workers: int) -> dict[str, Any]:
             "cpu_ms_per_img": round(1000 * cpu / images, 3), "decoder": decoder}
 
 
+def _pin_threads(cores: set[int]) -> None:
+    """Every thread of this process onto ``cores`` (what processes started later inherit)."""
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(int(tid), cores)
+
+
+def cluster_scale(data: str, cfg: dict[str, Any], cores: int) -> dict[str, Any]:
+    """stoker on a one-node Ray cluster of ``cores`` cores (1..cores), the trainer on core 0
+    decoding nothing: img/s, the trainer's CPU and receive cost per image."""
+    if importlib.util.find_spec("ray") is None:
+        return {"cores": cores, "skipped": "ray is not installed"}
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import psutil
+    import ray
+    from ray.cluster_utils import Cluster
+
+    import stoker
+
+    _pin_threads(set(range(1, cores + 1)))  # the Ray node's processes inherit these cores
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster.add_node(num_cpus=cores)
+    try:
+        ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+        cluster.wait_for_nodes()
+        _pin_threads({0})
+        size = 224 if not cfg.get("min_side") else 32
+        with stoker.Loader(data, batch_size=cfg["batch"], image_size=size, workers=0, seed=0,
+                           cluster="ray", cluster_workers=cores,
+                           cluster_listen="127.0.0.1") as loader:
+            stream = loader.stream()
+            for _ in range(1 + 2 * cores):
+                next(stream)
+            _pin_threads({0})  # the loader's receiving threads too
+            me = psutil.Process()
+            t0, cpu0, images = time.perf_counter(), sum(me.cpu_times()[:2]), 0
+            for _ in range(max(cfg["scale_batches"], 4 * cores)):
+                images += len(next(stream)[1])
+            seconds, cpu = time.perf_counter() - t0, sum(me.cpu_times()[:2]) - cpu0
+            report = loader.stats().cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    return {"cores": cores, "img_s": round(images / seconds, 1),
+            "trainer_cpu_ms_per_img": round(1000 * cpu / images, 3),
+            "receive_ms_per_img": round(report["receive_ms_per_image"], 4),
+            "wire_kb_per_img": round(report["wire_bytes_per_image"] / 1e3, 1)}
+
+
 def transfer_line(data: str, cfg: dict[str, Any]) -> dict[str, Any]:
     """Which host->device path stoker chose, and its stats() report after a few batches."""
     import torch
@@ -310,6 +366,8 @@ def run_child(argv: list[str]) -> None:
     kind, data, cfg = argv[0], argv[1], json.loads(argv[2])
     if kind == "scale":
         result = scale(data, cfg, int(argv[3]))
+    elif kind == "cluster_scale":
+        result = cluster_scale(data, cfg, int(argv[3]))
     elif kind == "transfer":
         result = transfer_line(data, cfg)
     else:
@@ -320,6 +378,10 @@ def run_child(argv: list[str]) -> None:
 TRAIN_COLUMNS = (("feeder", "feeder"), ("img/s", "img_s"), ("GPU wait share", "gpu_wait_share"),
                  ("host wait share", "host_wait_share"), ("CPU ms/img", "cpu_ms_per_img"),
                  ("peak PSS MiB", "peak_pss_mib"))
+CLUSTER_COLUMNS = (("Ray node cores", "cores"), ("img/s", "img_s"),
+                   ("trainer CPU ms/img", "trainer_cpu_ms_per_img"),
+                   ("receive ms/img", "receive_ms_per_img"), ("KB/img on the wire",
+                                                             "wire_kb_per_img"))
 SCALE_COLUMNS = (("stoker workers", "workers"), ("img/s", "img_s"),
                  ("CPU ms/img", "cpu_ms_per_img"), ("peak PSS MiB", "peak_pss_mib"))
 
@@ -328,8 +390,9 @@ def _markdown(entries: list[dict[str, Any]], columns: tuple[tuple[str, str], ...
     """One markdown table: a row per entry (an error shown in place of its figures)."""
     lines = ["| " + " | ".join(h for h, _ in columns) + " |", "|" + "---|" * len(columns)]
     for r in entries:
-        if "error" in r:
-            cells = [str(r.get(columns[0][1], "?")), f"error: {r['error']}"]
+        if "error" in r or "skipped" in r:
+            said = f"error: {r['error']}" if "error" in r else f"skipped: {r['skipped']}"
+            cells = [str(r.get(columns[0][1], "?")), said]
             cells += [""] * (len(columns) - 2)
         else:
             cells = [f"{r[k]:,.0f}" if k == "img_s" else str(r.get(k, "-")) for _, k in columns]
@@ -340,7 +403,8 @@ def _markdown(entries: list[dict[str, Any]], columns: tuple[tuple[str, str], ...
 def table(results: dict[str, Any]) -> str:
     """The short table of the training runs and the scaling curve (markdown)."""
     return "\n".join(_markdown(results["train"], TRAIN_COLUMNS) + [""]
-                     + _markdown(results["scale"], SCALE_COLUMNS))
+                     + _markdown(results["scale"], SCALE_COLUMNS) + [""]
+                     + _markdown(results.get("cluster_scale", []), CLUSTER_COLUMNS))
 
 
 def main() -> int:
@@ -399,13 +463,19 @@ def main() -> int:
         r = child(["scale", str(data), json.dumps(cfg), str(w)], env, cfg["child_s"])
         results["scale"].append(r)
         print(f"scale {w}: {r}", flush=True)
+    results["cluster_scale"] = []
+    for cores in [c for c in cfg["cluster_scale"] if c < (os.cpu_count() or 1)]:
+        r = child(["cluster_scale", str(data), json.dumps(cfg), str(cores)], env, cfg["child_s"])
+        results["cluster_scale"].append(r)
+        print(f"cluster {cores}: {r}", flush=True)
     results["seconds"] = round(time.perf_counter() - t_start, 1)
     (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
     text = table(results)
     (out / "gpu_check.md").write_text(text + "\n")
     print(text)
     print(f"wrote {out / 'gpu_check.json'} in {results['seconds']} s")
-    failed = [r for r in results["train"] + results["scale"] if "error" in r]
+    failed = [r for r in results["train"] + results["scale"] + results["cluster_scale"]
+              if "error" in r]
     with contextlib.suppress(TypeError, AttributeError):
         failed += [1] if results["cuda_tests"]["returncode"] else []
     return 1 if failed else 0

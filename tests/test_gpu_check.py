@@ -37,5 +37,7 @@ def test_gpu_check_dry_run(tmp_path: Path) -> None:
         assert 0.0 <= r["host_wait_share"] <= 1.0 and r["cpu_ms_per_img"] > 0
     assert [r["workers"] for r in out["scale"]] == [1, 2]
     assert all(r["img_s"] > 0 for r in out["scale"])
+    assert [r["cores"] for r in out["cluster_scale"]] == [1]  # one 1-core Ray node
+    assert all(r.get("img_s", 0) > 0 or "skipped" in r for r in out["cluster_scale"])
     table = (tmp_path / "gpu_check.md").read_text()
     assert "| stoker |" in table and "| dataloader_pil |" in table

@@ -169,6 +169,12 @@ class NodeRing:
         else:
             self.done(ticket, key, slot, ("error", error_json(payload)))
 
+    def unlink(self) -> None:
+        """Remove the node's segments from the file system at once (mappings stay valid)."""
+        for seg in self.segments:
+            seg.unlink()
+        self.pool.status_seg.unlink()
+
     def close(self) -> None:
         """Stop the workers and unlink the slots."""
         self.stopped = True
@@ -301,11 +307,14 @@ class Decoder:
             self.outbox.put((ticket, key, slot, result))
 
     def _exit(self) -> None:
-        """Stop everything and end this actor's process (its workers follow it)."""
+        """Stop everything and end this actor's process (its workers follow it). The segments
+        go first: Ray may kill this process any moment once the trainer's job is gone."""
         try:
             if self.ring is not None:
-                self.ring.close()
+                self.ring.unlink()
             self._release()
+            if self.ring is not None:
+                self.ring.close()
         finally:
             os._exit(0)
 

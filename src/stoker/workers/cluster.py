@@ -564,6 +564,8 @@ class Nodes:
         stops = [n.actor.stop.remote() for n in live]
         if stops:
             self.ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT_S)
+            ends = [n.actor.__ray_terminate__.remote() for n in live]  # a clean exit, no warning
+            self.ray.wait(ends, num_returns=len(ends), timeout=STOP_TIMEOUT_S)
         for node in self.nodes:
             self._drop(node)
         if self.listener is not None:

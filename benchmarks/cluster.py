@@ -1,0 +1,192 @@
+"""Decoding on a Ray node against decoding locally, on a 2-core machine (peers in one run).
+
+    python benchmarks/cluster.py --json /tmp/cluster.json
+
+The trainer (this process, every thread) runs on core 0 and decodes nothing itself; a
+simulated Ray cluster (``ray.cluster_utils.Cluster``: a head without CPUs and one 1-CPU node)
+runs on core 1 (its processes inherit the affinity they were started with). Peers, interleaved
+over ``--rounds`` rounds, each timed over ``--batches`` batches after a warm-up:
+
+- ``local``: one local worker, pinned to core 1 (the node's core);
+- ``remote``: the Ray node only (``workers=0``), over the TCP data path;
+- ``remote_store``: the same through Ray's object store (``cluster_transport="object_store"``);
+- ``local+remote``: one local worker on core 0 beside the trainer, plus the Ray node.
+
+Then the node throttled to 25/50/75/100 % of its core with ``cpulimit`` (its actor and its
+worker process, each limited), for the linearity of rate against CPU (R²). Reported: img/s, the
+trainer process's CPU per image (all its threads: receiving, the consumer loop), the receiver
+threads' own CPU per image (``stats()``), and bytes on the wire per image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import print_facts, table, write_json  # noqa: E402
+
+import stoker  # noqa: E402
+
+TRAINER_CORE, NODE_CORE = {0}, {1}
+
+
+def pin_threads(pid: int, cores: set[int]) -> None:
+    """Every thread of ``pid`` onto ``cores`` (``sched_setaffinity`` sets one thread)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except OSError:
+            pass
+
+
+def start_cluster() -> Any:
+    """A head without CPUs and one 1-CPU node, every Ray process on the node's core."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+    from ray.cluster_utils import Cluster
+
+    pin_threads(os.getpid(), NODE_CORE)  # what the cluster's processes inherit
+    cluster = Cluster(initialize_head=True,
+                      head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
+    cluster.wait_for_nodes()
+    pin_threads(os.getpid(), TRAINER_CORE)
+    return cluster
+
+
+def loader_for(kind: str, data: Path, args: argparse.Namespace) -> stoker.Loader:
+    common = {"batch_size": args.batch, "image_size": 224, "augment": "train", "seed": 0}
+    if kind == "local":
+        return stoker.Loader(data, workers=1, **common)
+    transport = "object_store" if kind == "remote_store" else "tcp"
+    return stoker.Loader(data, workers=1 if kind == "local+remote" else 0, cluster="ray",
+                         cluster_listen="127.0.0.1", cluster_transport=transport, **common)
+
+
+def measure(kind: str, data: Path, args: argparse.Namespace, limit: int = 100) -> dict[str, Any]:
+    """One timed run of peer ``kind`` (the node held to ``limit`` % of its core)."""
+    me = psutil.Process()
+    throttles: list[subprocess.Popen] = []
+    with loader_for(kind, data, args) as loader:
+        stream = loader.stream()
+        next(stream)  # start-up
+        pin_threads(os.getpid(), TRAINER_CORE)  # the threads the loader started
+        if kind == "local":
+            for proc in loader._run.pool.procs:  # type: ignore[union-attr]
+                pin_threads(proc.pid, NODE_CORE)
+        if limit < 100:  # each of the node's processes: its actor and its worker
+            node = loader.stats().cluster["nodes"][0]
+            throttles = [subprocess.Popen(["cpulimit", "-l", str(limit), "-p", str(pid)],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                         for pid in (node["pid"], *node["workers"])]
+        for _ in range(args.warmup):
+            next(stream)
+        cpu0, t0, images = sum(me.cpu_times()[:2]), time.perf_counter(), 0
+        for _ in range(args.batches):
+            images += len(next(stream)[1])
+        seconds = time.perf_counter() - t0
+        cpu = sum(me.cpu_times()[:2]) - cpu0
+        for throttle in throttles:
+            throttle.send_signal(signal.SIGINT)  # cpulimit lets its process run on as it goes
+            throttle.wait(10)
+        cluster = loader.stats().cluster
+    return {"kind": kind, "limit": limit, "img_s": images / seconds,
+            "trainer_cpu_ms": 1e3 * cpu / images,
+            "receive_ms": cluster.get("receive_ms_per_image", 0.0),
+            "wire_bytes": cluster.get("wire_bytes_per_image", 0.0)}
+
+
+def r_squared(x: list[float], y: list[float]) -> float:
+    """R² of the least-squares line through ``(x, y)``."""
+    slope, icept = np.polyfit(x, y, 1)
+    pred = np.polyval([slope, icept], x)
+    total = float(np.sum((np.array(y) - np.mean(y)) ** 2))
+    return 1.0 - float(np.sum((np.array(y) - pred) ** 2)) / total if total > 0 else 1.0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--images", type=int, default=900, help="JPEGs in the data set")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=24, help="timed batches per run")
+    parser.add_argument("--warmup", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data", default=None, help="an ImageFolder (default: made in a temp "
+                        "folder from benchmarks/photos, 300-500 px)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    if len(os.sched_getaffinity(0)) < 2 or shutil.which("cpulimit") is None:
+        print("needs 2 cores and cpulimit (apt-get install -y cpulimit)")
+        return 2
+    facts = print_facts()
+    tmp = Path(tempfile.mkdtemp(prefix="stoker_cluster_bench_"))
+    try:
+        if args.data:
+            data = Path(args.data)
+        else:
+            import photo_source
+
+            data = photo_source.make_folder(tmp / "data", 3, args.images // 3, 2)
+        cluster = start_cluster()
+        runs: list[dict[str, Any]] = []
+        for r in range(args.rounds):
+            for kind in ("local", "remote", "local+remote", "remote_store"):
+                runs.append({**measure(kind, data, args), "round": r})
+                print(runs[-1], flush=True)
+        throttled = []
+        for limit in (25, 50, 75, 100):
+            throttled.append(measure("remote", data, args, limit))
+            print(throttled[-1], flush=True)
+        report(runs, throttled)
+        write_json(args.json, {"facts": facts, "runs": runs, "throttled": throttled,
+                               "args": vars(args)})
+        import ray
+
+        ray.shutdown()
+        cluster.shutdown()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+def report(runs: list[dict[str, Any]], throttled: list[dict[str, Any]]) -> None:
+    """The peers' table, the ratios against one local worker, and the throttle line."""
+    kinds = ("local", "remote", "local+remote", "remote_store")
+    med: dict[str, float] = {}
+    rows = []
+    for kind in kinds:
+        mine = [r for r in runs if r["kind"] == kind]
+        rates = [r["img_s"] for r in mine]
+        med[kind] = statistics.median(rates)
+        rows.append([kind, f"{med[kind]:,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}",
+                     f"{statistics.median(r['trainer_cpu_ms'] for r in mine):.3f}",
+                     f"{statistics.median(r['receive_ms'] for r in mine):.3f}",
+                     f"{statistics.median(r['wire_bytes'] for r in mine) / 1e3:,.1f}"])
+    print(table(rows, ["peer", "img/s", "range", "trainer CPU ms/img", "receive ms/img",
+                       "KB/img on the wire"]))
+    print(f"remote / local: {med['remote'] / med['local']:.2f} (goal >= 0.9)")
+    print(f"local+remote / local: {med['local+remote'] / med['local']:.2f} (goal >= 1.8)")
+    print(f"object store / tcp: {med['remote_store'] / med['remote']:.2f}")
+    x = [float(t["limit"]) for t in throttled]
+    y = [t["img_s"] for t in throttled]
+    print("throttled node: " + ", ".join(f"{int(a)} % {b:,.0f} img/s" for a, b in zip(x, y,
+                                                                                   strict=True))
+          + f"; R^2 {r_squared(x, y):.3f} (goal >= 0.98)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
