@@ -133,6 +133,7 @@ class Loader:
         self._guard = Guard()
         self._finalizer = weakref.finalize(self, Running.close, self._run)
         warn_if_slow_decoder()
+        self._launch_ahead()
 
     # ------------------------------------------------------------------ iteration
 
@@ -304,16 +305,17 @@ class Loader:
             self.source, self.pipeline, self.plan, self.columns, self.reads, self._batch_fn
         )
 
-    def _start(self) -> None:
-        assembler = self._assembler()
+    def _count_workers(self, assembler: Assembler) -> None:
+        """Settle ``workers="auto"`` (once) from the measured cost of a sample."""
         if self.workers and self._auto_workers:
             self.workers, self._workers_reason = auto_workers(
                 assembler, self.layout, self.batch_size
             )
-        if self.workers == 0 and self.cluster is None:
-            self._run.start_inline(assembler, self.layout)
-            return
-        spec = {
+            self._auto_workers = False
+
+    def _spec(self) -> dict[str, Any]:
+        """What every worker gets (see ``WorkerSpec``)."""
+        return {
             "source": self.source,
             "pipeline": self.pipeline,
             "plan": self.plan,
@@ -322,16 +324,35 @@ class Loader:
             "reads": self.reads,
             "batch_fn": self._batch_fn,
         }
+
+    def _launch_ahead(self) -> None:
+        """A per-sample dataset's workers are launched now, not at the first batch: each
+        imports the dataset's modules (torch, datasets: seconds), and that overlaps whatever
+        the caller does before iterating (building the model). Image sources start in a
+        fraction of a second and keep starting at the first batch; so do cluster loaders."""
+        if not self.workers or self.source.sample_fields is None or self.cluster is not None:
+            return
+        self._count_workers(self._assembler())
+        if self.workers:
+            self._run.launch_pool(self._spec(), self.workers, self._prefetch_arg, self.timeout,
+                                  self.worker_threads)
+
+    def _start(self) -> None:
+        assembler = self._assembler()
+        self._count_workers(assembler)
+        if self.workers == 0 and self.cluster is None:
+            self._run.start_inline(assembler, self.layout)
+            return
         if self.cluster is not None:  # the nodes get exactly what the local workers get
             self._run.start_cluster(
-                spec, self.workers, self.cluster, self._prefetch_arg, self._batches,
+                self._spec(), self.workers, self.cluster, self._prefetch_arg, self._batches,
                 self.timeout, self.source.name, self._samples,
                 lambda: probe_digest(assembler, self.layout, (0, 0)), self.worker_threads,
             )
             return
         self._run.start_pool(
-            spec, self.workers, self._prefetch_arg, self._batches, self.timeout, self.source.name,
-            self.worker_threads,
+            self._spec(), self.workers, self._prefetch_arg, self._batches, self.timeout,
+            self.source.name, self.worker_threads,
         )
 
     def _samples(self, key: tuple[int, int]) -> list[str]:
@@ -400,7 +421,8 @@ class Loader:
     def stats(self) -> StatsReport:
         """Throughput, time the consumer waited for data and its share, stage times, bad files."""
         engine = self._run.engine
-        startup_s, startup = describe_start(self._run.started)
+        startup_s, startup = describe_start(self._run.started, self._start_cause(),
+                                            self._run.waited_s)
         return self._stats.report(
             workers=self.workers,
             workers_reason=self._workers_reason,
@@ -416,6 +438,12 @@ class Loader:
             from_storage=bool(self.source.from_storage),
             cluster=self._run.cluster_stats(),
         )
+
+    def _start_cause(self) -> str:
+        """What the workers load the user's modules for (see ``launch.CAUSES``)."""
+        if self.source.sample_fields is not None:
+            return "dataset"
+        return "augment" if getattr(self.pipeline, "ops", None) else "settings"
 
     def _notes(self) -> list[str]:
         """Extra lines for the report: how well a block (row-group) shuffle mixes the data.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 import warnings
 import weakref
 from typing import Any
@@ -158,29 +159,46 @@ class Running:
         self._reason, self.folder = "not started", "-"
         self.started: list[StartReport] = []
         self._cluster: dict[str, Any] = {}
+        self.waited_s: float | None = None  # the first batch's wait for workers launched ahead
+        self._depth: tuple[int, int, int, str] = (1, 1, 1, "")
 
     def start_inline(self, assembler: Assembler, layout: SlotLayout) -> None:
         """Load on demand in this process (``workers=0``)."""
         self.engine = Inline(assembler, layout)
         self._reason, self.folder = "none: workers=0 loads on demand", "process memory"
 
-    def start_pool(self, spec: dict[str, Any], workers: int, prefetch: Any, batches: int,
-                   timeout: float, name: Any, threads: int | None = 1) -> None:
-        """Start ``workers`` processes (``threads`` per thread pool in each) and the prefetch
-        engine over a ring in shared memory; a failed start leaves no worker and no segment."""
+    def launch_pool(self, spec: dict[str, Any], workers: int, prefetch: Any, timeout: float,
+                    threads: int | None = 1) -> None:
+        """Launch ``workers`` processes (``threads`` per thread pool in each) without waiting
+        for them: they start while the caller goes on; a failed launch leaves nothing."""
         layout: SlotLayout = spec["layout"]
         clean_stale()
-        per_worker, deepest, slots, self._reason = config.prefetch(
-            prefetch, workers, HELD, layout.nbytes
-        )
-        self.folder = pick_folder(slots * layout.nbytes)
+        self._depth = config.prefetch(prefetch, workers, HELD, layout.nbytes)
+        self._reason = self._depth[3]
+        self.folder = pick_folder(self._depth[2] * layout.nbytes)
         shutdown.register(self)
         try:
             self.pool = WorkerPool(workers, spec, timeout, threads)
-            self.started = self.pool.started
-            self.engine = Engine(
-                self.pool, layout, slots, per_worker, batches, self.folder, timeout, name, deepest
-            )
+        except BaseException:
+            self.close(fast=True)
+            raise
+
+    def start_pool(self, spec: dict[str, Any], workers: int, prefetch: Any, batches: int,
+                   timeout: float, name: Any, threads: int | None = 1) -> None:
+        """Wait for the workers (launched here unless :meth:`launch_pool` already did) and
+        start the prefetch engine over a ring in shared memory; a failed start leaves no
+        worker and no segment. ``waited_s`` is set when the workers were launched ahead."""
+        ahead = self.pool is not None
+        if not ahead:
+            self.launch_pool(spec, workers, prefetch, timeout, threads)
+        assert self.pool is not None
+        per_worker, deepest, slots, _ = self._depth
+        t0 = time.perf_counter()
+        try:
+            self.started = self.pool.wait_started()
+            self.waited_s = time.perf_counter() - t0 if ahead else None
+            self.engine = Engine(self.pool, spec["layout"], slots, per_worker, batches,
+                                 self.folder, timeout, name, deepest)
         except BaseException:
             self.close(fast=True)
             raise
@@ -205,6 +223,8 @@ class Running:
             slots += nodes.cores * cluster_mod.REMOTE_EXTRA
             self.folder = pick_folder(slots * layout.nbytes)
             local = WorkerPool(workers, spec, timeout, threads) if workers else None
+            if local is not None:
+                local.wait_started()
             mixed = cluster_mod.MixedPool(local, nodes)
             self.pool = mixed  # type: ignore[assignment]
             self.started = mixed.started

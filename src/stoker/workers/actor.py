@@ -95,6 +95,7 @@ class NodeRing:
         clean_stale()
         self.layout: SlotLayout = settings["layout"]
         self.pool = WorkerPool(cores, settings, timeout, threads)
+        self.pool.wait_started()
         self.segments = [Segment.create(self.layout.nbytes, f"node{i}") for i in range(capacity)]
         self.free: deque[int] = deque(range(capacity))
         self.waiting: deque[tuple[int, tuple[int, int]]] = deque()

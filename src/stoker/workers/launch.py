@@ -48,7 +48,8 @@ POLL_S = 0.1
 START_TIMEOUT_S = 120.0  # a worker alive but not started by then is hung (a death shows at once)
 SLOW_START_S = 2.0  # a start-up longer than this gets its reason in stats()
 SLOW_PART_S = 1.0  # a part of it that took this long is named as a reason
-_HEAVY = ("tensorflow", "keras", "torch", "jax", "flax", "transformers", "ray", "sklearn")
+_HEAVY = ("tensorflow", "keras", "torch", "jax", "flax", "transformers", "ray", "sklearn",
+          "datasets", "pyarrow", "pandas", "scipy", "PIL")
 _STOKER_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -147,29 +148,52 @@ def _short(obj: Any) -> str:
 class StartReport:
     """How one worker's start went, in seconds: launch to ``started``, and its parts."""
 
-    total_s: float = 0.0
+    total_s: float = 0.0  # by the worker's clock: not when the parent got round to reading it
     python_s: float = 0.0  # the interpreter starting and importing stoker
     settings_s: float = 0.0  # loading the pickled settings (imports the user's modules)
     imported: list[str] = field(default_factory=list)  # top-level modules that load imported
 
 
-def describe(reports: list[StartReport]) -> tuple[float, str]:
+#: What loading the settings imports the user's modules for, as ``describe`` names it.
+CAUSES = {
+    "dataset": "importing the dataset's modules",
+    "augment": "loading your augment",
+    "settings": "loading the loader's settings",
+}
+_FIXES = {
+    "dataset": "the workers start when the Loader is made, so set-up done after Loader() (building "
+               "the model) overlaps it; a module that defines the dataset and imports less "
+               "starts faster",
+    "augment": "define it in your script or notebook (it then travels by value) or in a module "
+               "that imports less",
+    "settings": "a module your source or options come from imports that much",
+}
+
+
+def describe(reports: list[StartReport], cause: str = "settings", waited_s: float | None = None
+             ) -> tuple[float, str]:
     """``(seconds, text)``: how long the slowest worker took to start, its parts, and, when it
-    was slow, why."""
+    was slow, why. ``cause`` says what loading the settings imported the user's modules for
+    (a key of :data:`CAUSES`); ``waited_s``, for workers started ahead of the first batch, how
+    much of the start the first batch still waited for."""
     if not reports:
         return 0.0, ""
     slow = max(reports, key=lambda r: r.total_s)
     text = (f"workers started in {slow.total_s:.2f} s (Python + stoker {slow.python_s:.2f} s, "
-            f"loading the settings {slow.settings_s:.2f} s)")
-    if slow.total_s < SLOW_START_S:
+            f"{CAUSES[cause]} {slow.settings_s:.2f} s)")
+    if waited_s is not None:
+        text += f", from Loader(); the first batch waited {waited_s:.2f} s for them"
+        if waited_s < 0.9 * slow.total_s:
+            text += " (the rest overlapped your own code)"
+    if slow.total_s < SLOW_START_S or (waited_s is not None and waited_s < SLOW_PART_S):
         return slow.total_s, text
     why = []
-    heavy = [m for m in slow.imported if m in _HEAVY] or slow.imported[:5]
+    public = [m for m in slow.imported if not m.startswith("_")]
+    heavy = [m for m in public if m in _HEAVY] or public[:5]
     if slow.settings_s >= SLOW_PART_S:
-        what = f"imported {', '.join(heavy)}" if heavy else "took that long"
-        why.append(f"loading your augment {what} in every worker "
-                   f"({slow.settings_s:.1f} s): define it in your script or notebook (it then "
-                   "travels by value) or in a module that imports less")
+        what = f" ({', '.join(heavy)})" if heavy else ""
+        why.append(f"{CAUSES[cause]}{what} in each worker: {slow.settings_s:.1f} s; "
+                   f"{_FIXES[cause]}")
     if slow.python_s >= SLOW_PART_S or not why:
         cores, load = os.cpu_count() or 1, os.getloadavg()[0]
         why.append(f"starting Python and importing stoker took {slow.python_s:.1f} s: the "
@@ -242,7 +266,6 @@ class Launch:
         self.segment = Segment.create(len(blob), "launch", folder)
         self.segment.map[: len(blob)] = blob
         self.size, self.threads = len(blob), threads
-        self.launched: dict[int, float] = {}
 
     def start(self, wid: int) -> tuple[Process, Connection]:
         """Start worker ``wid``; it loads the payload and then calls ``target(wid, conn, ...)``.
@@ -266,7 +289,6 @@ class Launch:
         argv = [sys.executable, *SAFE_PATH, "-c", BOOT, str(len(path)), *path, str(fd),
                 self.segment.path, str(self.size), str(wid), repr(time.time()), str(self.threads)]
         try:
-            self.launched[wid] = time.monotonic()
             env = threads_mod.environment(self.threads, worker_env())
             popen = subprocess.Popen(argv, pass_fds=(fd,), env=env,
                                      stdin=subprocess.DEVNULL)
@@ -308,9 +330,7 @@ class Launch:
             self._raise_died(wid, proc)
         if kind == "failed":
             raise unpack_exception(payload, "while starting")
-        report = StartReport(**payload)
-        report.total_s = time.monotonic() - self.launched[wid]
-        return report
+        return StartReport(**payload)
 
     def _raise_died(self, wid: int, proc: Process) -> NoReturn:
         proc.join(2.0)
@@ -352,7 +372,8 @@ def main(argv: list[str]) -> None:
         conn.send(("failed", pack_exception(exc, wid, None)))
         sys.exit(1)
     conn.send(("started", {"python_s": max(0.0, started - float(launched)),
-                           "settings_s": settings_s, "imported": imported}))
+                           "settings_s": settings_s, "imported": imported,
+                           "total_s": max(0.0, time.time() - float(launched))}))
     target(wid, conn, *args)
 
 

@@ -185,7 +185,8 @@ def _parts(spec: WorkerSpec) -> dict[str, Any]:
 
 class WorkerPool:
     """The parent's side: the processes, their pipes, and the status array they update;
-    ``threads`` sizes each worker's thread pools (see :mod:`.threads`)."""
+    ``threads`` sizes each worker's thread pools (see :mod:`.threads`). The workers are
+    launched when the pool is made and waited for by :meth:`wait_started`."""
 
     def __init__(self, count: int, spec_args: dict[str, Any], timeout: float,
                  threads: int | None = 1) -> None:
@@ -197,22 +198,32 @@ class WorkerPool:
         self.procs: list[Process] = []
         self.conns: list[Connection] = []
         self.started: list[StartReport] = []
-        launch: Launch | None = None
+        self.limit = max(timeout, START_TIMEOUT_S)
+        self.launch: Launch | None = None
         try:
             blob = payload_bytes(worker_main, (spec, os.getpid()), _parts(spec))
-            launch = Launch(blob, threads)
+            self.launch = Launch(blob, threads)
             for wid in range(count):
-                proc, conn = launch.start(wid)
+                proc, conn = self.launch.start(wid)
                 reaper.track_process(proc.pid)
                 self.procs.append(proc)
                 self.conns.append(conn)
-            limit = max(timeout, START_TIMEOUT_S)
-            self.started = launch.wait_started(self.procs, self.conns, limit)
         except BaseException:
-            if launch is not None:
-                launch.close()
             self.close(0.5)
             raise
+
+    def wait_started(self) -> list[StartReport]:
+        """Wait until every worker has started (they start as soon as the pool is made, so
+        their imports overlap whatever the caller does until then); their reports."""
+        launch, self.launch = self.launch, None
+        if launch is not None:
+            try:
+                self.started = launch.wait_started(self.procs, self.conns, self.limit)
+            except BaseException:
+                launch.close()
+                self.close(0.5)
+                raise
+        return self.started
 
     def send(self, wid: int, task: tuple) -> None:
         """Give worker ``wid`` a task."""
@@ -264,10 +275,13 @@ class WorkerPool:
                 conn.close()
             except OSError:
                 pass
-        self.procs, self.conns = [], []
+        self.procs, self.conns, self.launch = [], [], None  # the launch file is the parent's
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop every worker: ask, then terminate, then kill; never waits longer than needed."""
+        launch, self.launch = self.launch, None
+        if launch is not None:  # closed before the workers were waited for
+            launch.close()
         for conn in self.conns:
             try:
                 conn.send(None)
