@@ -95,3 +95,12 @@ def test_with_every_node_gone_and_no_local_worker_the_error_says_so():
     finally:
         engine.close()
         nodes.close()
+
+
+def test_a_hang_on_a_node_names_the_node():
+    engine, nodes = _engine(2)
+    try:
+        assert engine._sample(1) == "a batch on cluster node 10.0.0.1"
+    finally:
+        engine.close()
+        nodes.close()

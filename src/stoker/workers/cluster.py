@@ -736,6 +736,12 @@ class ClusterEngine(Engine):
             self.requested += 1
             self.max_ahead = max(self.max_ahead, len(self.inflight))
 
+    def _sample(self, wid: int) -> str:
+        """What worker ``wid`` is on, for a hang's message; a remote core names its node."""
+        if wid >= self.mixed.n_local:
+            return f"a batch on cluster node {self.mixed.nodes.node_of(wid).ip}"
+        return super()._sample(wid)
+
     def _handle(self, wid: int, reply: tuple) -> None:
         if reply[0] == "lost":
             self._lost(wid, reply[4])
