@@ -30,6 +30,7 @@ import pytest
 
 import stoker
 from stoker.workers import cluster as cluster_mod
+from stoker.workers import nodes as nodes_mod
 from stoker.workers import wire
 
 pytestmark = [
@@ -412,7 +413,7 @@ def test_a_trainer_killed_mid_epoch_leaves_no_actor_and_no_process(ray_cluster, 
 
 @pytest.mark.timeout(240)
 def test_a_node_with_another_stoker_version_is_refused(ray_cluster, dataset, monkeypatch):
-    monkeypatch.setattr(cluster_mod, "CLAIMED_VERSION", "0.0.0-other")
+    monkeypatch.setattr(nodes_mod, "CLAIMED_VERSION", "0.0.0-other")
     loader = _cluster_loader(dataset, cluster_workers=1)
     with pytest.raises(cluster_mod.ClusterError, match=r"runs stoker 0\.0\.0-other, this "
                        r"trainer " + stoker.__version__.replace(".", r"\.")):
