@@ -8,6 +8,7 @@ import pytest
 import helpers
 import stoker
 from stoker.errors import ConfigError, StokerError
+from stoker.loader import config
 
 
 def batches(loader):
@@ -243,6 +244,22 @@ def test_auto_workers_follow_the_measured_cost(image_folder):
     with stoker.Loader(image_folder, batch_size=12, image_size=64) as real:
         next(iter(real))
         assert "measured" in real.stats().workers_reason
+
+
+def test_auto_workers_leave_the_training_process_cores_on_many_core_hosts():
+    count = {cpus: config.auto_count(cpus)[0] for cpus in (1, 2, 8, 9, 16, 24, 36, 64, 256)}
+    assert count == {1: 1, 2: 2, 8: 8, 9: 8, 16: 14, 24: 21, 36: 32, 64: 32, 256: 32}
+    assert "one in 8 left to the training process" in config.auto_count(16)[1]
+    assert "at most 32" in config.auto_count(64)[1]
+
+
+def test_auto_workers_is_one_rule_at_construction_and_at_the_first_batch(monkeypatch):
+    monkeypatch.setattr(config, "usable_cpus", lambda: 64)
+    at_start, why = config.workers("auto")
+    measured, reason = config.auto_workers(0.01, 32, 12)
+    unmeasured = config.auto_workers(None, 32, 12)[0]
+    assert at_start == measured == unmeasured == config.auto_count(64)[0] == 32
+    assert "left to the training process" in why and "left to the training process" in reason
 
 
 @pytest.mark.timeout(60)

@@ -124,12 +124,36 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+AUTO_MAX_WORKERS = 32  # the most workers "auto" starts, however many cores the host has
+HEADROOM_ABOVE = 8  # hosts with more usable cores than this ...
+HEADROOM_EVERY = 8  # ... leave one core in this many to the training process
+
+
+def auto_count(cpus: int) -> tuple[int, str]:
+    """``workers="auto"``'s count on a host with ``cpus`` usable cores, and the reason.
+
+    One worker per usable core, except that a host with more than ``HEADROOM_ABOVE`` cores
+    leaves one core in ``HEADROOM_EVERY`` to the training process (its step, the framework's
+    own threads, the consumer that hands batches on), and never more than
+    ``AUTO_MAX_WORKERS``. A pure function of the count: the one rule, at construction and at
+    the first batch."""
+    cpus = max(1, cpus)
+    if cpus <= HEADROOM_ABOVE:
+        return cpus, f"one per usable CPU core ({cpus})"
+    kept = cpus // HEADROOM_EVERY
+    count = min(cpus - kept, AUTO_MAX_WORKERS)
+    why = f"{count} of {cpus} usable CPU cores, one in {HEADROOM_EVERY} left to the training "
+    why += "process"
+    if count == AUTO_MAX_WORKERS:
+        why += f", at most {AUTO_MAX_WORKERS}"
+    return count, why
+
+
 def workers(value: Any) -> tuple[int, str]:
     """Worker count and the reason for it."""
     if value == "auto":
-        cpus = usable_cpus()
-        count = max(1, min(cpus, 32))
-        return count, f"auto: one per usable CPU core ({cpus})"
+        count, why = auto_count(usable_cpus())
+        return count, f"auto: {why}"
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(f"workers={value!r}: use 'auto', 0 (load in this process) or a count")
     value, cpus = int(value), usable_cpus()
@@ -219,9 +243,9 @@ def auto_workers(per_image_s: float | None, batch_size: int, probed: int) -> tup
     none (load in the calling process) when a whole batch is too little work for processes to
     pay for themselves: their start-up, a message per batch, and the cores they take from the
     training step."""
-    cpus = usable_cpus()
+    count, why = auto_count(usable_cpus())
     if per_image_s is None:
-        return cpus, f"auto: one per usable CPU core ({cpus})"
+        return count, f"auto: {why}"
     batch_s = per_image_s * batch_size
     measured = f"{per_image_s * 1e3:.3f} ms/img measured on {probed} samples"
     if batch_s < CHEAP_BATCH_S:
@@ -229,11 +253,11 @@ def auto_workers(per_image_s: float | None, batch_size: int, probed: int) -> tup
             f"auto: 0, loading in this process: a batch is {batch_s * 1e3:.1f} ms of work "
             f"({measured}), less than worker processes cost to start and feed"
         )
-    if cpus == 1:
+    if count == 1:
         return 1, f"auto: 1, the only usable core; a batch is {batch_s * 1e3:.0f} ms ({measured})"
-    return cpus, (
-        f"auto: {cpus}, one per usable core; a batch is {batch_s * 1e3:.0f} ms of one core's "
-        f"work ({measured})"
+    return count, (
+        f"auto: {count}, {why}; a batch is {batch_s * 1e3:.0f} ms of one core's work "
+        f"({measured})"
     )
 
 

@@ -101,8 +101,9 @@ OPTIONS: tuple[Option, ...] = (
            "`(seed, epoch)`, whatever the worker count."),
     # how it runs
     Option("workers", "int | str",
-           "Worker processes; 0 loads in the calling process; `\"auto\"` is one per usable core, "
-           "or 0 when a batch is too little work to pay for processes."),
+           "Worker processes; 0 loads in the calling process; `\"auto\"` is one per usable core "
+           "(on a host with more than 8, one core in 8 is left to the training process, and at "
+           "most 32), or 0 when a batch is too little work to pay for processes."),
     Option("worker_threads", "int | None",
            "Threads per pool (torch, OpenMP/BLAS, OpenCV, TensorFlow, XLA) in each worker, set "
            "before your code runs; `None` leaves each library's own default."),
