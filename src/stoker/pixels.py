@@ -9,6 +9,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from .decode.common import Box
 from .decode.common import to_channels as to_channels  # re-exported: the pipelines use it
 from .errors import ConfigError
 
@@ -19,7 +20,6 @@ INTERPOLATIONS = {
     "bicubic": cv2.INTER_CUBIC,
     "nearest": cv2.INTER_NEAREST_EXACT,
 }
-Box = tuple[int, int, int, int]  # top, left, height, width
 
 
 def channels(color_mode: Any, own: int | None) -> int:

@@ -20,11 +20,10 @@ import numpy as np
 
 from . import decode as dec
 from . import pixels
+from .decode.common import Box
 from .errors import ConfigError, DecodeError
 from .pixels import resize_into
 from .seeding import seeded
-
-Box = tuple[int, int, int, int]  # top, left, height, width
 
 
 def as_rgb(image: np.ndarray) -> np.ndarray:

@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import psutil
 
+from ..decode.common import DEFAULT_MAX_PIXELS as DEFAULT_MAX_PIXELS  # the Loader's default
 from ..errors import ConfigError, StokerWarning
 from ..order import SPLITS
 from ..sources.readahead import PAGE_CACHE, ReadSettings
 
-DEFAULT_MAX_PIXELS = 178_956_970  # as Pillow: twice its warning limit
 START_METHODS = ("spawn",)
 
 
