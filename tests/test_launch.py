@@ -146,3 +146,15 @@ def test_jobs_run_in_launched_workers_and_report_errors_and_deaths():
     assert any("job 2" in note for note in info.value.__notes__)
     with pytest.raises(WorkerDied, match="exited with code 5 during job 0"):
         list(map_jobs(lambda job: os._exit(5), [0], 1))
+
+
+@pytest.mark.timeout(60)
+def test_job_workers_are_registered_with_the_reaper_while_they_run_and_untracked_after():
+    from stoker.workers import reaper
+    from stoker.workers.jobs import map_jobs
+
+    results = map_jobs(lambda job: os.getpid(), [0, 1], 1)
+    _, pid = next(results)
+    assert pid in reaper._client.procs  # the reaper kills it if this process dies now
+    assert [p for _, p in results] == [pid]
+    assert pid not in reaper._client.procs

@@ -17,6 +17,7 @@ from typing import Any
 from ..errors import WorkerDied
 from .errors import describe_exit, pack_exception, unpack_exception
 from .launch import START_TIMEOUT_S, Launch, Process, payload_bytes
+from .lifecycle import start_worker, stop_workers
 
 POLL_S = 0.25
 
@@ -37,14 +38,14 @@ def map_jobs(fn: Callable[..., Any], jobs: Sequence[Any], processes: int,
     conns: list[Connection] = []
     try:
         for wid in range(max(1, min(processes, len(jobs)))):
-            proc, conn = launch.start(wid)
+            proc, conn = start_worker(launch, wid)
             procs.append(proc)
             conns.append(conn)
         launch.wait_started(procs, conns, START_TIMEOUT_S)
         yield from _serve(procs, conns, list(enumerate(jobs)), on_tick)
     finally:
         launch.close()
-        _stop(procs, conns)
+        stop_workers(procs, conns)
 
 
 def _serve(procs: list[Process], conns: list[Connection], queue: list[tuple[int, Any]],
@@ -83,23 +84,6 @@ def _died(wid: int, proc: Process, index: int) -> None:
     proc.join(2.0)
     raise WorkerDied(f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)} during "
                      f"job {index}")
-
-
-def _stop(procs: list[Process], conns: list[Connection]) -> None:
-    """Ask every worker to stop; terminate, then kill, the ones that do not."""
-    for conn in conns:
-        try:
-            conn.send(None)
-        except (OSError, ValueError):
-            pass
-    for proc in procs:
-        proc.join(5.0)
-        proc.terminate()
-        proc.join(1.0)
-        proc.kill()
-        proc.join(1.0)
-    for conn in conns:
-        conn.close()
 
 
 def _job_loop(wid: int, conn: Connection, fn: Callable[..., Any], ticks: bool) -> None:

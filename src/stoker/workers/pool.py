@@ -22,9 +22,10 @@ from ..errors import WorkerDied
 from ..sources.base import Source
 from ..sources.readahead import ReadSettings
 from ..transforms import Pipeline
-from . import ownerlock, reaper
+from . import ownerlock
 from .errors import describe_exit, pack_exception
 from .launch import START_TIMEOUT_S, Launch, Process, StartReport, payload_bytes
+from .lifecycle import start_worker, stop_workers
 from .slots import Segment, SlotLayout, clean_stale
 
 STATUS_FIELDS = 2  # current sample index, batches done
@@ -204,8 +205,7 @@ class WorkerPool:
             blob = payload_bytes(worker_main, (spec, os.getpid()), _parts(spec))
             self.launch = Launch(blob, threads)
             for wid in range(count):
-                proc, conn = self.launch.start(wid)
-                reaper.track_process(proc.pid)
+                proc, conn = start_worker(self.launch, wid)
                 self.procs.append(proc)
                 self.conns.append(conn)
         except BaseException:
@@ -282,26 +282,7 @@ class WorkerPool:
         launch, self.launch = self.launch, None
         if launch is not None:  # closed before the workers were waited for
             launch.close()
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except (OSError, ValueError):
-                pass
-        deadline = time.monotonic() + timeout
-        for proc in self.procs:
-            proc.join(max(0.0, deadline - time.monotonic()))
-        for proc in self.procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(1.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(1.0)
-        for proc in self.procs:
-            if proc.exitcode is not None:
-                reaper.untrack_process(proc.pid)
-        for conn in self.conns:
-            conn.close()
+        stop_workers(self.procs, self.conns, timeout)
         self.procs, self.conns = [], []
         self.status = np.zeros((0, STATUS_FIELDS), np.int64)
         self.status_seg.close()
