@@ -29,6 +29,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -46,7 +48,7 @@ from .shardindex import (
     locate_values,
     trusted_cached,
 )
-from .shards import MANIFEST, ShardSource, _hf_classes, _join_labels
+from .shards import MANIFEST, ShardSource
 
 DEFAULT_TIMEOUT = 60.0  # seconds for one request (connect + transfer)
 READ_AHEAD_MAX = 64  # requests in flight per worker the auto window may grow to
@@ -91,45 +93,38 @@ class RemoteShardSource(ShardSource):
         self._reset()
         entries, manifest = self._list()
         self.files = [e[0] for e in entries]
-        rows: list[int] = []
-        groups: list[int] = []
-        labels: list[Any] = []
-        self.modes, self.index_files, self._group_starts = [], [], []
+        self._entries = entries
         self._sizes: list[int] = []
-        hf_classes: list[str] | None = None
-        for file_url, size, tag in entries:
-            try:
-                pf, actual, handle = self._open_parquet(file_url, size)
-                self._files_open.append(handle)
-                if size is not None and actual != size:
-                    raise SourceError(
-                        f"{file_url}: {actual} bytes, the manifest says {size}; the shard "
-                        "changed since conversion: upload the matching manifest or convert again"
-                    )
-                self._check_columns(pf, file_url)
-                md = pf.metadata
-                rows.append(md.num_rows)
-                sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
-                groups.extend(sizes)
-                self._group_starts.append(
-                    np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
-                )
-                labels.append(self._labels(pf, file_url))
-                hf_classes = hf_classes or _hf_classes(pf)
-                idx = self._remote_index(file_url, pf, actual, tag)
-            except (OSError, pa.ArrowException) as exc:
-                raise SourceError(f"{file_url}: cannot read ({one_line(exc)})") from None
-            self._sizes.append(actual)
-            self.modes.append(0 if idx is not None else 1)
-            self.index_files.append(idx or "")
-        self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
-        self.block_sizes = tuple(int(g) for g in groups)
-        self.labels, text_classes = _join_labels(labels, self.url)
-        self.classes = self._class_names(manifest, hf_classes, text_classes)
-        self._digest = self._make_digest(manifest)
+        self._scan(self.files, manifest, self.url)
         self.close()  # the main process's handles are not needed until read()
 
     # ------------------------------------------------------------------ setup
+
+    @contextmanager
+    def _reading(self, name: str) -> Iterator[None]:
+        """A network or Parquet error reading shard ``name`` is a SourceError naming it."""
+        try:
+            yield
+        except (OSError, pa.ArrowException) as exc:
+            raise SourceError(f"{name}: cannot read ({one_line(exc)})") from None
+
+    def _open_shard(self, k: int, url: str, manifest: dict | None) -> pq.ParquetFile:
+        """Shard ``k`` through fsspec, checked against the size the manifest or listing gave."""
+        size = self._entries[k][1]
+        pf, actual, handle = self._open_parquet(url, size)
+        self._files_open.append(handle)
+        if size is not None and actual != size:
+            raise SourceError(
+                f"{url}: {actual} bytes, the manifest says {size}; the shard "
+                "changed since conversion: upload the matching manifest or convert again"
+            )
+        self._sizes.append(actual)
+        return pf
+
+    def _shard_index(self, k: int, url: str, pf: pq.ParquetFile,
+                     manifest: dict | None) -> str | None:
+        """Shard ``k``'s cached offset index (built if missing or stale), or None."""
+        return self._remote_index(url, pf, self._sizes[k], self._entries[k][2])
 
     def _list(self) -> tuple[list[tuple[str, int, str]], dict | None]:
         """(url, size, checksum or ETag) of every shard, and the manifest when there is one."""

@@ -25,6 +25,7 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -62,43 +63,71 @@ class ShardSource(Source):
         self.files, manifest = _list_shards(folder_or_files)
         self.image_column, self.label_column = image_column, label_column
         self._cache_dir = cache_folder(cache_dir, "index")
+        #: Per shard: its rows whose image is a file named by the row's path (Hugging Face
+        #: Parquet written from local files), or None
+        self.path_rows: list[PathRows | None] = []
+        self._scan(self.files, manifest, str(folder_or_files))
+        self._reset()
+
+    # ------------------------------------------------------------------ setup
+
+    def _scan(self, names: list[str], manifest: dict | None, where: str) -> None:
+        """The one scan over the shards, local or remote: open and check each one
+        (``_open_shard``), read its row groups and labels, find or build its offset index
+        (``_shard_index``), then join rows, labels and classes across shards. Errors reading
+        a shard are turned into messages naming it by ``_reading``."""
         rows: list[int] = []
         groups: list[int] = []
         labels: list[Any] = []
         self.modes: list[int] = []
         self.index_files: list[str] = []
-        #: Per shard: its rows whose image is a file named by the row's path (Hugging Face
-        #: Parquet written from local files), or None
-        self.path_rows: list[PathRows | None] = []
+        self._group_starts: list[np.ndarray] = []
         hf_classes: list[str] | None = None
-        for k, path in enumerate(self.files):
-            pf = _open_parquet(path)
-            expected = manifest["shards"][k] if manifest else None
-            if expected is not None and expected["bytes"] != os.path.getsize(path):
-                raise SourceError(
-                    f"{path}: {os.path.getsize(path)} bytes, the manifest says "
-                    f"{expected['bytes']}; the shard changed since conversion: convert again"
+        for k, name in enumerate(names):
+            with self._reading(name):
+                pf = self._open_shard(k, name, manifest)
+                self._check_columns(pf, name)
+                md = pf.metadata
+                sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
+                rows.append(md.num_rows)
+                groups.extend(sizes)
+                self._group_starts.append(
+                    np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
                 )
-            self._check_columns(pf, path)
-            rows.append(pf.metadata.num_rows)
-            md = pf.metadata
-            groups.extend(md.row_group(g).num_rows for g in range(md.num_row_groups))
-            labels.append(self._labels(pf, path))
-            hf_classes = hf_classes or _hf_classes(pf)
-            sha = (expected or {}).get("sha256")
-            idx = local_index(path, pf, self._value_path(pf), self._cache_dir, sha)
+                labels.append(self._labels(pf, name))
+                hf_classes = hf_classes or _hf_classes(pf)
+                idx = self._shard_index(k, name, pf, manifest)
             self.modes.append(0 if idx is not None else 1)
             self.index_files.append(idx or "")
-            self.path_rows.append(path_rows(pf, path, self.image_column))
         self.starts = np.concatenate([[0], np.cumsum(rows, dtype=np.int64)]).astype(np.int64)
         self.block_sizes = tuple(int(g) for g in groups)
-        self._group_starts = [_group_starts(path) for path in self.files]
-        self.labels, text_classes = _join_labels(labels, str(folder_or_files))
+        self.labels, text_classes = _join_labels(labels, where)
         self.classes = self._class_names(manifest, hf_classes, text_classes)
         self._digest = self._make_digest(manifest)
-        self._reset()
 
-    # ------------------------------------------------------------------ setup
+    def _reading(self, name: str) -> AbstractContextManager[None]:
+        """Around each shard's scan: a local shard's errors are already clear messages."""
+        return nullcontext()
+
+    def _open_shard(self, k: int, path: str, manifest: dict | None) -> pq.ParquetFile:
+        """Shard ``k``, checked against the manifest's size for it."""
+        pf = _open_parquet(path)
+        expected = manifest["shards"][k] if manifest else None
+        if expected is not None and expected["bytes"] != os.path.getsize(path):
+            raise SourceError(
+                f"{path}: {os.path.getsize(path)} bytes, the manifest says "
+                f"{expected['bytes']}; the shard changed since conversion: convert again"
+            )
+        return pf
+
+    def _shard_index(self, k: int, path: str, pf: pq.ParquetFile,
+                     manifest: dict | None) -> str | None:
+        """Shard ``k``'s offset index file (None: its images are not stored verbatim); also
+        notes its rows whose image is a file named by a path."""
+        sha = (manifest["shards"][k] if manifest else {}).get("sha256")
+        idx = local_index(path, pf, self._value_path(pf), self._cache_dir, sha)
+        self.path_rows.append(path_rows(pf, path, self.image_column))
+        return idx
 
     def _check_columns(self, pf: pq.ParquetFile, path: str) -> None:
         schema = pf.schema_arrow
@@ -380,12 +409,6 @@ def _close(handle: Any) -> None:
         handle.close()
     except BufferError:  # a caller still holds a view; the GC closes it later
         pass
-
-
-def _group_starts(path: str) -> np.ndarray:
-    md = pq.ParquetFile(path).metadata
-    sizes = [md.row_group(g).num_rows for g in range(md.num_row_groups)]
-    return np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
 
 
 def _hf_classes(pf: pq.ParquetFile) -> list[str] | None:
