@@ -28,6 +28,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_RUN = re.compile(r"#\s*not run:\s*(?P<reason>.*)$")
 FENCE = re.compile(r"^```(?P<lang>[\w+-]*)\s*$")
 IMPORT = re.compile(r"^\s*(?:import|from)\s+(\w+)", re.MULTILINE)
+ADAPTER = re.compile(r"\.(keras|torch|jax|tf)\(")  # an adapter imports its framework
+FRAMEWORK = {"keras": "keras", "torch": "torch", "jax": "jax", "tf": "tensorflow"}
 
 # exec's each block with the page's line numbers, so a traceback points into the page itself
 DRIVER = """
@@ -139,8 +141,10 @@ PAGES_WITH_CODE = [p for p in PAGES if any(
 def test_page_examples_run(page: pathlib.Path, photo_data: pathlib.Path,
                            tmp_path: pathlib.Path) -> None:
     blocks = [b for b in python_blocks(page.read_text()) if b.skip_reason is None]
-    missing = sorted({name for b in blocks for name in IMPORT.findall(b.code)
-                      if name in OPTIONAL and importlib.util.find_spec(name) is None})
+    needed = {n for b in blocks for n in IMPORT.findall(b.code)} | {
+        FRAMEWORK[a] for b in blocks for a in ADAPTER.findall(b.code)}
+    missing = sorted(n for n in needed
+                     if n in OPTIONAL and importlib.util.find_spec(n) is None)
     if missing:  # the core suite on another Python, without the framework extras
         pytest.skip(f"{_rel(page)} imports {', '.join(missing)}, not installed here")
     shutil.copytree(photo_data, tmp_path / "data")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import os
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,19 @@ def _is_header(row: list[str], names: tuple[str, ...]) -> bool:
     return any(c in lower for c in HEADER_NAMES) or any(n in cells for n in names)
 
 
+def _csv_rows(path: Path, f: Any, delimiter: str) -> Iterator[list[str]]:
+    """The CSV reader's rows; a row it cannot parse (a NUL byte on Python 3.10) is an error
+    naming the file and the row."""
+    reader = csv.reader(f, delimiter=delimiter)
+    while True:
+        try:
+            yield next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise SourceError(f"{path}: row {reader.line_num}: not CSV/TSV ({exc})") from None
+
+
 def _read_rows(path: Path, label_column: Any = None, extra: tuple[str, ...] = ()) -> _Rows:
     """Read a CSV or TSV file (tab if the file is .tsv or its first line has a tab)."""
     rows = _Rows(path, label_column, extra)
@@ -246,7 +260,7 @@ def _read_rows(path: Path, label_column: Any = None, extra: tuple[str, ...] = ()
         f.seek(0)
         delimiter = "\t" if path.suffix.lower() == ".tsv" or "\t" in first else ","
         first_row = True
-        for number, row in enumerate(csv.reader(f, delimiter=delimiter), start=1):
+        for number, row in enumerate(_csv_rows(path, f, delimiter), start=1):
             if not row or not any(row):
                 continue
             if first_row and _is_header(row, asked + extra):
