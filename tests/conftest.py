@@ -16,6 +16,8 @@ import psutil
 import pytest
 from PIL import Image
 
+from helpers import OPTIONAL
+
 if importlib.util.find_spec("stoker") is None:  # running from a checkout without `pip install -e`
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "src"))
 
@@ -47,12 +49,6 @@ def image_folder(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 
 
 # --------------------------------------------------------------------------- optional packages
-
-# The packages of the framework extras: the core suite (``nox -s core``, no framework
-# installed) skips a test that needs one that is missing, naming it; where it is installed
-# (the README's dev install) the test runs and any import error is a failure.
-OPTIONAL = {"torch", "tensorflow", "keras", "jax", "jaxlib", "flax", "optax", "ray", "h5py",
-            "fsspec", "aiohttp", "nbformat", "nbclient", "sklearn", "skimage", "ml_dtypes"}
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

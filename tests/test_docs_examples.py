@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import OPTIONAL
+from helpers import OPTIONAL
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
