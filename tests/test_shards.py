@@ -10,9 +10,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import stoker
-from stoker.assemble import Plan
 from stoker.cli.convert import convert
-from stoker.order import block_order, epoch_order, shuffle_quality
+from stoker.order import Plan, block_order, epoch_order, shuffle_quality
 from stoker.sources import open_source, shardindex
 from stoker.sources.shards import ShardSource
 

@@ -13,14 +13,13 @@ from . import order as order_mod
 from . import seeding
 from ._compat import add_note
 from .batchfn import BatchTransform, batch_rng
-from .errors import DecodeError, SourceError, TooManyErrors, one_line
+from .errors import DATA_ERRORS, TooManyErrors, one_line
+from .order import Plan
 from .sources.base import Source
 from .sources.readahead import ReadAhead, ReadSettings, size_of
 from .transforms import Pipeline, ResizePipeline
 from .workers.slots import SharedArrays
 
-#: Errors that mean "this sample's data is bad" (counted against max_errors), not a bug.
-DATA_ERRORS = (DecodeError, SourceError, OSError)
 MAX_REPLACEMENT_TRIES = 64
 SHARE_COLUMNS_BYTES = 1 << 20  # columns larger than this travel to workers in shared memory
 
@@ -58,61 +57,6 @@ class Columns:
         """Unlink the shared copy (parent only)."""
         if self._shared is not None:
             self._shared.unlink()
-
-
-@dataclass
-class Plan:
-    """Everything that fixes which samples a batch holds; the same in every process."""
-
-    n: int
-    batch_size: int
-    seed: int
-    shuffle: bool
-    drop_last: bool
-    rank: int = 0
-    world_size: int = 1
-    #: Rows per storage block (Parquet row group) in order, from ``source.block_sizes``; when
-    #: set and ``shuffle`` is on, epochs use the quasi-random ``block_order`` so a dataset
-    #: larger than RAM is read a few blocks at a time.
-    block_sizes: tuple[int, ...] | None = None
-    #: How the epoch is split across ranks: "pad", "drop" or "once" (``order.SPLITS``).
-    split: str = "pad"
-
-    def __post_init__(self) -> None:
-        if self.shuffle and self.block_sizes and sum(self.block_sizes) != self.n:
-            raise SourceError(
-                f"block sizes add up to {sum(self.block_sizes)} samples, the source has "
-                f"{self.n}; the source's block_sizes must cover every sample once"
-            )
-
-    def order(self, epoch: int) -> np.ndarray:
-        """This rank's sample order for ``epoch``."""
-        if self.shuffle and self.block_sizes:
-            return order_mod.rank_split(
-                order_mod.block_order(self.block_sizes, seed=self.seed, epoch=epoch),
-                rank=self.rank,
-                world_size=self.world_size,
-                split=self.split,
-            )
-        return order_mod.epoch_order(
-            self.n,
-            seed=self.seed,
-            epoch=epoch,
-            shuffle=self.shuffle,
-            rank=self.rank,
-            world_size=self.world_size,
-            split=self.split,
-        )
-
-    def per_rank(self) -> int:
-        """Samples this rank visits per epoch."""
-        return order_mod.per_rank_count(self.n, self.world_size, self.split, self.rank)
-
-    def batches(self) -> int:
-        """Batches per epoch for this rank (counted, not by building an epoch's order)."""
-        per_rank = self.per_rank()
-        full, rest = divmod(per_rank, self.batch_size)
-        return full if self.drop_last or rest == 0 else full + 1
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""Sample order and per-sample randomness: pure functions of (seed, epoch, rank, world_size).
+"""Sample order and per-sample randomness: pure functions of (seed, epoch, rank, world_size),
+and the ``Plan`` that fixes which samples batch k of epoch e holds.
 
 The order of an epoch never depends on worker count, timing or machine, so a loader's state is
 just a position, and resuming is exact.
@@ -7,8 +8,11 @@ just a position, and resuming is exact.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
+
+from .errors import SourceError
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -35,6 +39,61 @@ def _key(seed: int, epoch: int) -> np.uint64:
 #: divide evenly (``drop_last=True``), "once" gives every sample to exactly one rank (counts
 #: differ by at most one: for evaluation, where each sample must be scored once).
 SPLITS = ("pad", "drop", "once")
+
+
+@dataclass
+class Plan:
+    """Everything that fixes which samples a batch holds; the same in every process."""
+
+    n: int
+    batch_size: int
+    seed: int
+    shuffle: bool
+    drop_last: bool
+    rank: int = 0
+    world_size: int = 1
+    #: Rows per storage block (Parquet row group) in order, from ``source.block_sizes``; when
+    #: set and ``shuffle`` is on, epochs use the quasi-random ``block_order`` so a dataset
+    #: larger than RAM is read a few blocks at a time.
+    block_sizes: tuple[int, ...] | None = None
+    #: How the epoch is split across ranks: "pad", "drop" or "once" (``order.SPLITS``).
+    split: str = "pad"
+
+    def __post_init__(self) -> None:
+        if self.shuffle and self.block_sizes and sum(self.block_sizes) != self.n:
+            raise SourceError(
+                f"block sizes add up to {sum(self.block_sizes)} samples, the source has "
+                f"{self.n}; the source's block_sizes must cover every sample once"
+            )
+
+    def order(self, epoch: int) -> np.ndarray:
+        """This rank's sample order for ``epoch``."""
+        if self.shuffle and self.block_sizes:
+            return rank_split(
+                block_order(self.block_sizes, seed=self.seed, epoch=epoch),
+                rank=self.rank,
+                world_size=self.world_size,
+                split=self.split,
+            )
+        return epoch_order(
+            self.n,
+            seed=self.seed,
+            epoch=epoch,
+            shuffle=self.shuffle,
+            rank=self.rank,
+            world_size=self.world_size,
+            split=self.split,
+        )
+
+    def per_rank(self) -> int:
+        """Samples this rank visits per epoch."""
+        return per_rank_count(self.n, self.world_size, self.split, self.rank)
+
+    def batches(self) -> int:
+        """Batches per epoch for this rank (counted, not by building an epoch's order)."""
+        per_rank = self.per_rank()
+        full, rest = divmod(per_rank, self.batch_size)
+        return full if self.drop_last or rest == 0 else full + 1
 
 
 def epoch_order(

@@ -25,8 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..assemble import DATA_ERRORS
-from ..errors import ConfigError
+from ..errors import DATA_ERRORS, ConfigError
 from ..sources import open_source
 from ..sources.base import PathIndex, Source
 from ..sources.targets import class_ids

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from .. import decode as dec
-from ..assemble import DATA_ERRORS
 from ..decode.survey import Survey
+from ..errors import DATA_ERRORS
 from ..sources import open_source
 
 

@@ -16,8 +16,7 @@ from typing import Any
 import numpy as np
 
 from .._compat import file_sha256
-from ..assemble import DATA_ERRORS
-from ..errors import DecodeError, one_line
+from ..errors import DATA_ERRORS, DecodeError, one_line
 from ..sources.base import PathIndex, Source
 
 __all__ = ["write_shard", "image_schema", "prepare", "shard_name", "tmp_name", "write_json",

@@ -12,10 +12,11 @@ from typing import Any
 
 from .. import batch as batch_mod
 from .. import pixels as pixels_mod
-from ..assemble import Columns, Plan
+from ..assemble import Columns
 from ..batchfn import BatchTransform
 from ..decode.masks import MaskMap
 from ..errors import ConfigError
+from ..order import Plan
 from ..sources import open_source
 from ..sources.base import Source
 from ..transforms import CustomPipeline, check_mask_ops, make_pipeline

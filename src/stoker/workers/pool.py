@@ -16,9 +16,10 @@ from typing import Any
 import numpy as np
 
 from .. import seeding
-from ..assemble import Assembler, Columns, Plan
+from ..assemble import Assembler, Columns
 from ..batchfn import BatchTransform
 from ..errors import WorkerDied
+from ..order import Plan
 from ..sources.base import Source
 from ..sources.readahead import ReadSettings
 from ..transforms import Pipeline
