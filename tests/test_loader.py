@@ -262,6 +262,13 @@ def test_auto_workers_is_one_rule_at_construction_and_at_the_first_batch(monkeyp
     assert "left to the training process" in why and "left to the training process" in reason
 
 
+def test_loader_layout_is_a_deprecated_spelling_of_slot_layout():
+    with stoker.Loader(np.zeros((8, 8, 8, 3), np.uint8), batch_size=4, workers=0) as loader:
+        with pytest.warns(DeprecationWarning, match="removed in stoker 0.3.*slot_layout"):
+            assert loader.layout is loader.slot_layout
+        assert [f[0] for f in loader.slot_layout.fields][0] == "image"
+
+
 @pytest.mark.timeout(60)
 def test_fast_decode_auto_is_fast_for_train_and_exact_for_eval(image_folder):
     """'auto' picks libjpeg's fast IDCT only for training; eval matches an explicit exact decode

@@ -97,7 +97,7 @@ class Assembler:
         self.source, self.pipeline, self.plan = source, pipeline, plan
         self.batch_fn = batch_fn
         self.columns = columns if columns is not None else Columns({"label": source.labels})
-        self.reads = ReadAhead(source, reads)
+        self.read_ahead = ReadAhead(source, reads)
         self._epoch = -1
         #: user code that loads samples (an augment callable, a dataset): global RNGs seeded
         self._user_code = bool(getattr(pipeline, "user_code", False)) or (
@@ -134,10 +134,10 @@ class Assembler:
         indices = order[positions]
         u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
         report = Report(count=len(indices))
-        self.reads.start(indices)  # a window of reads ahead of decoding (files or network)
+        self.read_ahead.start(indices)  # a window of reads ahead of decoding (files or network)
         masks = arrays.get("mask")
         columns = self.columns.items()
-        dropped = self.reads.counters.dropped
+        dropped = self.read_ahead.counters.dropped
         own = [f[0] for f in self.source.sample_fields or ()]
         n = len(indices)
         if self._bulk(indices, arrays, report):
@@ -156,7 +156,7 @@ class Assembler:
         arrays["index"][:n] = self.source.source_indices(chosen)  # numbered as the user's source
         for name, column in columns:
             arrays[name][:n] = column[chosen]
-        report.pages_dropped = self.reads.counters.dropped - dropped
+        report.pages_dropped = self.read_ahead.counters.dropped - dropped
         if self.batch_fn is not None:
             self._batch_transform(epoch, batch, arrays, target, report)
         return report
@@ -230,7 +230,7 @@ class Assembler:
         notes: list[str] = []
         t0 = time.perf_counter()
         try:
-            data, mask = self.reads.take(index)
+            data, mask = self.read_ahead.take(index)
             t1 = time.perf_counter()
             if mask_out is not None:
                 region, mask_region = self.pipeline.load_pair(data, mask, u, notes)
@@ -264,7 +264,7 @@ class Assembler:
         """A per-sample dataset's sample into ``out``; any exception its ``__getitem__``
         raises makes the sample bad (counted against max_errors, named, replaced)."""
         t0 = time.perf_counter()
-        rng = order_mod.sample_rng(self.plan.seed, epoch, index)
+        rng = order_mod.sample_generator(self.plan.seed, epoch, index)
         try:
             self.source.load(index, rng, out)  # type: ignore[attr-defined]
         except Exception as exc:  # noqa: BLE001 - the budget decides; past it, TooManyErrors
@@ -283,7 +283,7 @@ class Assembler:
     def _rng(self, epoch: int, index: int) -> Any:
         if not self.pipeline.needs_rng:
             return None
-        return order_mod.sample_rng(self.plan.seed, epoch, index)
+        return order_mod.sample_generator(self.plan.seed, epoch, index)
 
 
 def _all_failed(bad: list[tuple[int, str, str]], whole_epoch: bool) -> TooManyErrors:

@@ -237,7 +237,7 @@ def sample_uniforms(seed: int, epoch: int, indices: np.ndarray, count: int) -> n
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+def sample_generator(seed: int, epoch: int, index: int) -> np.random.Generator:
     """A numpy Generator for one sample (user transforms): SeedSequence([seed, epoch, index])."""
     return np.random.default_rng(np.random.SeedSequence([seed, epoch, int(index)]))
 

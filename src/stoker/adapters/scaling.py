@@ -29,7 +29,7 @@ def is_channels_first(layout: Any, view: str) -> bool:
 
 def channels_of(loader: Any) -> int:
     """Channels of the loader's images (3 for a loader without a layout)."""
-    layout = getattr(loader, "layout", None)
+    layout = getattr(loader, "slot_layout", None)
     spec = layout.field("image") if layout is not None else None
     return int(spec[2][-1]) if spec is not None else 3
 
@@ -114,7 +114,7 @@ def leaf_kinds(
     (a float ``(C, H, W)`` tensor from ``ToTensor``) only ``dtype``. An option that would
     change no leaf, or cannot apply to one, is refused naming the leaf: never ignored.
     ``dtype``/``mean``/``layout``: whether those options were given (``layout``: explicitly)."""
-    fields = getattr(getattr(loader, "layout", None), "fields", None)
+    fields = getattr(getattr(loader, "slot_layout", None), "fields", None)
     if fields is None:  # not a stoker Loader (a test double): its "image" field, as before
         return {"image": PIXELS}
     source = getattr(loader, "source", None)
@@ -146,7 +146,7 @@ def leaf_kinds(
 
 def pixel_channels(loader: Any, kinds: dict[str, str]) -> int:
     """Channels of the loader's uint8 image leaves (for per-channel ``mean``/``std``)."""
-    layout = getattr(loader, "layout", None)
+    layout = getattr(loader, "slot_layout", None)
     for name, kind in kinds.items():
         spec = layout.field(name) if layout is not None and kind == PIXELS else None
         if spec is not None:

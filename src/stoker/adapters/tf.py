@@ -63,7 +63,7 @@ def _spec(loader: Any, name: str, batch: int | None) -> tf.TensorSpec:
     """The TensorSpec of field ``name``: its dtype and shape, exactly as the loader gives it."""
     if name == "path":
         return tf.TensorSpec((batch,), tf.string, name=name)
-    spec = loader.layout.field(name)
+    spec = loader.slot_layout.field(name)
     return tf.TensorSpec((batch, *spec[2]), tf.as_dtype(np.dtype(spec[1])), name=name)
 
 

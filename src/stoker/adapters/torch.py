@@ -195,7 +195,7 @@ class TorchLoader(LoaderView):
             if self.zero_copy is True:
                 raise StokerError(f"zero_copy=True, but {why}; pass zero_copy='auto'")
         stats.transfer = f"memcpy into a pinned buffer, then DMA on a side stream ({why})"
-        return MemcpyTransfer(runtime, convert, self.loader.layout)
+        return MemcpyTransfer(runtime, convert, self.loader.slot_layout)
 
     def __repr__(self) -> str:
         return (

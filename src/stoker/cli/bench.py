@@ -65,7 +65,7 @@ def single_core_rate(loader: Loader, seconds: float = 3.0) -> float:
 
 def _rate(loader: Loader, seconds: float) -> float:
     asm = Assembler(loader.source, loader.pipeline, loader.plan, loader.columns)
-    arrays = loader.layout.arrays()
+    arrays = loader.slot_layout.arrays()
     asm.fill(0, 0, arrays)  # warm-up
     done, t0, batch = 0, time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:

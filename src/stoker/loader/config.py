@@ -344,7 +344,7 @@ def rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
     return rank, world
 
 
-def rank_split(value: Any) -> str:
+def check_rank_split(value: Any) -> str:
     """``rank_split``: "pad", "drop" or "once" (see ``order.SPLITS``)."""
     if not isinstance(value, str) or value not in SPLITS:
         raise ConfigError(

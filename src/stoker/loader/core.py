@@ -119,8 +119,8 @@ class Loader:
         self.has_masks, self.drop_last, self.max_errors = (
             parts.has_masks, parts.drop_last, parts.max_errors
         )
-        self.plan, self.columns, self.layout, self.form = (
-            parts.plan, parts.columns, parts.layout, parts.form
+        self.plan, self.columns, self.slot_layout, self.form = (
+            parts.plan, parts.columns, parts.slot_layout, parts.form
         )
         self._batch_fn = parts.batch_fn
         self._peeker: Assembler | None = None  # fills peek()'s batches in this process
@@ -152,6 +152,18 @@ class Loader:
             return tuple(cls(*args, subset=half, **halves[half]) for half in config.HALVES)
         config.no_per_half(kwargs)
         return super().__new__(cls)
+
+    @property
+    def layout(self) -> Any:
+        """Deprecated spelling of ``slot_layout`` (the fields of one batch in shared memory;
+        ``layout=`` of an adapter is the channel order); removed in 0.3."""
+        warnings.warn(
+            "Loader.layout is deprecated and will be removed in stoker 0.3: use "
+            "Loader.slot_layout (the batch's fields; an adapter's layout= is the channel order)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.slot_layout
 
     @property
     def classes(self) -> list[str] | None:
@@ -261,7 +273,7 @@ class Loader:
                     "), or nothing for the batch the next iteration starts with"
                 )
             position = int(batch)
-        fields = self.layout.arrays()
+        fields = self.slot_layout.arrays()
         if self._peeker is None:
             self._peeker = self._assembler()
         with user_states_kept():  # the user's own random draws are not moved by a look
@@ -309,17 +321,17 @@ class Loader:
         """Settle ``workers="auto"`` (once) from the measured cost of a sample."""
         if self.workers and self._auto_workers:
             self.workers, self._workers_reason = auto_workers(
-                assembler, self.layout, self.batch_size
+                assembler, self.slot_layout, self.batch_size
             )
             self._auto_workers = False
 
-    def _spec(self) -> dict[str, Any]:
+    def _worker_args(self) -> dict[str, Any]:
         """What every worker gets (see ``WorkerSpec``)."""
         return {
             "source": self.source,
             "pipeline": self.pipeline,
             "plan": self.plan,
-            "layout": self.layout,
+            "layout": self.slot_layout,
             "columns": self.columns,
             "reads": self.reads,
             "batch_fn": self._batch_fn,
@@ -334,24 +346,24 @@ class Loader:
             return
         self._count_workers(self._assembler())
         if self.workers:
-            self._run.launch_pool(self._spec(), self.workers, self._prefetch_arg, self.timeout,
-                                  self.worker_threads)
+            self._run.launch_pool(self._worker_args(), self.workers, self._prefetch_arg,
+                                  self.timeout, self.worker_threads)
 
     def _start(self) -> None:
         assembler = self._assembler()
         self._count_workers(assembler)
         if self.workers == 0 and self.cluster is None:
-            self._run.start_inline(assembler, self.layout)
+            self._run.start_inline(assembler, self.slot_layout)
             return
         if self.cluster is not None:  # the nodes get exactly what the local workers get
             self._run.start_cluster(
-                self._spec(), self.workers, self.cluster, self._prefetch_arg, self._batches,
+                self._worker_args(), self.workers, self.cluster, self._prefetch_arg, self._batches,
                 self.timeout, self.source.name, self._samples,
-                lambda: probe_digest(assembler, self.layout, (0, 0)), self.worker_threads,
+                lambda: probe_digest(assembler, self.slot_layout, (0, 0)), self.worker_threads,
             )
             return
         self._run.start_pool(
-            self._spec(), self.workers, self._prefetch_arg, self._batches, self.timeout,
+            self._worker_args(), self.workers, self._prefetch_arg, self._batches, self.timeout,
             self.source.name, self.worker_threads,
         )
 

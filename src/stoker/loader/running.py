@@ -167,62 +167,62 @@ class Running:
         self.engine = Inline(assembler, layout)
         self._reason, self.folder = "none: workers=0 loads on demand", "process memory"
 
-    def launch_pool(self, spec: dict[str, Any], workers: int, prefetch: Any, timeout: float,
+    def launch_pool(self, worker_args: dict[str, Any], workers: int, prefetch: Any, timeout: float,
                     threads: int | None = 1) -> None:
         """Launch ``workers`` processes (``threads`` per thread pool in each) without waiting
         for them: they start while the caller goes on; a failed launch leaves nothing."""
-        layout: SlotLayout = spec["layout"]
+        layout: SlotLayout = worker_args["layout"]
         clean_stale()
         self._depth = config.prefetch(prefetch, workers, HELD, layout.nbytes)
         self._reason = self._depth[3]
         self.folder = pick_folder(self._depth[2] * layout.nbytes)
         shutdown.register(self)
         try:
-            self.pool = WorkerPool(workers, spec, timeout, threads)
+            self.pool = WorkerPool(workers, worker_args, timeout, threads)
         except BaseException:
             self.close(fast=True)
             raise
 
-    def start_pool(self, spec: dict[str, Any], workers: int, prefetch: Any, batches: int,
+    def start_pool(self, worker_args: dict[str, Any], workers: int, prefetch: Any, batches: int,
                    timeout: float, name: Any, threads: int | None = 1) -> None:
         """Wait for the workers (launched here unless :meth:`launch_pool` already did) and
         start the prefetch engine over a ring in shared memory; a failed start leaves no
         worker and no segment. ``waited_s`` is set when the workers were launched ahead."""
         ahead = self.pool is not None
         if not ahead:
-            self.launch_pool(spec, workers, prefetch, timeout, threads)
+            self.launch_pool(worker_args, workers, prefetch, timeout, threads)
         assert self.pool is not None
         per_worker, deepest, slots, _ = self._depth
         t0 = time.perf_counter()
         try:
             self.started = self.pool.wait_started()
             self.waited_s = time.perf_counter() - t0 if ahead else None
-            self.engine = Engine(self.pool, spec["layout"], slots, per_worker, batches,
+            self.engine = Engine(self.pool, worker_args["layout"], slots, per_worker, batches,
                                  self.folder, timeout, name, deepest)
         except BaseException:
             self.close(fast=True)
             raise
 
-    def start_cluster(self, spec: dict[str, Any], workers: int, cluster: Any, prefetch: Any,
+    def start_cluster(self, worker_args: dict[str, Any], workers: int, cluster: Any, prefetch: Any,
                       batches: int, timeout: float, name: Any, samples: Any, probe: Any,
                       threads: int | None = 1) -> None:
         """Start decode actors on the cluster's nodes (``workers.cluster``) beside ``workers``
         local processes, and the prefetch engine over both; a failed start leaves nothing.
-        Each node starts its own ``WorkerPool`` with the same ``spec`` and ``threads``."""
+        Each node starts its own ``WorkerPool`` with the same ``worker_args`` and ``threads``."""
         from ..workers import cluster as cluster_mod
 
-        layout: SlotLayout = spec["layout"]
+        layout: SlotLayout = worker_args["layout"]
         clean_stale()
         shutdown.register(self)
         nodes = None
         try:
-            nodes = cluster_mod.Nodes(cluster, spec, workers, timeout, probe, threads)
+            nodes = cluster_mod.Nodes(cluster, worker_args, workers, timeout, probe, threads)
             per_worker, deepest, slots, self._reason = config.prefetch(
                 prefetch, workers + nodes.cores, HELD, layout.nbytes
             )
             slots += nodes.cores * cluster_mod.REMOTE_EXTRA
             self.folder = pick_folder(slots * layout.nbytes)
-            local = WorkerPool(workers, spec, timeout, threads) if workers else None
+            local = WorkerPool(workers, worker_args, timeout, threads) if workers else None
             if local is not None:
                 local.wait_started()
             mixed = cluster_mod.MixedPool(local, nodes)

@@ -38,7 +38,7 @@ class Parts:
     max_errors: int
     plan: Plan
     columns: Columns
-    layout: SlotLayout
+    slot_layout: SlotLayout
     form: Any
     batch_fn: BatchTransform | None
 
@@ -86,7 +86,7 @@ def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Pa
         max_errors=max_errors,
         plan=plan,
         columns=columns,
-        layout=layout,
+        slot_layout=layout,
         form=batch_mod.resolve_form(args["batch"], names, source.sample_form),
         batch_fn=batch_fn,
     )
@@ -162,7 +162,7 @@ def _plan(
         rank,
         world,
         block_sizes=tuple(int(b) for b in blocks) if blocks else None,
-        split=config.rank_split(args["rank_split"]),
+        split=config.check_rank_split(args["rank_split"]),
     )
     if plan.batches() == 0:
         raise ConfigError(
