@@ -37,7 +37,7 @@ def mark_worker() -> None:
 
 
 def _splitmix(x: int) -> int:
-    """One splitmix64 step: a well-spread 64-bit mix of ``x`` (stable, ~0.3 µs)."""
+    """One splitmix64 step: a well-spread 64-bit mix of ``x`` (stable, and cheap)."""
     x = (x + 0x9E3779B97F4A7C15) & _M64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
@@ -47,7 +47,8 @@ def _splitmix(x: int) -> int:
 def global_seeds(entropy: Any) -> tuple[int, int, int]:
     """Seeds of numpy's global RNG (32 bits: its fast legacy seeding), Python's ``random`` and
     torch (64 bits each) from a sample's ``(seed, epoch, index)``, mixed apart from each other.
-    A SeedSequence would cost ~35 µs more per sample (numpy's array seeding included)."""
+    Mixed with splitmix64, not a SeedSequence: this runs before every sample, so it stays
+    a small share of a decode (see benchmarks/README.md#seeding)."""
     h = GLOBALS_KEY
     for word in entropy if isinstance(entropy, (list, tuple)) else [entropy]:
         word = int(word)
@@ -68,7 +69,8 @@ def _entropy(rng: np.random.Generator) -> list[int]:
 
 def seed_globals(rng: np.random.Generator) -> None:
     """Seed numpy's global RNG, Python's ``random`` and (when imported) torch's CPU generator
-    from the seed sequence of ``rng`` (``SeedSequence([seed, epoch, index])``): ~12 µs."""
+    from the seed sequence of ``rng`` (``SeedSequence([seed, epoch, index])``); its cost is in
+    benchmarks/README.md#seeding."""
     numpy_seed, random_seed, torch_seed = global_seeds(_entropy(rng))
     np.random.seed(numpy_seed)
     random.seed(random_seed)

@@ -115,7 +115,7 @@ def leaf_kinds(
     change no leaf, or cannot apply to one, is refused naming the leaf: never ignored.
     ``dtype``/``mean``/``layout``: whether those options were given (``layout``: explicitly)."""
     fields = getattr(getattr(loader, "slot_layout", None), "fields", None)
-    if fields is None:  # not a stoker Loader (a test double): its "image" field, as before
+    if fields is None:  # not a stoker Loader (a test double): its one "image" field
         return {"image": PIXELS}
     source = getattr(loader, "source", None)
     dataset = getattr(source, "sample_fields", None) is not None

@@ -5,8 +5,8 @@ system's libjpeg-turbo by ``setup.py``). It decodes the rows and columns a regio
 needs and no more -- ``jpeg_crop_scanline`` for the columns, ``jpeg_skip_scanlines``
 for the rows above, nothing below -- straight into a numpy buffer, with the GIL
 released, so threads in one worker decode in parallel. The window is returned as a view of
-the rows libjpeg wrote (they start at an iMCU boundary left of it): copying it out of a row
-buffer cost ~9% of a decode on the benchmark data.
+the rows libjpeg wrote (they start at an iMCU boundary left of it), never copied out of a row
+buffer: that copy is a measurable share of a decode (see benchmarks/README.md#crop-window-decode).
 
 Where the extension could not be built, :data:`AVAILABLE` is False and the callers
 (:mod:`stoker.decode.jpeg`) use simplejpeg instead; the pure-Python helpers here

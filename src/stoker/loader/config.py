@@ -105,8 +105,9 @@ def fast_decode(value: Any, augment: Any) -> bool:
     it, ``["train", op, ...]``) only.
 
     The fast integer IDCT and plain chroma upsampling change a few pixel values by a level or
-    two, far less than a random crop and flip change them, for 2-5% more images per second;
-    evaluation and plain resizing keep libjpeg's accurate, reference-identical decode."""
+    two, far less than a random crop and flip change them, and decode a little faster (see
+    benchmarks/README.md#crop-window-decode); evaluation and plain resizing keep libjpeg's
+    accurate, reference-identical decode."""
     if value == "auto":
         if isinstance(augment, (list, tuple)) and augment:
             augment = augment[0]
@@ -320,8 +321,8 @@ def read_settings(read_ahead: Any, page_cache: Any, timeout: float) -> ReadSetti
 
 def start_method(value: Any) -> str:
     """'spawn', the only start method: each worker is a fresh interpreter started from stoker's
-    own entry point (never the user's script). 'fork' is unsafe with threads; 'forkserver' was
-    removed (its server re-imported the user's script too)."""
+    own entry point (never the user's script). 'fork' is unsafe with threads; 'forkserver' is
+    not offered: its server re-imports the user's script."""
     if value not in START_METHODS:
         raise ConfigError(
             f"start_method={value!r}: only 'spawn' is supported (the default; drop the "

@@ -87,13 +87,13 @@ class Inline:
 
     The large fields (images, masks) are written into one of a few reused blocks of memory,
     not fresh arrays: a fresh batch-sized array is mapped anew and page-faulted on every batch,
-    and that first touch cost as much as the copy itself (in-memory arrays went from 0.68 to
-    about 1.5 x numpy's ``images[idx]``). As in the ring, a block is reused only when no array
+    and that first touch costs as much as the copy itself (see benchmarks/README.md#arrays).
+    As in the ring, a block is reused only when no array
     handed out from it is still referenced (weak references, so nothing is ever overwritten
     under the consumer); a batch the consumer keeps keeps its memory and the next batch gets a
     new block. Small fields (labels, weights, indices) are fresh arrays, so keeping them pins
     no block. An adapter whose framework keeps batches (tf.data, JAX on CPU) takes a block
-    over (``Block.give``) instead of copying it, as it took the fresh arrays before."""
+    over (``Block.give``) instead of copying it."""
 
     def __init__(self, assembler: Assembler, layout: SlotLayout) -> None:
         self.assembler, self.layout = assembler, layout

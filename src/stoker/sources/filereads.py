@@ -3,14 +3,14 @@
 A folder's (or a CSV's, a path list's) sample is one whole file, a Parquet shard's or a tar's one
 byte range of its file, so the window's reads need no Python: the C module ``_readfiles`` opens,
 checks and reads each on POSIX threads that never take the GIL, and the worker takes the bytes
-by sample when it decodes. On Python threads the same window made every decode 15-30 % slower on
-two busy cores (their wake-ups and the GIL); here a read costs the decoding thread one call to
-queue it and one to take it (benchmarks/README.md, "Native reads"). The checks are read_file's:
+by sample when it decodes. On Python threads the same window slows every decode on busy cores
+(their wake-ups and the GIL); here a read costs the decoding thread one call to queue it and one
+to take it (see benchmarks/README.md#native-reads). The checks are read_file's:
 a FIFO, socket, device or folder named like an image is refused unread, a missing file is its
 OSError, and a read past its deadline is abandoned (its thread replaced) and reported as late.
 
 Without the module (no C compiler at install, or a stale build) ``AVAILABLE`` is False and the
-window reads on Python threads, as before.
+window reads on Python threads.
 """
 
 from __future__ import annotations

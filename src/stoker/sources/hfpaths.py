@@ -8,7 +8,8 @@ Where the path leads, checked once at construction (a missing file is an error t
 the Parquet file, the row and the fix, never a failure of every row at the first batch):
 an absolute path is the user's own file and is read as it is; a relative one is read from the
 Parquet file's folder and must stay inside it (a ``..`` that climbs out is refused, as a tar
-member's path is). Rows with neither bytes nor a path stay bad samples, counted as before.
+member's path is). Rows with neither bytes nor a path are bad samples, counted against
+``max_errors``.
 """
 
 from __future__ import annotations

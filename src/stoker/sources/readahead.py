@@ -3,7 +3,7 @@
 The one read-ahead of every source that waits on storage: files, shards, tars, ``.npy`` and
 HDF5 on local disks, and remote shards (each read one ranged request). A worker decodes one
 sample while the next few are being read, so the disk's (or the network's) queue stays full
-while the core decodes (cold data: each read waits ~0.5 ms on the disk, one decode takes ~1 ms).
+while the core decodes (cold data: a read waits on the disk for a good part of a decode).
 ``ReadAhead.start(indices)`` is told a batch's samples in order; up to ``window`` of them are
 read at once on threads (file reads release the GIL), and ``take(index)`` hands each one's bytes
 over as it is needed. Nothing about the batch changes: the same samples, read by the same
@@ -65,20 +65,15 @@ START_WINDOW = 8
 COVER = 3  # reads in flight cover this many read latencies of decoding
 # "auto" reads plainly, on the decoding thread, until a read costs more than ENTER x the
 # caller's decode time, and goes back to plain reads below LEAVE x. The window's threads are not
-# free: on 2 busy cores their wake-ups and the GIL made each decode 15-30 % slower (benchmarks/
-# cold.py on a quiet machine: 1.72 vs 1.35 ms cold, 1.37 vs 1.2 ms warm), so they pay only where
-# a read costs a good part of a decode: a cold folder on a slow disk, remote shards. Measured
-# there: warm 1,169-1,189 img/s with the window vs 1,237-1,330 plain; Parquet cold (the kernel's
-# own readahead makes its reads ~0.4 ms) 915-934 vs 1,023-1,055; a cold folder (reads ~0.7 ms
-# against 1.6 ms of decode) 789-921 vs 856-868; remote at 30 ms a request 267-289 vs 51-53.
+# free (their wake-ups and the GIL slow every decode on busy cores), so they pay only where a
+# read costs a good part of a decode: a cold folder on a slow disk, remote shards; see
+# benchmarks/README.md#read-ahead-window and benchmarks/README.md#remote-shards.
 ENTER, LEAVE = 0.5, 0.25
 # Native reads of whole files (sources.filereads: no GIL, a wake-up only when the reads fall
-# behind) cost the decoding thread far less, so they open the window as soon as a read costs a
-# tenth of a decode: a cold folder (reads ~0.5 ms against ~1.5 ms of decode) gains 7-15 %
-# (benchmarks/README.md, "Native reads"), while warm reads (a share of ~0.05) stay plain.
-# Byte ranges (Parquet shards, tars) keep ENTER/LEAVE: the kernel reads a shard ahead by itself,
-# and a native window open all the time measured no faster (Parquet: 944-1,023 vs 965-1,039
-# img/s cold with plain reads; tars: read_ahead=8 or 16 999-1,033 vs 1,028-1,049 with these).
+# behind) cost the decoding thread far less, so they open the window once a read costs a tenth
+# of a decode (a cold folder), while warm reads stay plain. Byte ranges (Parquet shards, tars)
+# keep ENTER/LEAVE: the kernel reads a shard ahead by itself, and a native window open all the
+# time is no faster there; see benchmarks/README.md#native-reads and benchmarks/README.md#tars.
 NATIVE_ENTER, NATIVE_LEAVE = 0.1, 0.05
 DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
 MAX_LOST_THREADS = 32  # threads stuck at once on dead files before read-ahead gives up

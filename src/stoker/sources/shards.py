@@ -4,8 +4,8 @@ A shard has an ``image`` column (``struct{bytes, path}`` or plain binary) and us
 ``label`` column. Where the image bytes are stored uncompressed without a dictionary, every
 image sits verbatim in the file: a sidecar index ``<shard>.idx.npy`` gives each image's
 (offset, length), and ``read(i)`` is one positioned read (``os.pread``, the default) or a
-slice of a memory map (``access="mmap"``). Both cost ~10 µs for a 100 KB image from the page
-cache; ``pread`` is the default because a mapping counts every page touched in the process's
+slice of a memory map (``access="mmap"``). Both are one copy out of the page cache; ``pread``
+is the default because a mapping counts every page touched in the process's
 RSS (a worker seems to grow to the dataset's size) and turns a shard truncated under it into a
 SIGBUS instead of an error. Other shards (compressed image
 columns, as most foreign datasets are) are read a row group at a time, keeping the last one.
