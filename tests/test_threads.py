@@ -15,6 +15,7 @@ import pytest
 
 import stoker
 from stoker.errors import ConfigError
+from stoker.importhook import AfterImport, after_import
 from stoker.workers import threads as threads_mod
 from stoker.workers.jobs import map_jobs
 
@@ -134,8 +135,9 @@ def test_the_hook_sizes_a_module_right_after_its_import_and_then_leaves(tmp_path
         seen.append(module.imported_with)
         module.size = 1
 
-    hook = threads_mod._AfterImport({"fake_pool_lib": setter})
-    monkeypatch.setattr(sys, "meta_path", [hook, *sys.meta_path])
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    after_import("fake_pool_lib", setter)
+    hook = next(f for f in sys.meta_path if isinstance(f, AfterImport))
     import fake_pool_lib  # noqa: PLC0415
 
     assert fake_pool_lib.size == 1 and seen == [None]

@@ -14,21 +14,21 @@ process (``mark_worker()``) they are the loader's and are not saved.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import random
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from .importhook import after_import
+
 GLOBALS_KEY = 0x6C0B
 """Mixed into the global RNGs' seeds: streams apart from ``sample_rng()``'s own."""
 _M64 = (1 << 64) - 1
-_STATE: dict[str, Any] = {"worker": False, "kept": False, "torch_seed": None, "hook": None}
+_STATE: dict[str, Any] = {"worker": False, "kept": False, "torch_seed": None, "hook": False}
 
 
 def mark_worker() -> None:
@@ -131,52 +131,14 @@ def seeded(rng: np.random.Generator) -> Iterator[None]:
 
 def _watch_torch() -> None:
     """Seed torch the moment it is imported, if a sample is being loaded then (its seed is
-    ``_STATE["torch_seed"]``); the watch is on ``sys.meta_path`` until torch is imported."""
-    if _STATE["hook"] is None:
-        hook = _STATE["hook"] = _SeedTorchOnImport()
-        sys.meta_path.insert(0, hook)
+    ``_STATE["torch_seed"]``); watched once per process."""
+    if not _STATE["hook"]:
+        _STATE["hook"] = True
+        after_import("torch", _seed_imported_torch)
 
 
-class _SeedTorchOnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself; wraps torch's loader so torch is seeded right after it loads."""
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None
-                  ) -> importlib.machinery.ModuleSpec | None:
-        """For ``torch``: the real spec, its loader wrapped; None for any other module."""
-        if fullname != "torch":
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = None
-        for finder in list(sys.meta_path):  # the other finders, in order (other hooks too)
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if find is not None else None
-            if spec is not None:
-                break
-        if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _SeedAfter(spec.loader)
-        return spec
-
-
-class _SeedAfter(importlib.abc.Loader):
-    """Runs torch's real loader, then seeds torch for the sample being loaded (if any)."""
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        """As the real loader."""
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        """Run torch's ``__init__``, then seed its CPU generator for the current sample."""
-        module.__loader__ = self.loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.loader
-        self.loader.exec_module(module)
-        seed = _STATE["torch_seed"]
-        if seed is not None and hasattr(module, "default_generator"):
-            module.default_generator.manual_seed(seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)
+def _seed_imported_torch(torch: ModuleType) -> None:
+    """Seed a just-imported torch's CPU generator for the current sample (if any)."""
+    seed = _STATE["torch_seed"]
+    if seed is not None and hasattr(torch, "default_generator"):
+        torch.default_generator.manual_seed(seed)

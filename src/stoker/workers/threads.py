@@ -15,12 +15,10 @@ each library picks its own default. The trainer's own process is never changed.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+
+from ..importhook import after_import
 
 #: Environment variables that size a pool when its library loads.
 COUNT_VARS = (
@@ -66,13 +64,8 @@ def limit(threads: int | None) -> None:
     import cv2
 
     cv2.setNumThreads(threads)
-    setters = {"torch": _torch_setter(threads), "tensorflow": _tf_setter(threads)}
-    for name, setter in list(setters.items()):
-        if name in sys.modules:
-            setter(sys.modules[name])
-            del setters[name]
-    if setters:
-        sys.meta_path.insert(0, _AfterImport(setters))
+    after_import("torch", _torch_setter(threads))
+    after_import("tensorflow", _tf_setter(threads))
 
 
 def _torch_setter(threads: int) -> Callable[[ModuleType], None]:
@@ -98,58 +91,3 @@ def _tf_setter(threads: int) -> Callable[[ModuleType], None]:
             pass
 
     return set_tf
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls ``setters[name](module)`` right after top-level module ``name`` is imported (its
-    ``__init__`` has run, before the importing code goes on); otherwise finds nothing."""
-
-    def __init__(self, setters: dict[str, Callable[[ModuleType], None]]) -> None:
-        self.setters = setters
-
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None
-                  ) -> importlib.machinery.ModuleSpec | None:
-        """The real spec of a watched module, its loader wrapped; None for any other."""
-        if fullname not in self.setters:
-            return None
-        setter = self.setters.pop(fullname)
-        if not self.setters and self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = _real_spec(fullname, path, target, self)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        spec.loader = _ThenSet(spec.loader, setter)
-        return spec
-
-
-def _real_spec(fullname: str, path: Sequence[str] | None, target: Any, skip: Any
-               ) -> importlib.machinery.ModuleSpec | None:
-    """The spec the other finders on ``sys.meta_path`` give for ``fullname``."""
-    for finder in [f for f in sys.meta_path if f is not skip]:
-        find = getattr(finder, "find_spec", None)
-        spec = find(fullname, path, target) if find is not None else None
-        if spec is not None:
-            return spec
-    return None
-
-
-class _ThenSet(importlib.abc.Loader):
-    """A loader that runs the real one, then the setter on the loaded module."""
-
-    def __init__(self, loader: Any, setter: Callable[[ModuleType], None]) -> None:
-        self.loader, self.setter = loader, setter
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        """As the real loader."""
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        """Run the module (which sees its real loader), then size its pools."""
-        module.__loader__ = self.loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self.loader
-        self.loader.exec_module(module)
-        self.setter(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.loader, name)
