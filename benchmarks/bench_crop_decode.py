@@ -30,9 +30,9 @@ import numpy as np
 import simplejpeg
 
 from stoker.decode import jpegcrop
+from stoker.decode.common import Box
 
 SIZE = 224
-Box = tuple[int, int, int, int]
 
 
 def random_resized_crop_box(rng: np.random.Generator, height: int, width: int) -> Box:
