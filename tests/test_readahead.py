@@ -748,3 +748,28 @@ def test_a_shard_cut_short_mid_epoch_gives_bad_samples_not_wrong_bytes(sources, 
             reads.take(k)
     reads.close()
     source.close()
+
+
+def test_auto_window_opens_and_closes_with_hysteresis_and_covers_the_read_latency():
+    from stoker.sources.readahead import (
+        COVER,
+        ENTER,
+        LEAVE,
+        MIN_WINDOW,
+        NATIVE_ENTER,
+        NATIVE_LEAVE,
+        auto_window,
+    )
+
+    between = (ENTER + LEAVE) / 2  # cheap enough to stay closed, dear enough to stay open
+    assert auto_window(0, between, False, 32) == 0
+    assert auto_window(8, between, False, 32) == MIN_WINDOW
+    assert auto_window(8, LEAVE * 0.9, False, 32) == 0
+    assert auto_window(0, ENTER, False, 32) == MIN_WINDOW
+    # native reads of whole files open far sooner, and close later
+    assert auto_window(0, NATIVE_ENTER, True, 32) == MIN_WINDOW
+    assert auto_window(0, NATIVE_ENTER, False, 32) == 0
+    assert auto_window(8, (NATIVE_ENTER + NATIVE_LEAVE) / 2, True, 32) == MIN_WINDOW
+    assert auto_window(8, NATIVE_LEAVE * 0.9, True, 32) == 0
+    assert auto_window(0, 5.0, False, 32) == int(np.ceil(COVER * 5.0)) + 1
+    assert auto_window(0, 100.0, False, 32) == 32 and auto_window(0, 100.0, False, 64) == 64

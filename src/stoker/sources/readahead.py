@@ -82,6 +82,19 @@ SIZE_AFTER = 64  # samples read before "auto" judges whether the dataset fits in
 PAGE_CACHE = ("auto", "keep", "drop")
 
 
+def auto_window(window: int, share: float, native_files: bool, max_window: int) -> int:
+    """The auto window's next size, from its size now and ``share`` (a read's latency over the
+    caller's decode time): 0 (plain reads) while a closed window's share is below the threshold
+    to open it (``NATIVE_ENTER`` for native reads of whole files, else ``ENTER``) or an open
+    one's is below the threshold to close it (``NATIVE_LEAVE`` / ``LEAVE``); else enough reads
+    in flight to cover ``COVER`` read latencies of decoding, within ``[MIN_WINDOW,
+    max_window]``. A pure function: the whole pacing policy, tested without threads."""
+    enter, leave = (NATIVE_ENTER, NATIVE_LEAVE) if native_files else (ENTER, LEAVE)
+    if window == 0 and share < enter or window and share < leave:
+        return 0
+    return max(MIN_WINDOW, min(max_window, math.ceil(COVER * share) + 1))
+
+
 @dataclass(frozen=True)
 class ReadSettings:
     """How a worker reads: read-ahead window (``"auto"``, a count, or 0 for plain reads),
@@ -311,13 +324,8 @@ class ReadAhead:
         if not (self.auto and self.counters.reads >= 8 and self._decode_s > 0):
             return
         share = self._latency_s / self._decode_s
-        files = self._native_kind == "files"
-        enter, leave = (NATIVE_ENTER, NATIVE_LEAVE) if files else (ENTER, LEAVE)
-        if self.window == 0 and share < enter or self.window and share < leave:
-            self.window = 0
-            return
-        need = math.ceil(COVER * share) + 1
-        self.window = max(MIN_WINDOW, min(self.max_window, need))
+        self.window = auto_window(self.window, share, self._native_kind == "files",
+                                  self.max_window)
 
     # ------------------------------------------------------------------ reading threads
 
