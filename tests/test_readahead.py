@@ -773,3 +773,14 @@ def test_auto_window_opens_and_closes_with_hysteresis_and_covers_the_read_latenc
     assert auto_window(8, NATIVE_LEAVE * 0.9, True, 32) == 0
     assert auto_window(0, 5.0, False, 32) == int(np.ceil(COVER * 5.0)) + 1
     assert auto_window(0, 100.0, False, 32) == 32 and auto_window(0, 100.0, False, 64) == 64
+
+
+def test_page_cache_auto_drops_pages_only_for_a_dataset_larger_than_ram():
+    from stoker.sources.readahead import larger_than_ram
+
+    gib = 1 << 30
+    assert larger_than_ram(64 * 100_000, 64, 400_000, 16 * gib) is True  # 40 GB on 16 GiB
+    assert larger_than_ram(64 * 100_000, 64, 400_000, 64 * gib) is False  # 40 GB on 64 GiB
+    assert larger_than_ram(64 * 100_000, 64, 6_000, 16 * gib) is False  # 0.6 GB fits
+    assert larger_than_ram(64 * 200_000, 64, 400_000, 0) is False  # memory unknown: keep pages
+    assert larger_than_ram(0, 0, 400_000, 16 * gib) is False

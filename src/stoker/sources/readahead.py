@@ -82,6 +82,13 @@ SIZE_AFTER = 64  # samples read before "auto" judges whether the dataset fits in
 PAGE_CACHE = ("auto", "keep", "drop")
 
 
+def larger_than_ram(read_bytes: int, reads: int, samples: int, ram: int) -> bool:
+    """``page_cache="auto"``'s decision: whether ``samples`` samples, at the mean size of the
+    ``reads`` read so far (``read_bytes`` in all), would not fit in ``ram`` bytes of memory;
+    False when the memory is unknown (``ram`` 0) or nothing was read yet."""
+    return bool(ram) and reads > 0 and read_bytes / reads * samples > ram
+
+
 def auto_window(window: int, share: float, native_files: bool, max_window: int) -> int:
     """The auto window's next size, from its size now and ``share`` (a read's latency over the
     caller's decode time): 0 (plain reads) while a closed window's share is below the threshold
@@ -387,8 +394,8 @@ class ReadAhead:
             if self.settings.page_cache == "auto" and c.reads <= SIZE_AFTER:
                 self._early.append(index)
                 if c.reads == SIZE_AFTER:
-                    ram = memory_bytes()
-                    self._drop = bool(ram) and c.nbytes / c.reads * len(self.source) > ram
+                    self._drop = larger_than_ram(c.nbytes, c.reads, len(self.source),
+                                                 memory_bytes())
                     early, self._early = (self._early if self._drop else []), []
         if early:  # larger than RAM: what was read while undecided leaves the cache, and the
             self._drop_pages(early)  # reads go around it from now on
