@@ -37,5 +37,6 @@ _pyenv_versions()
 def core(session: nox.Session) -> None:
     """Install with the test extra and run the suite minus the framework tests."""
     session.install("-c", "constraints.txt", "-e", ".[test]")
-    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "-q",
-                "-m", "not ray", *session.posargs)
+    session.run(
+        "python", "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "not ray", *session.posargs
+    )

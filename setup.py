@@ -36,12 +36,21 @@ def _static_jpeg(prefix: str) -> dict:
     archives = [root / d / "libjpeg.a" for d in ("lib", "lib64")]
     archive = next((a for a in archives if a.is_file()), None)
     if archive is None or not (root / "include" / "jpeglib.h").is_file():
-        sys.exit(f"STOKER_JPEG=static: no include/jpeglib.h and lib/libjpeg.a under {prefix!r}; "
-                 "build them with scripts/build_libjpeg_turbo.sh")
-    hide = (["-Wl,-exported_symbol,_PyInit__jpeg"] if sys.platform == "darwin"
-            else ["-Wl,--exclude-libs,ALL"])
-    return {"include_dirs": [str(root / "include")], "extra_objects": [str(archive)],
-            "extra_compile_args": ["-fvisibility=hidden"], "extra_link_args": hide}
+        sys.exit(
+            f"STOKER_JPEG=static: no include/jpeglib.h and lib/libjpeg.a under {prefix!r}; "
+            "build them with scripts/build_libjpeg_turbo.sh"
+        )
+    hide = (
+        ["-Wl,-exported_symbol,_PyInit__jpeg"]
+        if sys.platform == "darwin"
+        else ["-Wl,--exclude-libs,ALL"]
+    )
+    return {
+        "include_dirs": [str(root / "include")],
+        "extra_objects": [str(archive)],
+        "extra_compile_args": ["-fvisibility=hidden"],
+        "extra_link_args": hide,
+    }
 
 
 def _jpeg_extension() -> list[Extension]:
@@ -54,8 +63,14 @@ def _jpeg_extension() -> list[Extension]:
     if choice == "static":
         args = _static_jpeg(os.environ.get("STOKER_JPEG_PREFIX", ""))
         return [Extension("stoker.decode._jpeg", sources=["src/stoker/decode/_jpeg.c"], **args)]
-    return [Extension("stoker.decode._jpeg", sources=["src/stoker/decode/_jpeg.c"],
-                      libraries=["jpeg"], optional=choice == "auto")]
+    return [
+        Extension(
+            "stoker.decode._jpeg",
+            sources=["src/stoker/decode/_jpeg.c"],
+            libraries=["jpeg"],
+            optional=choice == "auto",
+        )
+    ]
 
 
 setup(

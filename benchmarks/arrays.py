@@ -88,15 +88,18 @@ def peer(name: str, n: int, epochs: int, data: str) -> float:
     if name.startswith("numpy"):
         images, targets = _arrays(n)
         if name == "numpy-take":
+
             def epoch():
                 order = np.random.default_rng().permutation(n)
                 for s in range(0, n - BATCH + 1, BATCH):
                     idx = order[s : s + BATCH]
                     yield images[idx], targets[idx]
         else:
+
             def epoch():
                 for s in range(0, n - BATCH + 1, BATCH):
                     yield images[s : s + BATCH].copy(), targets[s : s + BATCH].copy()
+
         return _timed(epoch, epochs)
     if name == "stoker":
         import stoker
@@ -127,16 +130,32 @@ def peer(name: str, n: int, epochs: int, data: str) -> float:
     if name == "torch-dataset":
         import torch
 
-        dl = torch.utils.data.DataLoader(Crops(data, n), batch_size=BATCH, shuffle=True,
-                                         drop_last=True, num_workers=2, persistent_workers=True)
+        dl = torch.utils.data.DataLoader(
+            Crops(data, n),
+            batch_size=BATCH,
+            shuffle=True,
+            drop_last=True,
+            num_workers=2,
+            persistent_workers=True,
+        )
         return _timed(lambda: dl, epochs)
     raise SystemExit(f"unknown peer {name}")
 
 
 def _run(name: str, n: int, epochs: int, data: str) -> tuple[float, int]:
     """Run ``name`` in a subprocess; its images/s and the peak PSS of its process tree."""
-    cmd = [sys.executable, __file__, "--peer", name, "--n", str(n), "--epochs", str(epochs),
-           "--data", data]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--peer",
+        name,
+        "--n",
+        str(n),
+        "--epochs",
+        str(epochs),
+        "--data",
+        data,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     with PeakPss(proc.pid, interval=0.2) as pss:
         out, _ = proc.communicate()
@@ -150,9 +169,13 @@ def main() -> int:
     ap.add_argument("--mode", choices=["arrays", "dataset"], default="arrays")
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=2,
-                    help="rounds, the order of the pipelines reversed every other round; "
-                    "the best round of each is reported (the machine is shared and noisy)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds, the order of the pipelines reversed every other round; "
+        "the best round of each is reported (the machine is shared and noisy)",
+    )
     ap.add_argument("--peer")
     ap.add_argument("--data", default="")
     args = ap.parse_args()
@@ -172,19 +195,24 @@ def main() -> int:
         for name in names if r % 2 == 0 else names[::-1]:
             runs[name].append(_run(name, args.n, args.epochs, data))
     results = {k: (max(x[0] for x in v), max(x[1] for x in v)) for k, v in runs.items()}
-    rows = [[k, f"{r:,.0f}", " / ".join(f"{x[0]:,.0f}" for x in runs[k]), f"{p / 2**20:,.0f}"]
-            for k, (r, p) in results.items()]
+    rows = [
+        [k, f"{r:,.0f}", " / ".join(f"{x[0]:,.0f}" for x in runs[k]), f"{p / 2**20:,.0f}"]
+        for k, (r, p) in results.items()
+    ]
     print(table(rows, ["pipeline", "img/s (best)", "rounds", "peak PSS MiB"]))
     s = results[names[0]][0]
     if args.mode == "arrays":
-        ratios = [ratio_line("stoker / numpy shuffled take", s, results["numpy-take"][0], ">= 0.9"),
-                  ratio_line("stoker / numpy slice copy", s, results["numpy-slice"][0], ">= 0.9"),
-                  ratio_line("stoker / tf.data", s, results["tf.data"][0], ">= 1.0"),
-                  ratio_line("stoker / torch DataLoader", s, results["torch"][0], ">= 1.0")]
+        ratios = [
+            ratio_line("stoker / numpy shuffled take", s, results["numpy-take"][0], ">= 0.9"),
+            ratio_line("stoker / numpy slice copy", s, results["numpy-slice"][0], ">= 0.9"),
+            ratio_line("stoker / tf.data", s, results["tf.data"][0], ">= 1.0"),
+            ratio_line("stoker / torch DataLoader", s, results["torch"][0], ">= 1.0"),
+        ]
     else:
-        ratios = [ratio_line("stoker / DataLoader (2 workers)", s, results[base][0], ">= 1.2"),
-                  ratio_line("PSS stoker / DataLoader", results[names[0]][1], results[base][1],
-                             "<= 1.0")]
+        ratios = [
+            ratio_line("stoker / DataLoader (2 workers)", s, results[base][0], ">= 1.2"),
+            ratio_line("PSS stoker / DataLoader", results[names[0]][1], results[base][1], "<= 1.0"),
+        ]
     print(table(ratios, ["ratio", "value", "goal", "verdict"]))
     shutil.rmtree(tmp, ignore_errors=True)  # the data file and its folder
     return 0

@@ -93,8 +93,10 @@ def op_costs(images: list[np.ndarray], datas: list[bytes], calls: int) -> list[t
         rows.append((name, median_us(lambda k, fn=fn: fn(images[k % n]), calls)))
     for name, op in stock_ops().items():
         rows.append(
-            (f"stoker.ops.{name}", median_us(
-                lambda k, op=op: op(images[k % n], np.random.default_rng(k)), calls))
+            (
+                f"stoker.ops.{name}",
+                median_us(lambda k, op=op: op(images[k % n], np.random.default_rng(k)), calls),
+            )
         )
     return rows
 
@@ -152,7 +154,9 @@ def main() -> None:
     for name, op in stock_ops().items():
         settings[f'["train", {name}]'] = ["train", op]
     settings['["train", TrivialAugmentWide(), RandomErasing(p=0.25)]'] = [
-        "train", TrivialAugmentWide(), RandomErasing(p=0.25)
+        "train",
+        TrivialAugmentWide(),
+        RandomErasing(p=0.25),
     ]
     rates: dict[str, list[float]] = {k: [] for k in settings}
     cpus: dict[str, list[float]] = {k: [] for k in settings}
@@ -163,13 +167,17 @@ def main() -> None:
             cpus[key].append(cpu)
     base = statistics.median(rates['"train"'])
     base_cpu = statistics.median(cpus['"train"'])
-    print(f"\n2. Loader, workers={args.workers}, batch {args.batch}, {SIZE}x{SIZE}: median of "
-          f"{args.rounds} interleaved rounds: img/s (range), its ratio to \"train\", CPU ms per "
-          "image (process tree) and its ratio")
+    print(
+        f"\n2. Loader, workers={args.workers}, batch {args.batch}, {SIZE}x{SIZE}: median of "
+        f'{args.rounds} interleaved rounds: img/s (range), its ratio to "train", CPU ms per '
+        "image (process tree) and its ratio"
+    )
     for key, values in rates.items():
         med, cpu = statistics.median(values), statistics.median(cpus[key])
-        print(f"  augment={key:56s} {med:7.0f} img/s ({min(values):.0f}-{max(values):.0f})"
-              f"  {med / base:5.2f}x   {cpu:5.2f} ms  {cpu / base_cpu:5.2f}x")
+        print(
+            f"  augment={key:56s} {med:7.0f} img/s ({min(values):.0f}-{max(values):.0f})"
+            f"  {med / base:5.2f}x   {cpu:5.2f} ms  {cpu / base_cpu:5.2f}x"
+        )
     print(f"load average at the start {load_start:.1f}, at the end {os.getloadavg()[0]:.1f}")
 
 

@@ -60,8 +60,14 @@ def _gray(img: torch.Tensor) -> torch.Tensor:
     return (0.2989 * r + 0.587 * g + 0.114 * b).unsqueeze(0)
 
 
-def _affine(img: torch.Tensor, angle: float = 0.0, tx: float = 0.0, ty: float = 0.0,
-            shear_x: float = 0.0, shear_y: float = 0.0) -> torch.Tensor:
+def _affine(
+    img: torch.Tensor,
+    angle: float = 0.0,
+    tx: float = 0.0,
+    ty: float = 0.0,
+    shear_x: float = 0.0,
+    shear_y: float = 0.0,
+) -> torch.Tensor:
     """Rotate (degrees), translate (pixels) and shear (degrees) about the centre; nearest
     neighbour, fill 0, as torchvision's tensor ``affine``."""
     _, h, w = img.shape
@@ -70,13 +76,16 @@ def _affine(img: torch.Tensor, angle: float = 0.0, tx: float = 0.0, ty: float = 
     shear = torch.tensor([[1.0, -math.tan(sx)], [-math.tan(sy), 1.0]])
     forward = rot @ shear
     inverse = torch.linalg.inv(forward)
-    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32) - (h - 1) / 2 - ty,
-                            torch.arange(w, dtype=torch.float32) - (w - 1) / 2 - tx,
-                            indexing="ij")
+    ys, xs = torch.meshgrid(
+        torch.arange(h, dtype=torch.float32) - (h - 1) / 2 - ty,
+        torch.arange(w, dtype=torch.float32) - (w - 1) / 2 - tx,
+        indexing="ij",
+    )
     src = torch.stack([xs, ys], -1) @ inverse.T  # output pixel -> input pixel, both centred
     grid = 2 * src / torch.tensor([w, h], dtype=torch.float32)  # align_corners=False units
-    out = F.grid_sample(img.float()[None], grid[None], mode="nearest", padding_mode="zeros",
-                        align_corners=False)
+    out = F.grid_sample(
+        img.float()[None], grid[None], mode="nearest", padding_mode="zeros", align_corners=False
+    )
     return out[0].round().to(torch.uint8)
 
 
@@ -108,8 +117,11 @@ def _equalize(img: torch.Tensor) -> torch.Tensor:
         if step == 0:
             out.append(channel)
             continue
-        lut = torch.div(torch.cumsum(hist, 0) + torch.div(step, 2, rounding_mode="floor"),
-                        step, rounding_mode="floor")
+        lut = torch.div(
+            torch.cumsum(hist, 0) + torch.div(step, 2, rounding_mode="floor"),
+            step,
+            rounding_mode="floor",
+        )
         lut = F.pad(lut, [1, 0])[:-1].clamp(0, 255)
         out.append(lut[channel.long()].to(torch.uint8))
     return torch.stack(out)
@@ -151,14 +163,19 @@ def trivial_space(bins: int, h: int, w: int) -> dict[str, tuple[np.ndarray, bool
     lin = np.linspace
     return {
         "Identity": (np.zeros(1), False),
-        "ShearX": (lin(0, 0.99, bins), True), "ShearY": (lin(0, 0.99, bins), True),
-        "TranslateX": (lin(0, 32, bins), True), "TranslateY": (lin(0, 32, bins), True),
+        "ShearX": (lin(0, 0.99, bins), True),
+        "ShearY": (lin(0, 0.99, bins), True),
+        "TranslateX": (lin(0, 32, bins), True),
+        "TranslateY": (lin(0, 32, bins), True),
         "Rotate": (lin(0, 135, bins), True),
-        "Brightness": (lin(0, 0.99, bins), True), "Color": (lin(0, 0.99, bins), True),
-        "Contrast": (lin(0, 0.99, bins), True), "Sharpness": (lin(0, 0.99, bins), True),
+        "Brightness": (lin(0, 0.99, bins), True),
+        "Color": (lin(0, 0.99, bins), True),
+        "Contrast": (lin(0, 0.99, bins), True),
+        "Sharpness": (lin(0, 0.99, bins), True),
         "Posterize": (8 - np.round(np.arange(bins) / ((bins - 1) / 6)), False),
         "Solarize": (lin(255, 0, bins), False),
-        "AutoContrast": (np.zeros(1), False), "Equalize": (np.zeros(1), False),
+        "AutoContrast": (np.zeros(1), False),
+        "Equalize": (np.zeros(1), False),
     }
 
 
@@ -167,15 +184,19 @@ def rand_space(bins: int, h: int, w: int) -> dict[str, tuple[np.ndarray, bool]]:
     lin = np.linspace
     return {
         "Identity": (np.zeros(bins), False),
-        "ShearX": (lin(0, 0.3, bins), True), "ShearY": (lin(0, 0.3, bins), True),
+        "ShearX": (lin(0, 0.3, bins), True),
+        "ShearY": (lin(0, 0.3, bins), True),
         "TranslateX": (lin(0, 150 / 331 * w, bins), True),
         "TranslateY": (lin(0, 150 / 331 * h, bins), True),
         "Rotate": (lin(0, 30, bins), True),
-        "Brightness": (lin(0, 0.9, bins), True), "Color": (lin(0, 0.9, bins), True),
-        "Contrast": (lin(0, 0.9, bins), True), "Sharpness": (lin(0, 0.9, bins), True),
+        "Brightness": (lin(0, 0.9, bins), True),
+        "Color": (lin(0, 0.9, bins), True),
+        "Contrast": (lin(0, 0.9, bins), True),
+        "Sharpness": (lin(0, 0.9, bins), True),
         "Posterize": (8 - np.round(np.arange(bins) / ((bins - 1) / 4)), False),
         "Solarize": (lin(255, 0, bins), False),
-        "AutoContrast": (np.zeros(bins), False), "Equalize": (np.zeros(bins), False),
+        "AutoContrast": (np.zeros(bins), False),
+        "Equalize": (np.zeros(bins), False),
     }
 
 
@@ -187,10 +208,14 @@ class Policy:
         self.kind, self.size = kind, size
 
     def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        t, left, h, w = random_resized_crop_box(image.shape[0], image.shape[1], rng.random(40),
-                                                (0.08, 1.0), (3 / 4, 4 / 3))
-        crop = cv2.resize(image[t:t + h, left:left + w], (self.size, self.size),
-                          interpolation=cv2.INTER_LINEAR)
+        t, left, h, w = random_resized_crop_box(
+            image.shape[0], image.shape[1], rng.random(40), (0.08, 1.0), (3 / 4, 4 / 3)
+        )
+        crop = cv2.resize(
+            image[t : t + h, left : left + w],
+            (self.size, self.size),
+            interpolation=cv2.INTER_LINEAR,
+        )
         img = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1)
         if self.kind == "trivial":
             space = trivial_space(31, self.size, self.size)
@@ -202,13 +227,15 @@ class Policy:
         return img.permute(1, 2, 0).contiguous().numpy()
 
     @staticmethod
-    def _one(img: torch.Tensor, space: dict, rng: np.random.Generator, bin_: int | None
-             ) -> torch.Tensor:
+    def _one(
+        img: torch.Tensor, space: dict, rng: np.random.Generator, bin_: int | None
+    ) -> torch.Tensor:
         names = list(space)
         name = names[int(rng.integers(len(names)))]
         mags, signed = space[name]
-        mag = float(mags[int(rng.integers(len(mags))) if bin_ is None else
-                         min(bin_, len(mags) - 1)])
+        mag = float(
+            mags[int(rng.integers(len(mags))) if bin_ is None else min(bin_, len(mags) - 1)]
+        )
         if signed and rng.random() < 0.5:
             mag = -mag
         return apply_op(img, name, mag)
@@ -233,22 +260,37 @@ class JpegDataset:
         return torch.from_numpy(out), self.labels[i]
 
 
-def stoker_batches(data: str, policy: Policy, batch_size: int, threads: int | None
-                   ) -> tuple[Iterator[Any], Callable[[], None]]:
-    loader = stoker.Loader(data, batch_size=batch_size, image_size=policy.size, augment=policy,
-                           workers=2, worker_threads=threads, seed=0)
+def stoker_batches(
+    data: str, policy: Policy, batch_size: int, threads: int | None
+) -> tuple[Iterator[Any], Callable[[], None]]:
+    loader = stoker.Loader(
+        data,
+        batch_size=batch_size,
+        image_size=policy.size,
+        augment=policy,
+        workers=2,
+        worker_threads=threads,
+        seed=0,
+    )
     return iter(loader.stream()), loader.close
 
 
-def dataloader_batches(data: str, policy: Policy, batch_size: int
-                       ) -> tuple[Iterator[Any], Callable[[], None]]:
+def dataloader_batches(
+    data: str, policy: Policy, batch_size: int
+) -> tuple[Iterator[Any], Callable[[], None]]:
     from torch.utils.data import DataLoader
 
     items = common.list_items(data)
     dataset = JpegDataset([p for p, _ in items], [y for _, y in items], policy, 0)
-    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=2,
-                        persistent_workers=True, drop_last=True,
-                        generator=torch.Generator().manual_seed(0))
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=2,
+        persistent_workers=True,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(0),
+    )
 
     def stream() -> Iterator[Any]:
         while True:
@@ -262,8 +304,9 @@ def dataloader_batches(data: str, policy: Policy, batch_size: int
     return stream(), close
 
 
-def timed(make: Callable[[], tuple[Iterator[Any], Callable[[], None]]], warmup: int,
-          batches: int) -> float:
+def timed(
+    make: Callable[[], tuple[Iterator[Any], Callable[[], None]]], warmup: int, batches: int
+) -> float:
     """img/s over ``batches`` batches after ``warmup`` (the start-up is not counted)."""
     stream, close = make()
     try:
@@ -284,31 +327,59 @@ def main() -> None:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--batches", type=int, default=20, help="timed batches per run")
-    ap.add_argument("--alone-batches", type=int, default=4,
-                    help="timed batches per run with worker_threads=None (it is slow)")
+    ap.add_argument(
+        "--alone-batches",
+        type=int,
+        default=4,
+        help="timed batches per run with worker_threads=None (it is slow)",
+    )
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     common.print_facts()
-    print(f"data {args.data}; batch {args.batch_size}; {args.size} px; 2 workers each; "
-          f"{args.rounds} interleaved rounds; trainer torch threads {torch.get_num_threads()}")
+    print(
+        f"data {args.data}; batch {args.batch_size}; {args.size} px; 2 workers each; "
+        f"{args.rounds} interleaved rounds; trainer torch threads {torch.get_num_threads()}"
+    )
     for kind in args.policies.split(","):
         policy = Policy(kind, args.size)
         runs: dict[str, list[float]] = {"stoker": [], "DataLoader": [], "stoker, pools alone": []}
         for r in range(args.rounds):
-            runs["stoker"].append(timed(lambda p=policy: stoker_batches(
-                args.data, p, args.batch_size, 1), args.warmup, args.batches))
-            runs["DataLoader"].append(timed(lambda p=policy: dataloader_batches(
-                args.data, p, args.batch_size), args.warmup, args.batches))
-            runs["stoker, pools alone"].append(timed(lambda p=policy: stoker_batches(
-                args.data, p, args.batch_size, None), args.warmup, args.alone_batches))
-            print(f"  {kind} round {r + 1}: " + ", ".join(
-                f"{name} {v[-1]:,.0f}" for name, v in runs.items()) + " img/s", flush=True)
+            runs["stoker"].append(
+                timed(
+                    lambda p=policy: stoker_batches(args.data, p, args.batch_size, 1),
+                    args.warmup,
+                    args.batches,
+                )
+            )
+            runs["DataLoader"].append(
+                timed(
+                    lambda p=policy: dataloader_batches(args.data, p, args.batch_size),
+                    args.warmup,
+                    args.batches,
+                )
+            )
+            runs["stoker, pools alone"].append(
+                timed(
+                    lambda p=policy: stoker_batches(args.data, p, args.batch_size, None),
+                    args.warmup,
+                    args.alone_batches,
+                )
+            )
+            print(
+                f"  {kind} round {r + 1}: "
+                + ", ".join(f"{name} {v[-1]:,.0f}" for name, v in runs.items())
+                + " img/s",
+                flush=True,
+            )
         med = {name: statistics.median(v) for name, v in runs.items()}
         print(f"{kind}: " + "; ".join(f"{name} {v:,.0f} img/s" for name, v in med.items()))
-        print(f"  stoker / DataLoader: {med['stoker'] / med['DataLoader']:.2f}x (goal >= 1.0x); "
-              f"stoker / stoker with the pools alone: "
-              f"{med['stoker'] / med['stoker, pools alone']:.1f}x", flush=True)
+        print(
+            f"  stoker / DataLoader: {med['stoker'] / med['DataLoader']:.2f}x (goal >= 1.0x); "
+            f"stoker / stoker with the pools alone: "
+            f"{med['stoker'] / med['stoker, pools alone']:.1f}x",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

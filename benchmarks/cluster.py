@@ -59,8 +59,9 @@ def start_cluster() -> Any:
     from ray.cluster_utils import Cluster
 
     pin_threads(os.getpid(), NODE_CORE)  # what the cluster's processes inherit
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
     cluster.add_node(num_cpus=1)
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
     cluster.wait_for_nodes()
@@ -73,8 +74,14 @@ def loader_for(kind: str, data: Path, args: argparse.Namespace) -> stoker.Loader
     if kind == "local":
         return stoker.Loader(data, workers=1, **common)
     transport = "object_store" if kind == "remote_store" else "tcp"
-    return stoker.Loader(data, workers=1 if kind == "local+remote" else 0, cluster="ray",
-                         cluster_listen="127.0.0.1", cluster_transport=transport, **common)
+    return stoker.Loader(
+        data,
+        workers=1 if kind == "local+remote" else 0,
+        cluster="ray",
+        cluster_listen="127.0.0.1",
+        cluster_transport=transport,
+        **common,
+    )
 
 
 def measure(kind: str, data: Path, args: argparse.Namespace, limit: int = 100) -> dict[str, Any]:
@@ -90,9 +97,14 @@ def measure(kind: str, data: Path, args: argparse.Namespace, limit: int = 100) -
                 pin_threads(proc.pid, NODE_CORE)
         if limit < 100:  # each of the node's processes: its actor and its worker
             node = loader.stats().cluster["nodes"][0]
-            throttles = [subprocess.Popen(["cpulimit", "-l", str(limit), "-p", str(pid)],
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                         for pid in (node["pid"], *node["workers"])]
+            throttles = [
+                subprocess.Popen(
+                    ["cpulimit", "-l", str(limit), "-p", str(pid)],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for pid in (node["pid"], *node["workers"])
+            ]
         for _ in range(args.warmup):
             next(stream)
         cpu0, t0, images = sum(me.cpu_times()[:2]), time.perf_counter(), 0
@@ -104,10 +116,14 @@ def measure(kind: str, data: Path, args: argparse.Namespace, limit: int = 100) -
             throttle.send_signal(signal.SIGINT)  # cpulimit lets its process run on as it goes
             throttle.wait(10)
         cluster = loader.stats().cluster
-    return {"kind": kind, "limit": limit, "img_s": images / seconds,
-            "trainer_cpu_ms": 1e3 * cpu / images,
-            "receive_ms": cluster.get("receive_ms_per_image", 0.0),
-            "wire_bytes": cluster.get("wire_bytes_per_image", 0.0)}
+    return {
+        "kind": kind,
+        "limit": limit,
+        "img_s": images / seconds,
+        "trainer_cpu_ms": 1e3 * cpu / images,
+        "receive_ms": cluster.get("receive_ms_per_image", 0.0),
+        "wire_bytes": cluster.get("wire_bytes_per_image", 0.0),
+    }
 
 
 def r_squared(x: list[float], y: list[float]) -> float:
@@ -125,8 +141,11 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=24, help="timed batches per run")
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--data", default=None, help="an ImageFolder (default: made in a temp "
-                        "folder from benchmarks/photos, 300-500 px)")
+    parser.add_argument(
+        "--data",
+        default=None,
+        help="an ImageFolder (default: made in a temp folder from benchmarks/photos, 300-500 px)",
+    )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if len(os.sched_getaffinity(0)) < 2 or shutil.which("cpulimit") is None:
@@ -152,8 +171,9 @@ def main() -> int:
             throttled.append(measure("remote", data, args, limit))
             print(throttled[-1], flush=True)
         report(runs, throttled)
-        write_json(args.json, {"facts": facts, "runs": runs, "throttled": throttled,
-                               "args": vars(args)})
+        write_json(
+            args.json, {"facts": facts, "runs": runs, "throttled": throttled, "args": vars(args)}
+        )
         import ray
 
         ray.shutdown()
@@ -172,20 +192,39 @@ def report(runs: list[dict[str, Any]], throttled: list[dict[str, Any]]) -> None:
         mine = [r for r in runs if r["kind"] == kind]
         rates = [r["img_s"] for r in mine]
         med[kind] = statistics.median(rates)
-        rows.append([kind, f"{med[kind]:,.0f}", f"{min(rates):,.0f}-{max(rates):,.0f}",
-                     f"{statistics.median(r['trainer_cpu_ms'] for r in mine):.3f}",
-                     f"{statistics.median(r['receive_ms'] for r in mine):.3f}",
-                     f"{statistics.median(r['wire_bytes'] for r in mine) / 1e3:,.1f}"])
-    print(table(rows, ["peer", "img/s", "range", "trainer CPU ms/img", "receive ms/img",
-                       "KB/img on the wire"]))
+        rows.append(
+            [
+                kind,
+                f"{med[kind]:,.0f}",
+                f"{min(rates):,.0f}-{max(rates):,.0f}",
+                f"{statistics.median(r['trainer_cpu_ms'] for r in mine):.3f}",
+                f"{statistics.median(r['receive_ms'] for r in mine):.3f}",
+                f"{statistics.median(r['wire_bytes'] for r in mine) / 1e3:,.1f}",
+            ]
+        )
+    print(
+        table(
+            rows,
+            [
+                "peer",
+                "img/s",
+                "range",
+                "trainer CPU ms/img",
+                "receive ms/img",
+                "KB/img on the wire",
+            ],
+        )
+    )
     print(f"remote / local: {med['remote'] / med['local']:.2f} (goal >= 0.9)")
     print(f"local+remote / local: {med['local+remote'] / med['local']:.2f} (goal >= 1.8)")
     print(f"object store / tcp: {med['remote_store'] / med['remote']:.2f}")
     x = [float(t["limit"]) for t in throttled]
     y = [t["img_s"] for t in throttled]
-    print("throttled node: " + ", ".join(f"{int(a)} % {b:,.0f} img/s" for a, b in zip(x, y,
-                                                                                   strict=True))
-          + f"; R^2 {r_squared(x, y):.3f} (goal >= 0.98)")
+    print(
+        "throttled node: "
+        + ", ".join(f"{int(a)} % {b:,.0f} img/s" for a, b in zip(x, y, strict=True))
+        + f"; R^2 {r_squared(x, y):.3f} (goal >= 0.98)"
+    )
 
 
 if __name__ == "__main__":

@@ -69,8 +69,9 @@ def base_set(root: Path) -> Path:
     base = root / "base"
     if not (base / "labels.csv").is_file():
         print(f"generating the ImageNet-like set in {base} ...", flush=True)
-        subprocess.run([sys.executable, MAKE_DATASET, "--out", str(base), "--workers", "2"],
-                       check=True)
+        subprocess.run(
+            [sys.executable, MAKE_DATASET, "--out", str(base), "--workers", "2"], check=True
+        )
     return base
 
 
@@ -99,8 +100,11 @@ def build_big(root: Path, base: Path, size: float, extra: float, name: str = "bi
         print(f"reusing {big}: {copies} copies, {copies * base_size / GB:.1f} GB", flush=True)
         return big
     start_fresh(big, copies * base_size + extra + 2 * GB)  # + the shards and a margin
-    print(f"building {big}: {copies} copies of {len(items)} files = "
-          f"{copies * base_size / GB:.1f} GB ...", flush=True)
+    print(
+        f"building {big}: {copies} copies of {len(items)} files = "
+        f"{copies * base_size / GB:.1f} GB ...",
+        flush=True,
+    )
     t0 = time.perf_counter()
     rows = []
     jobs = []
@@ -172,8 +176,10 @@ def build_shards(shards: Path, big: Path, size: float) -> Path:
     start_fresh(shards, 1.05 * total + GB)
     listing = shards.parent / f"{shards.name}.csv"
     listing.write_text("path,label\n" + "".join(f"{p},{y}\n" for p, y in picked))
-    print(f"converting {len(picked)} files ({total / GB:.1f} GB) to Parquet in {shards} ...",
-          flush=True)
+    print(
+        f"converting {len(picked)} files ({total / GB:.1f} GB) to Parquet in {shards} ...",
+        flush=True,
+    )
     t0 = time.perf_counter()
     from stoker.cli.convert import convert
 
@@ -240,8 +246,9 @@ def drop_cache(folder: Path) -> float:
     return time.perf_counter() - t0
 
 
-def disk_ceiling(folder: Path, seconds: float, threads: int = 32,
-                 direct: bool = False) -> dict[str, float]:
+def disk_ceiling(
+    folder: Path, seconds: float, threads: int = 32, direct: bool = False
+) -> dict[str, float]:
     """Random whole-file reads with ``threads`` in flight for ``seconds`` (``direct``: with
     O_DIRECT, as stoker reads data larger than RAM). Each thread takes the next file as it
     finishes one, so exactly ``threads`` reads are in flight; the rate counts the reads done
@@ -275,8 +282,12 @@ def disk_ceiling(folder: Path, seconds: float, threads: int = 32,
     for thread in pool:
         thread.join()
     dt = time.perf_counter() - t0
-    return {"files_s": done[0] / dt, "mb_s": done[1] / GB * 1000 / dt, "threads": threads,
-            "direct": direct}
+    return {
+        "files_s": done[0] / dt,
+        "mb_s": done[1] / GB * 1000 / dt,
+        "threads": threads,
+        "direct": direct,
+    }
 
 
 def disk_ceilings(folder: Path, seconds: float) -> list[dict[str, float]]:
@@ -287,9 +298,12 @@ def disk_ceilings(folder: Path, seconds: float) -> list[dict[str, float]]:
     for threads in (2, 8, 32):
         for direct in (False, True):
             r = disk_ceiling(folder, seconds, threads, direct)
-            print(f"disk random reads, {threads:2d} in flight, pages dropped"
-                  f"{', O_DIRECT' if direct else ''}: {r['files_s']:,.0f} files/s, "
-                  f"{r['mb_s']:,.0f} MB/s", flush=True)
+            print(
+                f"disk random reads, {threads:2d} in flight, pages dropped"
+                f"{', O_DIRECT' if direct else ''}: {r['files_s']:,.0f} files/s, "
+                f"{r['mb_s']:,.0f} MB/s",
+                flush=True,
+            )
             out.append(r)
     return out
 
@@ -322,8 +336,16 @@ def make_pipeline(name: str, data: str) -> tuple[Any, Any]:
             os.environ["STOKER_NATIVE_READS"] = "0"
         import stoker
 
-        loader = stoker.Loader(data, batch_size=256, image_size=224, augment="train",
-                               workers=2, seed=0, shuffle=True, read_ahead=_read_ahead(name))
+        loader = stoker.Loader(
+            data,
+            batch_size=256,
+            image_size=224,
+            augment="train",
+            workers=2,
+            seed=0,
+            shuffle=True,
+            read_ahead=_read_ahead(name),
+        )
         return loader.stream(), loader
     items = common.list_items(data)
     pipe = peers.make(name, items, batch_size=256, workers=2, autotune=True)
@@ -378,8 +400,12 @@ def run_one(name: str, data: str, seconds: float) -> dict[str, Any]:
     read1, cached1 = tree_read_bytes(), psutil.virtual_memory().cached
     out = {
         "cpu": cpu_shares(cpu0, cpu_ticks()),
-        "name": name, "images": images, "seconds": dt, "img_s": images / dt,
-        "mb_s": (read1 - read0) / GB * 1000 / dt, "cache_growth_gb": (cached1 - cached0) / GB,
+        "name": name,
+        "images": images,
+        "seconds": dt,
+        "img_s": images / dt,
+        "mb_s": (read1 - read0) / GB * 1000 / dt,
+        "cache_growth_gb": (cached1 - cached0) / GB,
         "first_batch_s": first,
     }
     if name.startswith("stoker"):
@@ -393,8 +419,16 @@ def measure(name: str, data: Path, seconds: float, cold: bool) -> dict[str, Any]
     """One run of ``name`` in a fresh process (pages of ``data`` dropped first when ``cold``),
     its process tree's PSS sampled from here."""
     dropped = drop_cache(data) if cold else 0.0
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", name, "--data", str(data),
-           "--seconds", str(seconds)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--one",
+        name,
+        "--data",
+        str(data),
+        "--seconds",
+        str(seconds),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     with common.PeakPss(proc.pid) as pss:
         out_text, _ = proc.communicate(timeout=seconds + 600)
@@ -403,18 +437,22 @@ def measure(name: str, data: Path, seconds: float, cold: bool) -> dict[str, Any]
     result = json.loads(out_text.strip().splitlines()[-1])
     result.update(peak_pss_mib=pss.peak / 2**20, cold=cold, drop_s=dropped)
     tag = "cold" if cold else "warm"
-    print(f"  {tag} {name:24s} {result['img_s']:7,.0f} img/s  {result['mb_s']:6,.0f} MB/s  "
-          f"PSS {result['peak_pss_mib']:5,.0f} MiB  cache {result['cache_growth_gb']:+5.1f} GB  "
-          f"first batch {result['first_batch_s']:.1f} s  CPU {cpu_line(result['cpu'])}",
-          flush=True)
+    print(
+        f"  {tag} {name:24s} {result['img_s']:7,.0f} img/s  {result['mb_s']:6,.0f} MB/s  "
+        f"PSS {result['peak_pss_mib']:5,.0f} MiB  cache {result['cache_growth_gb']:+5.1f} GB  "
+        f"first batch {result['first_batch_s']:.1f} s  CPU {cpu_line(result['cpu'])}",
+        flush=True,
+    )
     return result
 
 
 def cpu_line(cpu: dict[str, float]) -> str:
     """``cpu_shares`` in one line: user, sys, irq (hard + soft), steal, idle (+ iowait)."""
     irq = cpu["irq"] + cpu["softirq"]
-    return (f"user {cpu['user']:.0f}% sys {cpu['system']:.0f}% irq {irq:.0f}% "
-            f"steal {cpu['steal']:.0f}% idle {cpu['idle'] + cpu['iowait']:.0f}%")
+    return (
+        f"user {cpu['user']:.0f}% sys {cpu['system']:.0f}% irq {irq:.0f}% "
+        f"steal {cpu['steal']:.0f}% idle {cpu['idle'] + cpu['iowait']:.0f}%"
+    )
 
 
 # ---------------------------------------------------------------------------- report
@@ -422,47 +460,71 @@ def cpu_line(cpu: dict[str, float]) -> str:
 
 def summarize(results: list[dict[str, Any]]) -> list[list[str]]:
     rows = []
-    keys = sorted({(r["name"], r["cold"]) for r in results if "img_s" in r},
-                  key=lambda k: (not k[1], k[0]))
+    keys = sorted(
+        {(r["name"], r["cold"]) for r in results if "img_s" in r}, key=lambda k: (not k[1], k[0])
+    )
     for name, cold in keys:
         runs = [r for r in results if r["name"] == name and r["cold"] == cold and "img_s" in r]
         rates = [r["img_s"] for r in runs]
-        rows.append([
-            name, "cold" if cold else "warm", f"{common.median(rates):,.0f}",
-            f"{min(rates):,.0f}-{max(rates):,.0f}",
-            f"{common.median([r['mb_s'] for r in runs]):,.0f}",
-            f"{max(r['peak_pss_mib'] for r in runs):,.0f}",
-            f"{common.median([r['cache_growth_gb'] for r in runs]):+.1f}",
-            f"{common.median([r['first_batch_s'] for r in runs]):.1f}",
-        ])
+        rows.append(
+            [
+                name,
+                "cold" if cold else "warm",
+                f"{common.median(rates):,.0f}",
+                f"{min(rates):,.0f}-{max(rates):,.0f}",
+                f"{common.median([r['mb_s'] for r in runs]):,.0f}",
+                f"{max(r['peak_pss_mib'] for r in runs):,.0f}",
+                f"{common.median([r['cache_growth_gb'] for r in runs]):+.1f}",
+                f"{common.median([r['first_batch_s'] for r in runs]):.1f}",
+            ]
+        )
     return rows
 
 
 def rate(results: list[dict[str, Any]], name: str, cold: bool) -> float:
-    return common.median([r["img_s"] for r in results
-                          if r["name"] == name and r["cold"] == cold and "img_s" in r])
+    return common.median(
+        [r["img_s"] for r in results if r["name"] == name and r["cold"] == cold and "img_s" in r]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default="/work/data-cold", help="where the data is built")
-    ap.add_argument("--size", default="", help="GB of the big folder, or 'small' (2 GB); "
-                    "default 1.5 x RAM")
+    ap.add_argument(
+        "--size", default="", help="GB of the big folder, or 'small' (2 GB); default 1.5 x RAM"
+    )
     ap.add_argument("--seconds", type=float, default=45.0, help="timed seconds per run")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--peers", default=",".join(PEERS))
-    ap.add_argument("--parquet-gb", type=float, default=0.0,
-                    help="also measure stoker on Parquet shards of this many GB (0: skip)")
-    ap.add_argument("--tar-gb", type=float, default=0.0,
-                    help="also measure stoker on WebDataset tars of this many GB (0: skip)")
-    ap.add_argument("--warm-copies", type=int, default=6,
-                    help="the warm set: this many copies of the base set (fits in RAM; big "
-                    "enough that no pipeline reaches an epoch's end in a timed run)")
+    ap.add_argument(
+        "--parquet-gb",
+        type=float,
+        default=0.0,
+        help="also measure stoker on Parquet shards of this many GB (0: skip)",
+    )
+    ap.add_argument(
+        "--tar-gb",
+        type=float,
+        default=0.0,
+        help="also measure stoker on WebDataset tars of this many GB (0: skip)",
+    )
+    ap.add_argument(
+        "--warm-copies",
+        type=int,
+        default=6,
+        help="the warm set: this many copies of the base set (fits in RAM; big "
+        "enough that no pipeline reaches an epoch's end in a timed run)",
+    )
     ap.add_argument("--no-warm", action="store_true", help="skip the warm runs")
-    ap.add_argument("--disk-seconds", type=float, default=15.0,
-                    help="seconds of the disk's random-read probe (0: skip)")
-    ap.add_argument("--disk-only", action="store_true",
-                    help="measure the disk's random-read rate and exit")
+    ap.add_argument(
+        "--disk-seconds",
+        type=float,
+        default=15.0,
+        help="seconds of the disk's random-read probe (0: skip)",
+    )
+    ap.add_argument(
+        "--disk-only", action="store_true", help="measure the disk's random-read rate and exit"
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--clean", action="store_true", help="delete --root's data and exit")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -517,20 +579,31 @@ def main(argv: list[str] | None = None) -> int:
             if base_tars is not None:
                 common.warm_page_cache(data_files(base_tars))
                 results.append(measure(TAR_PEERS[0], base_tars, args.seconds, cold=False))
-    header = ["pipeline", "cache", "img/s", "range", "MB/s read", "peak PSS MiB",
-              "cache growth GB", "first batch s"]
+    header = [
+        "pipeline",
+        "cache",
+        "img/s",
+        "range",
+        "MB/s read",
+        "peak PSS MiB",
+        "cache growth GB",
+        "first batch s",
+    ]
     print(common.table(summarize(results), header))
     if "stoker" in names and not args.no_warm:
         cold_rate, warm_rate = rate(results, "stoker", True), rate(results, "stoker", False)
         print(f"stoker cold / warm: {cold_rate / warm_rate:.2f} (goal >= 0.9)")
         for peer in (n for n in names if not n.startswith("stoker")):
-            print(f"stoker / {peer}: cold {cold_rate / rate(results, peer, True):.2f}, "
-                  f"warm {warm_rate / rate(results, peer, False):.2f}")
+            print(
+                f"stoker / {peer}: cold {cold_rate / rate(results, peer, True):.2f}, "
+                f"warm {warm_rate / rate(results, peer, False):.2f}"
+            )
     for r in results:
         if r.get("stats") and r["name"] == "stoker" and r["cold"]:
             print("stoker stats() of its last cold run:\n" + r["stats"])
-    common.write_json(args.json, {"facts": facts, "size_gb": size / GB, "disk": disk,
-                                  "results": results})
+    common.write_json(
+        args.json, {"facts": facts, "size_gb": size / GB, "disk": disk, "results": results}
+    )
     return 0
 
 

@@ -61,8 +61,9 @@ def list_items(data: str | os.PathLike[str]) -> list[tuple[str, int]]:
     return sorted(items)
 
 
-def subset(items: list[tuple[str, int]], max_images: int | None,
-           seed: int = 0) -> list[tuple[str, int]]:
+def subset(
+    items: list[tuple[str, int]], max_images: int | None, seed: int = 0
+) -> list[tuple[str, int]]:
     """A deterministic random subset of ``max_images`` items (all of them when None/0)."""
     if not max_images or max_images >= len(items):
         return items
@@ -185,8 +186,7 @@ def time_epoch(batches: Iterable[Any], step: Any = None) -> Epoch:
     return Epoch(images, time.perf_counter() - t0, tree_cpu() - cpu0, n)
 
 
-def time_stream(stream: Iterator[Any], batches: int,
-                ready_s: float = 0.025) -> tuple[Epoch, Epoch]:
+def time_stream(stream: Iterator[Any], batches: int, ready_s: float = 0.025) -> tuple[Epoch, Epoch]:
     """Time an endless, prefetching batch stream (stoker's); returns ``(steady, cold)``.
 
     stoker's workers keep filling the prefetch ring across epochs, also while the consumer is
@@ -327,8 +327,20 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-_DISTS = ("stoker", "numpy", "simplejpeg", "opencv-python-headless", "opencv-python", "pillow",
-          "pillow-simd", "tensorflow-cpu", "tensorflow", "keras", "torch", "psutil")
+_DISTS = (
+    "stoker",
+    "numpy",
+    "simplejpeg",
+    "opencv-python-headless",
+    "opencv-python",
+    "pillow",
+    "pillow-simd",
+    "tensorflow-cpu",
+    "tensorflow",
+    "keras",
+    "torch",
+    "psutil",
+)
 
 
 def versions() -> dict[str, str]:
@@ -367,12 +379,16 @@ def machine_facts() -> dict[str, Any]:
 def print_facts(facts: dict[str, Any] | None = None) -> dict[str, Any]:
     facts = facts or machine_facts()
     v = facts["versions"]
-    print(f"machine: {facts['cpu']}; {facts['usable_cores']} usable cores "
-          f"({facts['logical_cores']} logical, {facts['physical_cores']} physical); "
-          f"RAM {facts['ram_gib']} GiB ({facts['available_gib']} available); "
-          f"load avg {facts['load_avg_1_5_15']}; kernel {facts['kernel']}")
+    print(
+        f"machine: {facts['cpu']}; {facts['usable_cores']} usable cores "
+        f"({facts['logical_cores']} logical, {facts['physical_cores']} physical); "
+        f"RAM {facts['ram_gib']} GiB ({facts['available_gib']} available); "
+        f"load avg {facts['load_avg_1_5_15']}; kernel {facts['kernel']}"
+    )
     print("versions: " + ", ".join(f"{k} {x}" for k, x in v.items()))
     if facts["load_avg_1_5_15"][0] > 0.5 * facts["usable_cores"]:
-        print("WARNING: the machine is busy (1-min load average above half the cores); "
-              "numbers will be noisy. Run on a quiet machine for the record.")
+        print(
+            "WARNING: the machine is busy (1-min load average above half the cores); "
+            "numbers will be noisy. Run on a quiet machine for the record."
+        )
     return facts

@@ -101,7 +101,7 @@ def _full_decoder(size: int) -> Any:
 
     def decode(data: bytes, h: int, w: int, box: tuple[int, int, int, int]) -> Any:
         image = simplejpeg.decode_jpeg(data)
-        return image[box[0]:box[0] + box[2], box[1]:box[1] + box[3]]
+        return image[box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
 
     return decode
 
@@ -147,9 +147,15 @@ def runner(conn: Any, name: str, cfg: dict[str, Any]) -> None:
 
             note = _pin_one_core()
             items = cfg["items"]
-            probe = stoker.Loader(paths=[p for p, _ in items], labels=[y for _, y in items],
-                                  batch_size=cfg["batch_size"], image_size=cfg["size"],
-                                  augment="train", workers=0, seed=cfg["seed"])
+            probe = stoker.Loader(
+                paths=[p for p, _ in items],
+                labels=[y for _, y in items],
+                batch_size=cfg["batch_size"],
+                image_size=cfg["size"],
+                augment="train",
+                workers=0,
+                seed=cfg["seed"],
+            )
         elif name in (RAW, FULL):
             from stoker.decode import jpegcrop
 
@@ -158,8 +164,15 @@ def runner(conn: Any, name: str, cfg: dict[str, Any]) -> None:
             note = _pin_one_core()
             decoder = (_window_decoder if name == RAW else _full_decoder)(cfg["size"])
         else:
-            pipe = peers.make(name, cfg["items"], data=cfg["data"], batch_size=cfg["batch_size"],
-                              size=cfg["size"], workers=cfg["workers"], seed=cfg["seed"])
+            pipe = peers.make(
+                name,
+                cfg["items"],
+                data=cfg["data"],
+                batch_size=cfg["batch_size"],
+                size=cfg["size"],
+                workers=cfg["workers"],
+                seed=cfg["seed"],
+            )
         conn.send(("ready", note))
         while True:
             cmd = conn.recv()
@@ -189,8 +202,7 @@ def runner(conn: Any, name: str, cfg: dict[str, Any]) -> None:
                 else:
                     ep = common.time_epoch(pipe.epoch())
                 common.wait_idle()  # background work must not overlap the next peer's epoch
-                conn.send(("epoch", {"main": asdict(ep),
-                                     "cold": asdict(cold) if cold else None}))
+                conn.send(("epoch", {"main": asdict(ep), "cold": asdict(cold) if cold else None}))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
 
@@ -207,8 +219,11 @@ class Runner:
         self.proc.start()
         child.close()
         self.summary = common.Summary(name)
-        self.cold = common.Summary(f"{name} [cold epoch]", note="timed like the per-epoch peers"
-                                   " (first-batch wait included, no cross-epoch prefetch)")
+        self.cold = common.Summary(
+            f"{name} [cold epoch]",
+            note="timed like the per-epoch peers"
+            " (first-batch wait included, no cross-epoch prefetch)",
+        )
         self.epochs: list[dict[str, Any]] = []
         self.warmup: Any = None
         self.failed = ""
@@ -256,9 +271,11 @@ def measure(r: Runner, pss_interval: float, warmup: bool) -> None:
     else:
         ep = common.Epoch(**value["main"])
         cold = common.Epoch(**value["cold"]) if value["cold"] else None
-        text = (f"{ep.rate:,.0f} img/s, {ep.images} images in {ep.seconds:.2f} s, "
-                f"CPU {ep.cpu_ms_per_image:.2f} ms/img, PSS {pss.peak / 2**20:,.0f} MiB"
-                + (f" (steady stream; cold epoch {cold.rate:,.0f} img/s)" if cold else ""))
+        text = (
+            f"{ep.rate:,.0f} img/s, {ep.images} images in {ep.seconds:.2f} s, "
+            f"CPU {ep.cpu_ms_per_image:.2f} ms/img, PSS {pss.peak / 2**20:,.0f} MiB"
+            + (f" (steady stream; cold epoch {cold.rate:,.0f} img/s)" if cold else "")
+        )
         if warmup:
             r.warmup = value
         else:
@@ -272,22 +289,32 @@ def measure(r: Runner, pss_interval: float, warmup: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--data", default=common.DEFAULT_DATA, help="ImageFolder dataset")
     ap.add_argument("--epochs", type=int, default=3, help="measured rounds after the warm-up")
-    ap.add_argument("--max-images", type=int, default=0,
-                    help="use a fixed random subset of this many images (smoke runs)")
+    ap.add_argument(
+        "--max-images",
+        type=int,
+        default=0,
+        help="use a fixed random subset of this many images (smoke runs)",
+    )
     ap.add_argument("--only", default="", help=f"comma-separated peers ({','.join(peers.PEERS)})")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ceiling-seconds", type=float, default=0,
-                    help="seconds per ceiling sample (default: about one stoker epoch)")
+    ap.add_argument(
+        "--ceiling-seconds",
+        type=float,
+        default=0,
+        help="seconds per ceiling sample (default: about one stoker epoch)",
+    )
     ap.add_argument("--no-ceiling", action="store_true", help="skip the 2-core ceiling")
-    ap.add_argument("--no-raw-ceiling", action="store_true",
-                    help="skip the crop-window decoder ceiling")
+    ap.add_argument(
+        "--no-raw-ceiling", action="store_true", help="skip the crop-window decoder ceiling"
+    )
     ap.add_argument("--pss-interval", type=float, default=1.0)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per runner request")
     ap.add_argument("--json", default="", help="write all numbers here")
@@ -301,14 +328,21 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"unknown peer(s) {bad}; choose from {', '.join(peers.PEERS)}")
     nbytes, secs = common.warm_page_cache(p for p, _ in items)
-    print(f"data: {args.data}: {len(items)} of {len(all_items)} images, "
-          f"{nbytes / 2**20:,.0f} MiB (page cache warmed in {secs:.1f} s); batch "
-          f"{args.batch_size}, image {args.image_size}, workers {args.workers}, "
-          f"{args.epochs} measured rounds after 1 warm-up")
-    cfg = {"items": items, "data": args.data if len(items) == len(all_items) else None,
-           "batch_size": args.batch_size, "size": args.image_size, "workers": args.workers,
-           "seed": args.seed,
-           "ceiling_seconds": args.ceiling_seconds or max(1.0, len(items) / 2500)}
+    print(
+        f"data: {args.data}: {len(items)} of {len(all_items)} images, "
+        f"{nbytes / 2**20:,.0f} MiB (page cache warmed in {secs:.1f} s); batch "
+        f"{args.batch_size}, image {args.image_size}, workers {args.workers}, "
+        f"{args.epochs} measured rounds after 1 warm-up"
+    )
+    cfg = {
+        "items": items,
+        "data": args.data if len(items) == len(all_items) else None,
+        "batch_size": args.batch_size,
+        "size": args.image_size,
+        "workers": args.workers,
+        "seed": args.seed,
+        "ceiling_seconds": args.ceiling_seconds or max(1.0, len(items) / 2500),
+    }
     order = list(names)
     if not args.no_ceiling:
         order.append(CEILING)
@@ -323,8 +357,11 @@ def main(argv: list[str] | None = None) -> int:
             runners.append(r)
             try:
                 _, note = r.wait()
-                print(f"started {name} in {time.perf_counter() - t0:.1f} s"
-                      + (f" ({note})" if note else ""), flush=True)
+                print(
+                    f"started {name} in {time.perf_counter() - t0:.1f} s"
+                    + (f" ({note})" if note else ""),
+                    flush=True,
+                )
             except (RuntimeError, TimeoutError, OSError) as exc:
                 r.failed = str(exc)
                 print(f"could not start {name}:\n{exc}", flush=True)
@@ -358,10 +395,15 @@ def main(argv: list[str] | None = None) -> int:
         if r.cold.rates and not r.failed:
             rows.append(r.cold.row())
     print()
-    print(f"input pipelines, {len(items)} images/epoch, batch {args.batch_size}, "
-          f"{args.workers} workers, median of {args.epochs} interleaved epochs after a warm-up")
-    print(common.table(rows, ["pipeline", "img/s", "min", "max", "CPU ms/img", "peak PSS MiB",
-                              "note"]))
+    print(
+        f"input pipelines, {len(items)} images/epoch, batch {args.batch_size}, "
+        f"{args.workers} workers, median of {args.epochs} interleaved epochs after a warm-up"
+    )
+    print(
+        common.table(
+            rows, ["pipeline", "img/s", "min", "max", "CPU ms/img", "peak PSS MiB", "note"]
+        )
+    )
 
     def med(name: str) -> float:
         if name == BEST:
@@ -372,27 +414,44 @@ def main(argv: list[str] | None = None) -> int:
 
     ratio_rows = [common.ratio_line(label, med(a), med(b), goal) for label, a, b, goal in GOALS]
     if "stoker-exact" in by_name:
-        ratio_rows += [common.ratio_line(label.replace("stoker", "stoker-exact", 1),
-                                         med("stoker-exact"), med(b), goal)
-                       for label, _, b, goal in GOALS]
-    ratio_rows += [common.ratio_line(f"stoker / {n} (info)", med("stoker"), med(n), ">= 0.95")
-                   for n in (CEILING, RAW, FULL) if n in by_name]
+        ratio_rows += [
+            common.ratio_line(
+                label.replace("stoker", "stoker-exact", 1), med("stoker-exact"), med(b), goal
+            )
+            for label, _, b, goal in GOALS
+        ]
+    ratio_rows += [
+        common.ratio_line(f"stoker / {n} (info)", med("stoker"), med(n), ">= 0.95")
+        for n in (CEILING, RAW, FULL)
+        if n in by_name
+    ]
     print()
     print(common.table(ratio_rows, ["ratio (medians)", "value", "goal", "verdict"]))
     for r in runners:
         if r.stats:
             print(f"\n{r.name} stats() after the run:\n{r.stats}")
     print(f"\nload average at the end: {[round(x, 2) for x in os.getloadavg()]}")
-    common.write_json(args.json, {
-        "facts": facts,
-        "config": {k: v for k, v in cfg.items() if k != "items"} | {
-            "images": len(items), "epochs": args.epochs, "peers": names},
-        "results": {r.name: {"summary": asdict(r.summary), "median": r.summary.median,
-                             "cold": asdict(r.cold) if r.cold.rates else None,
-                             "warmup": r.warmup, "epochs": r.epochs, "failed": r.failed,
-                             "stats": r.stats} for r in runners},
-        "ratios": ratio_rows,
-    })
+    common.write_json(
+        args.json,
+        {
+            "facts": facts,
+            "config": {k: v for k, v in cfg.items() if k != "items"}
+            | {"images": len(items), "epochs": args.epochs, "peers": names},
+            "results": {
+                r.name: {
+                    "summary": asdict(r.summary),
+                    "median": r.summary.median,
+                    "cold": asdict(r.cold) if r.cold.rates else None,
+                    "warmup": r.warmup,
+                    "epochs": r.epochs,
+                    "failed": r.failed,
+                    "stats": r.stats,
+                }
+                for r in runners
+            },
+            "ratios": ratio_rows,
+        },
+    )
     return 1 if any(r.failed for r in runners) else 0
 
 

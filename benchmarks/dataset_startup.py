@@ -71,7 +71,7 @@ def make(root, limit):
     return ImageFolderLike(root, limit=limit)
 '''
 
-HF_MODULE = '''
+HF_MODULE = """
 import os
 
 import datasets
@@ -89,9 +89,9 @@ def make(root, limit):
             for f in sorted(os.listdir(os.path.join(root, c)))][:limit]
     ds = datasets.Dataset.from_dict({"image": [p for p, _ in rows], "label": [k for _, k in rows]})
     return ds.cast_column("image", datasets.Image()).with_transform(_resize)
-'''
+"""
 
-CHILD = r'''
+CHILD = r"""
 import json, sys, time
 kind, loader_kind, root, setup_s, limit = sys.argv[1:6]
 setup_s, limit = float(setup_s), int(limit)
@@ -123,16 +123,22 @@ if loader_kind == "stoker":
     loader.close()
 print(json.dumps({"import_s": t1 - t0, "dataset_s": t2 - t1, "construct_s": t3 - t2,
                   "first_s": t5 - t4, "total_s": (t3 - t2) + (t5 - t4), "startup": startup}))
-'''
+"""
 
 
-def run_child(folder: str, kind: str, loader: str, data: str, setup_s: float, limit: int
-              ) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (folder, os.environ.get("PYTHONPATH", "")) if p))
-    out = subprocess.run([sys.executable, "-c", CHILD, kind, loader, data, str(setup_s),
-                          str(limit)], capture_output=True, text=True, env=env, check=False,
-                         timeout=600)
+def run_child(folder: str, kind: str, loader: str, data: str, setup_s: float, limit: int) -> dict:
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH", "")) if p),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, kind, loader, data, str(setup_s), str(limit)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=600,
+    )
     if out.returncode != 0:
         raise SystemExit(f"{kind}/{loader} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -159,20 +165,47 @@ def main() -> None:
                     for loader in runs:
                         r = run_child(folder, kind, loader, args.data, setup, args.limit)
                         runs[loader].append(r)
-                        print(f"  {kind} set-up {setup:.0f} s {loader}: import "
-                              f"{r['import_s']:.2f} s, constructor {r['construct_s']:.2f} s, "
-                              f"first batch {r['first_s']:.2f} s", flush=True)
+                        print(
+                            f"  {kind} set-up {setup:.0f} s {loader}: import "
+                            f"{r['import_s']:.2f} s, constructor {r['construct_s']:.2f} s, "
+                            f"first batch {r['first_s']:.2f} s",
+                            flush=True,
+                        )
                 for loader, rs in runs.items():
-                    med = {k: common.median([r[k] for r in rs])
-                           for k in ("import_s", "construct_s", "first_s", "total_s")}
-                    rows.append([kind, f"{setup:.0f}", loader, f"{med['import_s']:.2f}",
-                                 f"{med['construct_s']:.2f}", f"{med['first_s']:.2f}",
-                                 f"{med['total_s']:.2f}"])
+                    med = {
+                        k: common.median([r[k] for r in rs])
+                        for k in ("import_s", "construct_s", "first_s", "total_s")
+                    }
+                    rows.append(
+                        [
+                            kind,
+                            f"{setup:.0f}",
+                            loader,
+                            f"{med['import_s']:.2f}",
+                            f"{med['construct_s']:.2f}",
+                            f"{med['first_s']:.2f}",
+                            f"{med['total_s']:.2f}",
+                        ]
+                    )
                 notes.append(f"{kind}, set-up {setup:.0f} s: {runs['stoker'][-1]['startup']}")
-    print(f"\nLoader(dataset) start-up, 2 workers, batch 32, {args.limit} samples, median of "
-          f"{args.repeats} fresh processes (seconds)")
-    print(common.table(rows, ["dataset", "set-up", "loader", "import", "constructor",
-                              "first batch", "constructor + first"]))
+    print(
+        f"\nLoader(dataset) start-up, 2 workers, batch 32, {args.limit} samples, median of "
+        f"{args.repeats} fresh processes (seconds)"
+    )
+    print(
+        common.table(
+            rows,
+            [
+                "dataset",
+                "set-up",
+                "loader",
+                "import",
+                "constructor",
+                "first batch",
+                "constructor + first",
+            ],
+        )
+    )
     print("\nstoker's stats() on start-up (last run of each):")
     for note in notes:
         print(f"  {note}")

@@ -64,11 +64,12 @@ def full_decode(linear: bool) -> Callable[[str, np.ndarray], None]:
         with open(path, "rb") as f:
             img = simplejpeg.decode_jpeg(f.read(), colorspace="RGB")
         t, left, h, w = center_box(img.shape[0], img.shape[1], SIZE, SIZE, FRACTION)
-        region = img[t:t + h, left:left + w]
+        region = img[t : t + h, left : left + w]
         if linear:
             cv2.resize(region, (SIZE, SIZE), dst=out, interpolation=cv2.INTER_LINEAR)
         else:
             resize_into(region, out)
+
     return fn
 
 
@@ -122,10 +123,12 @@ def main(argv: list[str] | None = None) -> int:
             _, _, bh, bw = center_box(h, w, SIZE, SIZE, FRACTION)
             scales[jpegcrop.pick_denom(bh, bw, SIZE, SIZE)] += 1
     if mp:
-        print(f"{len(paths)} JPEGs, {nbytes / len(paths) / 2**20:.1f} MiB each on average, "
-              f"{min(mp):.1f}-{max(mp):.1f} MP (median {np.median(mp):.1f}); DCT scale stoker "
-              "can use for the centre box: "
-              + ", ".join(f"1/{d}: {n}" for d, n in sorted(scales.items(), reverse=True)))
+        print(
+            f"{len(paths)} JPEGs, {nbytes / len(paths) / 2**20:.1f} MiB each on average, "
+            f"{min(mp):.1f}-{max(mp):.1f} MP (median {np.median(mp):.1f}); DCT scale stoker "
+            "can use for the centre box: "
+            + ", ".join(f"1/{d}: {n}" for d, n in sorted(scales.items(), reverse=True))
+        )
 
     cv2.setNumThreads(1)
     cpu = min(os.sched_getaffinity(0))
@@ -135,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     bs = min(args.batch_size, len(paths))
     loaders = {
         "stoker": stoker.Loader(root, batch_size=bs, augment="eval", shuffle=False, workers=0),
-        "stoker fast_decode": stoker.Loader(root, batch_size=bs, augment="eval", shuffle=False,
-                                            workers=0, fast_decode=True),
+        "stoker fast_decode": stoker.Loader(
+            root, batch_size=bs, augment="eval", shuffle=False, workers=0, fast_decode=True
+        ),
     }
     methods: dict[str, Callable[[], float]] = {
         name: (lambda ld=ld: bench.single_core_rate(ld, args.seconds))
@@ -150,29 +154,51 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for name, fn in methods.items():
                 rates[name].append(fn())
-            print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.1f}" for k, v in rates.items()),
-                  flush=True)
+            print(
+                f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.1f}" for k, v in rates.items()),
+                flush=True,
+            )
     finally:
         for ld in loaders.values():
             ld.close()
 
-    rows = [[k, f"{common.median(v):,.1f}", f"{min(v):,.1f}", f"{max(v):,.1f}"]
-            for k, v in rates.items()]
+    rows = [
+        [k, f"{common.median(v):,.1f}", f"{min(v):,.1f}", f"{max(v):,.1f}"]
+        for k, v in rates.items()
+    ]
     print(f"\naugment='eval' to {SIZE}x{SIZE}, one core, median of {args.rounds} rounds")
     print(common.table(rows, ["method", "img/s", "min", "max"]))
     med = {k: common.median(v) for k, v in rates.items()}
     ratios = [
-        common.ratio_line("stoker / full decode (same resize)", med["stoker"],
-                          med["full decode (same resize)"], ">= 2"),
-        common.ratio_line("stoker / full decode (linear) (info)", med["stoker"],
-                          med["full decode (linear)"], ">= 2"),
-        common.ratio_line("stoker / pillow draft (info)", med["stoker"], med["pillow draft"],
-                          ">= 1"),
+        common.ratio_line(
+            "stoker / full decode (same resize)",
+            med["stoker"],
+            med["full decode (same resize)"],
+            ">= 2",
+        ),
+        common.ratio_line(
+            "stoker / full decode (linear) (info)",
+            med["stoker"],
+            med["full decode (linear)"],
+            ">= 2",
+        ),
+        common.ratio_line(
+            "stoker / pillow draft (info)", med["stoker"], med["pillow draft"], ">= 1"
+        ),
     ]
     print()
     print(common.table(ratios, ["ratio (medians)", "value", "goal", "verdict"]))
-    common.write_json(args.json, {"facts": facts, "photos": len(paths), "megapixels": mp,
-                                  "dct_scales": dict(scales), "rates": rates, "ratios": ratios})
+    common.write_json(
+        args.json,
+        {
+            "facts": facts,
+            "photos": len(paths),
+            "megapixels": mp,
+            "dct_scales": dict(scales),
+            "rates": rates,
+            "ratios": ratios,
+        },
+    )
     return 0
 
 

@@ -54,8 +54,7 @@ def script(folder: str, keras: bool, guard: bool) -> str:
     head = HEAD.format(keras="import keras\n" if keras else "")
     body = BODY.format(folder=folder)
     if guard:
-        body = "if __name__ == '__main__':\n" + "".join(f"    {ln}\n" for ln in
-                                                         body.splitlines())
+        body = "if __name__ == '__main__':\n" + "".join(f"    {ln}\n" for ln in body.splitlines())
     return head + body
 
 
@@ -67,12 +66,18 @@ def run_once(src: str | None, text: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="stoker-train-") as tmp:
         path = Path(tmp) / "train.py"
         path.write_text(text)
-        out = subprocess.run([sys.executable, str(path)], capture_output=True, text=True,
-                             timeout=600, cwd=tmp, env=env)
+        out = subprocess.run(
+            [sys.executable, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp,
+            env=env,
+        )
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     if out.returncode != 0 or not lines:
         return {"error": (out.stdout + out.stderr)[-600:]}
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,21 +91,27 @@ def main(argv: list[str] | None = None) -> int:
     from stoker.datasets import make_image_folder
 
     folder = str(make_image_folder(args.root, classes=4, per_class=64, seed=0))
-    print(f"stoker from {args.src or 'this environment'}; {folder}; 2 workers, batch 64 at "
-          f"224 px; {'guarded' if args.guard else 'no guard'}; load average "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"stoker from {args.src or 'this environment'}; {folder}; 2 workers, batch 64 at "
+        f"224 px; {'guarded' if args.guard else 'no guard'}; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     for keras in (False, True):
-        runs = [run_once(args.src, script(folder, keras, args.guard))
-                for _ in range(args.repeats)]
+        runs = [run_once(args.src, script(folder, keras, args.guard)) for _ in range(args.repeats)]
         good = [r["first_batch_s"] for r in runs if "error" not in r]
         label = "import keras at the top" if keras else "no keras import       "
         if len(good) < len(runs):
-            print(f"  {label}: {len(runs) - len(good)} of {len(runs)} runs failed; last error:\n"
-                  + next(r["error"] for r in runs if "error" in r))
+            print(
+                f"  {label}: {len(runs) - len(good)} of {len(runs)} runs failed; last error:\n"
+                + next(r["error"] for r in runs if "error" in r)
+            )
         if good:
-            print(f"  {label}: first batch after Loader() median {statistics.median(good):.2f} s"
-                  f" (min {min(good):.2f}, max {max(good):.2f}; "
-                  + ", ".join(f"{g:.2f}" for g in good) + ")")
+            print(
+                f"  {label}: first batch after Loader() median {statistics.median(good):.2f} s"
+                f" (min {min(good):.2f}, max {max(good):.2f}; "
+                + ", ".join(f"{g:.2f}" for g in good)
+                + ")"
+            )
             last = [r for r in runs if "error" not in r][-1]
             if last.get("startup"):
                 print(f"    {last['startup']}")

@@ -46,12 +46,32 @@ ROOT = HERE.parent
 WHEELS = HERE / "wheels"
 NEEDED = ("simplejpeg", "cloudpickle", "pytest", "pytest_timeout", "pygments")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-FULL = {"classes": 100, "per_class": 100, "batch": 256, "warmup": 35, "steps": 60,
-        "workers": 15, "scale": [1, 2, 4, 8, 15], "scale_batches": 12, "child_s": 240,
-        "cluster_scale": [1, 2, 4, 8, 15]}
-DRY = {"classes": 3, "per_class": 12, "batch": 8, "warmup": 2, "steps": 3, "workers": 1,
-       "scale": [1, 2], "scale_batches": 3, "child_s": 240, "min_side": 64, "max_side": 120,
-       "cluster_scale": [1]}
+FULL = {
+    "classes": 100,
+    "per_class": 100,
+    "batch": 256,
+    "warmup": 35,
+    "steps": 60,
+    "workers": 15,
+    "scale": [1, 2, 4, 8, 15],
+    "scale_batches": 12,
+    "child_s": 240,
+    "cluster_scale": [1, 2, 4, 8, 15],
+}
+DRY = {
+    "classes": 3,
+    "per_class": 12,
+    "batch": 8,
+    "warmup": 2,
+    "steps": 3,
+    "workers": 1,
+    "scale": [1, 2],
+    "scale_batches": 3,
+    "child_s": 240,
+    "min_side": 64,
+    "max_side": 120,
+    "cluster_scale": [1],
+}
 
 
 # ---------------------------------------------------------------------------- setup
@@ -71,8 +91,12 @@ def setup(site: Path, build: bool) -> dict[str, Any]:
     if not build:
         done["c_extension_build"] = "skipped (dry run: the tree is left as it is)"
         return done
-    made = subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace", "-q"],
-                          cwd=ROOT, capture_output=True, text=True)
+    made = subprocess.run(
+        [sys.executable, "setup.py", "build_ext", "--inplace", "-q"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     done["c_extension_build"] = "ok" if made.returncode == 0 else made.stderr[-300:]
     return done
 
@@ -87,8 +111,13 @@ def child(args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any
     """Run ``gpu_check.py --child ...`` with its process tree's peak PSS sampled from here."""
     from common import PeakPss
 
-    proc = subprocess.Popen([sys.executable, __file__, "--child", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     with PeakPss(proc.pid) as pss:
         try:
             out, err = proc.communicate(timeout=timeout)
@@ -99,7 +128,7 @@ def child(args: list[str], env: dict[str, str], timeout: float) -> dict[str, Any
     lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         return {"error": f"exit {proc.returncode}", "stderr": err[-1500:]}
-    result = json.loads(lines[-1][len("RESULT "):])
+    result = json.loads(lines[-1][len("RESULT ") :])
     result["peak_pss_mib"] = round(pss.peak / 2**20, 1)
     return result
 
@@ -126,8 +155,9 @@ class PilFolder:
     """ImageFolder with Pillow: RandomResizedCrop(224) + flip, uint8 HWC (peer (b))."""
 
     def __init__(self, root: str, size: int, raw: bool = False) -> None:
-        self.items = sorted((str(p), int(p.parent.name.split("_")[1]))
-                            for p in Path(root).glob("class_*/*.jpg"))
+        self.items = sorted(
+            (str(p), int(p.parent.name.split("_")[1])) for p in Path(root).glob("class_*/*.jpg")
+        )
         self.size, self.raw = size, raw
 
     def __len__(self) -> int:
@@ -147,8 +177,11 @@ class PilFolder:
         with Image.open(path) as im:
             im = im.convert("RGB")
             left, top, w, h = _rrc_box(rng, *im.size)
-            im = im.resize((self.size, self.size), Image.Resampling.BILINEAR,
-                           box=(left, top, left + w, top + h))
+            im = im.resize(
+                (self.size, self.size),
+                Image.Resampling.BILINEAR,
+                box=(left, top, left + w, top + h),
+            )
             if rng.random() < 0.5:
                 im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
             return torch.from_numpy(np.asarray(im).copy()), label
@@ -171,15 +204,21 @@ def feed(kind: str, data: str, cfg: dict[str, Any], device: Any) -> Any:
         import stoker
 
         loader = stoker.Loader(data, batch_size=batch, image_size=size, workers=workers, seed=0)
-        view = loader.torch(device=device, dtype=torch.float32,
-                            mean=MEAN, std=STD)
+        view = loader.torch(device=device, dtype=torch.float32, mean=MEAN, std=STD)
         while True:
             yield from view
-    loader_kw = {"batch_size": batch, "shuffle": True, "num_workers": workers, "drop_last": True,
-                 "persistent_workers": True, "prefetch_factor": 2}
+    loader_kw = {
+        "batch_size": batch,
+        "shuffle": True,
+        "num_workers": workers,
+        "drop_last": True,
+        "persistent_workers": True,
+        "prefetch_factor": 2,
+    }
     if kind == "dataloader_pil":
-        dl = torch.utils.data.DataLoader(PilFolder(data, size), pin_memory=device.type == "cuda",
-                                         **loader_kw)
+        dl = torch.utils.data.DataLoader(
+            PilFolder(data, size), pin_memory=device.type == "cuda", **loader_kw
+        )
         while True:
             for x, y in dl:
                 x = x.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
@@ -188,8 +227,9 @@ def feed(kind: str, data: str, cfg: dict[str, Any], device: Any) -> Any:
         from torchvision.io import decode_jpeg
         from torchvision.transforms.v2 import functional as F
 
-        dl = torch.utils.data.DataLoader(PilFolder(data, size, raw=True), collate_fn=_listed,
-                                         **loader_kw)
+        dl = torch.utils.data.DataLoader(
+            PilFolder(data, size, raw=True), collate_fn=_listed, **loader_kw
+        )
         import numpy as np
 
         rng = np.random.default_rng(0)
@@ -218,9 +258,13 @@ def train(kind: str, data: str, cfg: dict[str, Any]) -> dict[str, Any]:
 
         model = torchvision.models.resnet50(num_classes=1000)
     except ImportError:  # a CPU dry run without torchvision: a small stand-in
-        model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(),
-                                    torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
-                                    torch.nn.Linear(8, 1000))
+        model = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3),
+            torch.nn.ReLU(),
+            torch.nn.AdaptiveAvgPool2d(1),
+            torch.nn.Flatten(),
+            torch.nn.Linear(8, 1000),
+        )
     model = model.to(device, memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -259,9 +303,14 @@ def train(kind: str, data: str, cfg: dict[str, Any]) -> dict[str, Any]:
         end.record()
         torch.cuda.synchronize()
     seconds, cpu = time.perf_counter() - t0, tree_cpu() - cpu0
-    out = {"feeder": kind, "images": images, "img_s": round(images / seconds, 1),
-           "host_wait_share": round(host_wait / seconds, 4),
-           "cpu_ms_per_img": round(1000 * cpu / images, 3), "loss": float(loss)}
+    out = {
+        "feeder": kind,
+        "images": images,
+        "img_s": round(images / seconds, 1),
+        "host_wait_share": round(host_wait / seconds, 4),
+        "cpu_ms_per_img": round(1000 * cpu / images, 3),
+        "loss": float(loss),
+    }
     if cuda and start is not None and end is not None:
         gpu_wait = sum(a.elapsed_time(b) for a, b in pairs)
         out["gpu_wait_share"] = round(gpu_wait / start.elapsed_time(end), 4)
@@ -275,8 +324,9 @@ def scale(data: str, cfg: dict[str, Any], workers: int) -> dict[str, Any]:
     import stoker
 
     size = 224 if not cfg.get("min_side") else 32
-    with stoker.Loader(data, batch_size=cfg["batch"], image_size=size, workers=workers,
-                       seed=0) as loader:
+    with stoker.Loader(
+        data, batch_size=cfg["batch"], image_size=size, workers=workers, seed=0
+    ) as loader:
         stream = loader.stream()
         for _ in range(1 + 2 * workers):  # start-up, then the batches prefetched meanwhile
             next(stream)
@@ -285,8 +335,12 @@ def scale(data: str, cfg: dict[str, Any], workers: int) -> dict[str, Any]:
             images += len(next(stream)[1])
         seconds, cpu = time.perf_counter() - t0, tree_cpu() - cpu0
         decoder = loader.stats().decoder
-    return {"workers": workers, "img_s": round(images / seconds, 1),
-            "cpu_ms_per_img": round(1000 * cpu / images, 3), "decoder": decoder}
+    return {
+        "workers": workers,
+        "img_s": round(images / seconds, 1),
+        "cpu_ms_per_img": round(1000 * cpu / images, 3),
+        "decoder": decoder,
+    }
 
 
 def _pin_threads(cores: set[int]) -> None:
@@ -309,17 +363,25 @@ def cluster_scale(data: str, cfg: dict[str, Any], cores: int) -> dict[str, Any]:
     import stoker
 
     _pin_threads(set(range(1, cores + 1)))  # the Ray node's processes inherit these cores
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
     cluster.add_node(num_cpus=cores)
     try:
         ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
         cluster.wait_for_nodes()
         _pin_threads({0})
         size = 224 if not cfg.get("min_side") else 32
-        with stoker.Loader(data, batch_size=cfg["batch"], image_size=size, workers=0, seed=0,
-                           cluster="ray", cluster_workers=cores,
-                           cluster_listen="127.0.0.1") as loader:
+        with stoker.Loader(
+            data,
+            batch_size=cfg["batch"],
+            image_size=size,
+            workers=0,
+            seed=0,
+            cluster="ray",
+            cluster_workers=cores,
+            cluster_listen="127.0.0.1",
+        ) as loader:
             stream = loader.stream()
             for _ in range(1 + 2 * cores):
                 next(stream)
@@ -333,10 +395,13 @@ def cluster_scale(data: str, cfg: dict[str, Any], cores: int) -> dict[str, Any]:
     finally:
         ray.shutdown()
         cluster.shutdown()
-    return {"cores": cores, "img_s": round(images / seconds, 1),
-            "trainer_cpu_ms_per_img": round(1000 * cpu / images, 3),
-            "receive_ms_per_img": round(report["receive_ms_per_image"], 4),
-            "wire_kb_per_img": round(report["wire_bytes_per_image"] / 1e3, 1)}
+    return {
+        "cores": cores,
+        "img_s": round(images / seconds, 1),
+        "trainer_cpu_ms_per_img": round(1000 * cpu / images, 3),
+        "receive_ms_per_img": round(report["receive_ms_per_image"], 4),
+        "wire_kb_per_img": round(report["wire_bytes_per_image"] / 1e3, 1),
+    }
 
 
 def transfer_line(data: str, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -345,8 +410,9 @@ def transfer_line(data: str, cfg: dict[str, Any]) -> dict[str, Any]:
 
     import stoker
 
-    with stoker.Loader(data, batch_size=cfg["batch"], image_size=224, workers=cfg["workers"],
-                       seed=0) as loader:
+    with stoker.Loader(
+        data, batch_size=cfg["batch"], image_size=224, workers=cfg["workers"], seed=0
+    ) as loader:
         meter = loader.wait_meter(every=4)
         figures = None
         for x, _ in loader.torch(device="cuda"):
@@ -354,8 +420,12 @@ def transfer_line(data: str, cfg: dict[str, Any]) -> dict[str, Any]:
             figures = meter.step() or figures
         torch.cuda.synchronize()
         report = loader.stats()
-    return {"transfer": report.transfer, "device_wait_s": report.device_wait_s,
-            "meter": dict(figures or {}), "stats": str(report)}
+    return {
+        "transfer": report.transfer,
+        "device_wait_s": report.device_wait_s,
+        "meter": dict(figures or {}),
+        "stats": str(report),
+    }
 
 
 # ---------------------------------------------------------------------------- main
@@ -375,15 +445,27 @@ def run_child(argv: list[str]) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
-TRAIN_COLUMNS = (("feeder", "feeder"), ("img/s", "img_s"), ("GPU wait share", "gpu_wait_share"),
-                 ("host wait share", "host_wait_share"), ("CPU ms/img", "cpu_ms_per_img"),
-                 ("peak PSS MiB", "peak_pss_mib"))
-CLUSTER_COLUMNS = (("Ray node cores", "cores"), ("img/s", "img_s"),
-                   ("trainer CPU ms/img", "trainer_cpu_ms_per_img"),
-                   ("receive ms/img", "receive_ms_per_img"), ("KB/img on the wire",
-                                                             "wire_kb_per_img"))
-SCALE_COLUMNS = (("stoker workers", "workers"), ("img/s", "img_s"),
-                 ("CPU ms/img", "cpu_ms_per_img"), ("peak PSS MiB", "peak_pss_mib"))
+TRAIN_COLUMNS = (
+    ("feeder", "feeder"),
+    ("img/s", "img_s"),
+    ("GPU wait share", "gpu_wait_share"),
+    ("host wait share", "host_wait_share"),
+    ("CPU ms/img", "cpu_ms_per_img"),
+    ("peak PSS MiB", "peak_pss_mib"),
+)
+CLUSTER_COLUMNS = (
+    ("Ray node cores", "cores"),
+    ("img/s", "img_s"),
+    ("trainer CPU ms/img", "trainer_cpu_ms_per_img"),
+    ("receive ms/img", "receive_ms_per_img"),
+    ("KB/img on the wire", "wire_kb_per_img"),
+)
+SCALE_COLUMNS = (
+    ("stoker workers", "workers"),
+    ("img/s", "img_s"),
+    ("CPU ms/img", "cpu_ms_per_img"),
+    ("peak PSS MiB", "peak_pss_mib"),
+)
 
 
 def _markdown(entries: list[dict[str, Any]], columns: tuple[tuple[str, str], ...]) -> list[str]:
@@ -402,9 +484,13 @@ def _markdown(entries: list[dict[str, Any]], columns: tuple[tuple[str, str], ...
 
 def table(results: dict[str, Any]) -> str:
     """The short table of the training runs and the scaling curve (markdown)."""
-    return "\n".join(_markdown(results["train"], TRAIN_COLUMNS) + [""]
-                     + _markdown(results["scale"], SCALE_COLUMNS) + [""]
-                     + _markdown(results.get("cluster_scale", []), CLUSTER_COLUMNS))
+    return "\n".join(
+        _markdown(results["train"], TRAIN_COLUMNS)
+        + [""]
+        + _markdown(results["scale"], SCALE_COLUMNS)
+        + [""]
+        + _markdown(results.get("cluster_scale", []), CLUSTER_COLUMNS)
+    )
 
 
 def main() -> int:
@@ -420,8 +506,11 @@ def main() -> int:
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                               "dry_run": args.dry_run, "config": cfg}
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "dry_run": args.dry_run,
+        "config": cfg,
+    }
     results["setup"] = setup(out / "site", build=not args.dry_run)
     env = environment(out / "site")
     sys.path[:0] = [str(ROOT / "src"), str(out / "site"), str(HERE)]
@@ -432,22 +521,48 @@ def main() -> int:
     results["device"] = torch.cuda.get_device_name(0) if cuda else "cpu (CUDA parts skipped)"
     results["cpus"] = os.cpu_count()
     t0 = time.perf_counter()
-    data = photo_source.make_folder(out / "data", cfg["classes"], cfg["per_class"],
-                                    min(16, os.cpu_count() or 1), cfg.get("min_side", 300),
-                                    cfg.get("max_side", 500))
-    results["data"] = {"path": str(data), "images": cfg["classes"] * cfg["per_class"],
-                       "seconds": round(time.perf_counter() - t0, 1)}
+    data = photo_source.make_folder(
+        out / "data",
+        cfg["classes"],
+        cfg["per_class"],
+        min(16, os.cpu_count() or 1),
+        cfg.get("min_side", 300),
+        cfg.get("max_side", 500),
+    )
+    results["data"] = {
+        "path": str(data),
+        "images": cfg["classes"] * cfg["per_class"],
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     print(f"data: {results['data']}", flush=True)
     if cuda:
         tests = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "photo_source",
-             "tests/test_cuda_transfer.py", "tests/test_torch.py", "tests/test_resume.py",
-             "-k", "cuda or resume or kept"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        results["cuda_tests"] = {"returncode": tests.returncode,
-                                 "tail": tests.stdout[-1500:] + tests.stderr[-500:]}
-        results["transfer"] = child(["transfer", str(data), json.dumps(cfg)], env,
-                                    cfg["child_s"])
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "photo_source",
+                "tests/test_cuda_transfer.py",
+                "tests/test_torch.py",
+                "tests/test_resume.py",
+                "-k",
+                "cuda or resume or kept",
+            ],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        results["cuda_tests"] = {
+            "returncode": tests.returncode,
+            "tail": tests.stdout[-1500:] + tests.stderr[-500:],
+        }
+        results["transfer"] = child(["transfer", str(data), json.dumps(cfg)], env, cfg["child_s"])
     else:
         results["cuda_tests"] = "skipped: no CUDA device (or --dry-run)"
         print("CUDA tests, stoker's transfer line and peer (c) skipped: no CUDA", flush=True)
@@ -474,8 +589,9 @@ def main() -> int:
     (out / "gpu_check.md").write_text(text + "\n")
     print(text)
     print(f"wrote {out / 'gpu_check.json'} in {results['seconds']} s")
-    failed = [r for r in results["train"] + results["scale"] + results["cluster_scale"]
-              if "error" in r]
+    failed = [
+        r for r in results["train"] + results["scale"] + results["cluster_scale"] if "error" in r
+    ]
     with contextlib.suppress(TypeError, AttributeError):
         failed += [1] if results["cuda_tests"]["returncode"] else []
     return 1 if failed else 0

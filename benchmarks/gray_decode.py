@@ -56,9 +56,11 @@ def main() -> None:
     print(table(rows, ["variant", "ms/photo (median of rounds)"]))
     before = per_photo["gray: rgb decode + luma (before)"]
     gray = per_photo["gray: libjpeg grayscale (channels=1)"]
-    print(f"gray before / gray now: {before / gray:.2f}x; "
-          f"rgb / gray now: {per_photo['rgb decode'] / gray:.2f}x ({len(photos)} photos, "
-          f"{args.rounds} rounds)")
+    print(
+        f"gray before / gray now: {before / gray:.2f}x; "
+        f"rgb / gray now: {per_photo['rgb decode'] / gray:.2f}x ({len(photos)} photos, "
+        f"{args.rounds} rounds)"
+    )
     write_json(args.json, {"facts": facts, "ms_per_photo": per_photo, "photos": len(photos)})
 
 

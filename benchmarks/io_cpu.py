@@ -53,8 +53,9 @@ def decoder(files: list[str], seconds: float, start: Any, out: Any) -> None:
     out.put(done / (time.perf_counter() - t0))
 
 
-def reader(files: list[str], rate: float, direct: bool, prefix: int, start: Any, stop: Any,
-           out: Any) -> None:
+def reader(
+    files: list[str], rate: float, direct: bool, prefix: int, start: Any, stop: Any, out: Any
+) -> None:
     """Read ``files`` in turn at ``rate`` files/s on native threads, 32 in flight at most
     (``prefix`` > 0: only each file's first ``prefix`` bytes)."""
     from stoker.sources import _readfiles  # type: ignore[attr-defined]
@@ -84,16 +85,20 @@ def reader(files: list[str], rate: float, direct: bool, prefix: int, start: Any,
     out.put((taken / dt, nbytes / dt / 1e6, (cpu.user - cpu0[0]) / dt, (cpu.system - cpu0[1]) / dt))
 
 
-def one_run(sample: list[str], cold_files: list[str], args: argparse.Namespace,
-            rate: float) -> dict[str, Any]:
+def one_run(
+    sample: list[str], cold_files: list[str], args: argparse.Namespace, rate: float
+) -> dict[str, Any]:
     """Decode rate of two processes (beside a reader at ``rate`` files/s when ``rate``)."""
     ctx = mp.get_context("spawn")
     start, stop, out, reads = ctx.Event(), ctx.Event(), ctx.Queue(), ctx.Queue()
-    procs = [ctx.Process(target=decoder, args=(sample, args.seconds, start, out))
-             for _ in range(2)]
+    procs = [ctx.Process(target=decoder, args=(sample, args.seconds, start, out)) for _ in range(2)]
     if rate:
-        procs.append(ctx.Process(target=reader, args=(cold_files, rate, not args.cached,
-                                                      args.prefix_kb * 1024, start, stop, reads)))
+        procs.append(
+            ctx.Process(
+                target=reader,
+                args=(cold_files, rate, not args.cached, args.prefix_kb * 1024, start, stop, reads),
+            )
+        )
     for p in procs:
         p.start()
     time.sleep(3.0)  # let them import and load
@@ -105,9 +110,16 @@ def one_run(sample: list[str], cold_files: list[str], args: argparse.Namespace,
     read = reads.get(timeout=60) if rate else (0.0, 0.0, 0.0, 0.0)
     for p in procs:
         p.join(timeout=60)
-    return {"rate": rate, "decodes_s": sum(rates), "files_s": read[0], "mb_s": read[1],
-            "reader_user": read[2], "reader_sys": read[3], "requests_s": requests / args.seconds,
-            "cpu": cold.cpu_shares(before, after)}
+    return {
+        "rate": rate,
+        "decodes_s": sum(rates),
+        "files_s": read[0],
+        "mb_s": read[1],
+        "reader_user": read[2],
+        "reader_sys": read[3],
+        "requests_s": requests / args.seconds,
+        "cpu": cold.cpu_shares(before, after),
+    }
 
 
 def disk_reads() -> int:
@@ -126,12 +138,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=Path("/work/data-cold/big"))
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--rate", type=float, action="append",
-                    help="files/s to read beside the decoders (repeatable; default 1000)")
+    ap.add_argument(
+        "--rate",
+        type=float,
+        action="append",
+        help="files/s to read beside the decoders (repeatable; default 1000)",
+    )
     ap.add_argument("--cached", action="store_true", help="read through the page cache")
-    ap.add_argument("--prefix-kb", type=int, default=0,
-                    help="read only each file's first N KiB (0: whole files): is a read's cost "
-                    "per request or per byte?")
+    ap.add_argument(
+        "--prefix-kb",
+        type=int,
+        default=0,
+        help="read only each file's first N KiB (0: whole files): is a read's cost "
+        "per request or per byte?",
+    )
     args = ap.parse_args(argv)
     files = cold.data_files(args.data)
     random.Random(0).shuffle(files)
@@ -139,19 +159,25 @@ def main(argv: list[str] | None = None) -> int:
     for rnd in range(args.rounds):
         cold.drop_cache(args.data)
         alone = one_run(sample, [], args, 0)
-        print(f"round {rnd + 1}: decode alone {alone['decodes_s']:,.0f}/s  "
-              f"{cold.cpu_line(alone['cpu'])}", flush=True)
+        print(
+            f"round {rnd + 1}: decode alone {alone['decodes_s']:,.0f}/s  "
+            f"{cold.cpu_line(alone['cpu'])}",
+            flush=True,
+        )
         for rate in args.rate or [1000.0]:
-            rest = files[200 + rnd * 200_000:]
+            rest = files[200 + rnd * 200_000 :]
             beside = one_run(sample, rest, args, rate)
-            print(f"round {rnd + 1}: decode beside {beside['files_s']:,.0f} files/s "
-                  f"({beside['mb_s']:,.0f} MB/s{', cached' if args.cached else ', O_DIRECT'})"
-                  f"{f' first {args.prefix_kb} KiB' if args.prefix_kb else ''}"
-                  f" {beside['decodes_s']:,.0f}/s = {beside['decodes_s'] / alone['decodes_s']:.3f}"
-                  f" of alone; the reader's own CPU: user {beside['reader_user']:.1%} sys "
-                  f"{beside['reader_sys']:.1%} of a core; "
-                  f"{beside['requests_s'] / max(beside['files_s'], 1):.2f} disk requests a file"
-                  f"  {cold.cpu_line(beside['cpu'])}", flush=True)
+            print(
+                f"round {rnd + 1}: decode beside {beside['files_s']:,.0f} files/s "
+                f"({beside['mb_s']:,.0f} MB/s{', cached' if args.cached else ', O_DIRECT'})"
+                f"{f' first {args.prefix_kb} KiB' if args.prefix_kb else ''}"
+                f" {beside['decodes_s']:,.0f}/s = {beside['decodes_s'] / alone['decodes_s']:.3f}"
+                f" of alone; the reader's own CPU: user {beside['reader_user']:.1%} sys "
+                f"{beside['reader_sys']:.1%} of a core; "
+                f"{beside['requests_s'] / max(beside['files_s'], 1):.2f} disk requests a file"
+                f"  {cold.cpu_line(beside['cpu'])}",
+                flush=True,
+            )
     return 0
 
 

@@ -75,8 +75,9 @@ class EpochTimer:
         return _Timer()
 
 
-def fit_rates(model: Any, ds: Any, epochs: int, images_per_epoch: int,
-              shuffle: bool = True) -> list[float]:
+def fit_rates(
+    model: Any, ds: Any, epochs: int, images_per_epoch: int, shuffle: bool = True
+) -> list[float]:
     """img/s of epochs 2..1+epochs of ``model.fit(ds)`` (epoch 1 is the warm-up)."""
     timer = EpochTimer()
     model.fit(ds, epochs=1 + epochs, verbose=0, callbacks=[timer], shuffle=shuffle)
@@ -91,8 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--no-keras-peer", action="store_true", help="skip the PyDataset contrast")
-    ap.add_argument("--repeats", type=int, default=2,
-                    help="run every block this many times, in reversed order every other time")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="run every block this many times, in reversed order every other time",
+    )
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
 
@@ -101,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     facts = common.print_facts()
-    print(f"keras {keras.__version__}, backend {keras.backend.backend()}, "
-          f"TF {tf.__version__}")
+    print(f"keras {keras.__version__}, backend {keras.backend.backend()}, TF {tf.__version__}")
     all_items = common.list_items(args.data)
     items = common.subset(all_items, args.max_images)
     common.warm_page_cache(p for p, _ in items)
@@ -120,21 +124,24 @@ def main(argv: list[str] | None = None) -> int:
     x = np.random.default_rng(0).integers(0, 256, (bs, 224, 224, 3), dtype=np.uint8)
     y = np.zeros(bs, np.int64)
     mem = tf.data.Dataset.from_tensors((x, y)).repeat(n)
-    results["model only (in-memory batch)"] = fit_rates(model, mem, args.epochs, n * bs,
-                                                       shuffle=False)
+    results["model only (in-memory batch)"] = fit_rates(
+        model, mem, args.epochs, n * bs, shuffle=False
+    )
 
     def stoker_numpy() -> None:
         with make_stoker() as pipe:
             loader = pipe.obj
             common.time_epoch(loader)  # warm-up
             results.setdefault("stoker numpy", []).extend(
-                common.time_epoch(loader).rate for _ in range(args.epochs))
+                common.time_epoch(loader).rate for _ in range(args.epochs)
+            )
 
     def stoker_fit() -> None:
         with make_stoker() as pipe:
             loader = pipe.obj
             results.setdefault("stoker fit (loader.keras())", []).extend(
-                fit_rates(model, loader.keras(), args.epochs, len(loader) * bs))
+                fit_rates(model, loader.keras(), args.epochs, len(loader) * bs)
+            )
             stats.append(str(loader.stats()))
             print(stats[-1])
 
@@ -142,12 +149,14 @@ def main(argv: list[str] | None = None) -> int:
         with peers.make("keras-pydataset", items, batch_size=bs, workers=args.workers) as pipe:
             common.time_epoch(pipe.epoch())  # warm-up
             results.setdefault("keras PyDataset numpy", []).extend(
-                common.time_epoch(pipe.epoch()).rate for _ in range(args.epochs))
+                common.time_epoch(pipe.epoch()).rate for _ in range(args.epochs)
+            )
 
     def keras_fit() -> None:
         ds = peers.keras_pydataset(items, bs, 224, args.workers)
         results.setdefault("keras PyDataset fit", []).extend(
-            fit_rates(model, ds, args.epochs, len(ds) * bs))
+            fit_rates(model, ds, args.epochs, len(ds) * bs)
+        )
 
     stats: list[str] = []
     blocks = [stoker_numpy, stoker_fit] + ([] if args.no_keras_peer else [keras_numpy, keras_fit])
@@ -155,29 +164,54 @@ def main(argv: list[str] | None = None) -> int:
         for block in blocks if r % 2 == 0 else blocks[::-1]:
             block()
 
-    rows = [[name, f"{common.median(r):,.0f}", f"{min(r):,.0f}", f"{max(r):,.0f}"]
-            for name, r in results.items()]
-    print(f"\n{len(items)} images, batch {bs}, {args.workers} workers; median of "
-          f"{args.epochs} epochs after a warm-up x {args.repeats} repeats (block order "
-          "reversed every other repeat)")
+    rows = [
+        [name, f"{common.median(r):,.0f}", f"{min(r):,.0f}", f"{max(r):,.0f}"]
+        for name, r in results.items()
+    ]
+    print(
+        f"\n{len(items)} images, batch {bs}, {args.workers} workers; median of "
+        f"{args.epochs} epochs after a warm-up x {args.repeats} repeats (block order "
+        "reversed every other repeat)"
+    )
     print(common.table(rows, ["input path", "img/s", "min", "max"]))
 
     def med(name: str) -> float:
         return common.median(results[name]) if name in results else float("nan")
 
-    ratios = [common.ratio_line("stoker: fit / numpy", med("stoker fit (loader.keras())"),
-                                med("stoker numpy"), ">= 0.9")]
+    ratios = [
+        common.ratio_line(
+            "stoker: fit / numpy", med("stoker fit (loader.keras())"), med("stoker numpy"), ">= 0.9"
+        )
+    ]
     if not args.no_keras_peer:
-        ratios.append(common.ratio_line("keras PyDataset: fit / numpy (contrast)",
-                                        med("keras PyDataset fit"), med("keras PyDataset numpy"),
-                                        ">= 0.9"))
-        ratios.append(common.ratio_line("stoker fit / keras PyDataset fit",
-                                        med("stoker fit (loader.keras())"),
-                                        med("keras PyDataset fit"), ">= 3.5"))
+        ratios.append(
+            common.ratio_line(
+                "keras PyDataset: fit / numpy (contrast)",
+                med("keras PyDataset fit"),
+                med("keras PyDataset numpy"),
+                ">= 0.9",
+            )
+        )
+        ratios.append(
+            common.ratio_line(
+                "stoker fit / keras PyDataset fit",
+                med("stoker fit (loader.keras())"),
+                med("keras PyDataset fit"),
+                ">= 3.5",
+            )
+        )
     print()
     print(common.table(ratios, ["ratio (medians)", "value", "goal", "verdict"]))
-    common.write_json(args.json, {"facts": facts, "images": len(items), "results": results,
-                                  "ratios": ratios, "stoker_stats": stats})
+    common.write_json(
+        args.json,
+        {
+            "facts": facts,
+            "images": len(items),
+            "results": results,
+            "ratios": ratios,
+            "stoker_stats": stats,
+        },
+    )
     return 0
 
 

@@ -40,13 +40,25 @@ def main() -> None:
     n = len(files)
     for size in SIZES:
         ds = keras.utils.image_dataset_from_directory(
-            str(root), image_size=size, batch_size=n, shuffle=False, verbose=False,
-            pad_to_aspect_ratio=True, interpolation="bilinear",
+            str(root),
+            image_size=size,
+            batch_size=n,
+            shuffle=False,
+            verbose=False,
+            pad_to_aspect_ratio=True,
+            interpolation="bilinear",
         )
         theirs = np.concatenate([x.numpy() for x, _ in ds])
         with stoker.Loader(
-            root, image_size=size, augment=None, shuffle=False, batch_size=n, workers=0,
-            interpolation=args.interpolation, pad_to_aspect_ratio=True, drop_last=False,
+            root,
+            image_size=size,
+            augment=None,
+            shuffle=False,
+            batch_size=n,
+            workers=0,
+            interpolation=args.interpolation,
+            pad_to_aspect_ratio=True,
+            drop_last=False,
         ) as loader:
             ours = np.concatenate([x for x, _ in loader]).astype(np.float32)
         same_border = all(
@@ -56,13 +68,18 @@ def main() -> None:
             for i in range(n)
             for a in (0, 1)
         )
-        accurate = np.stack([
-            tf.image.resize_with_pad(
-                tf.io.decode_jpeg(tf.io.read_file(f), channels=3, dct_method="INTEGER_ACCURATE"),
-                *size, method="bilinear",
-            ).numpy()
-            for f in files
-        ])
+        accurate = np.stack(
+            [
+                tf.image.resize_with_pad(
+                    tf.io.decode_jpeg(
+                        tf.io.read_file(f), channels=3, dct_method="INTEGER_ACCURATE"
+                    ),
+                    *size,
+                    method="bilinear",
+                ).numpy()
+                for f in files
+            ]
+        )
         d = np.abs(ours - theirs)
         print(
             f"{size[0]}x{size[1]}: vs keras mean {d.mean():.2f} max {d.max():.1f}, same border "

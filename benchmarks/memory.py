@@ -44,11 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     all_items = common.list_items(args.data)
     items = common.subset(all_items, args.max_images)
     common.warm_page_cache(p for p, _ in items)
-    src = ({"source": args.data} if len(items) == len(all_items)
-           else {"paths": [p for p, _ in items], "labels": [y for _, y in items]})
+    src = (
+        {"source": args.data}
+        if len(items) == len(all_items)
+        else {"paths": [p for p, _ in items], "labels": [y for _, y in items]}
+    )
     rows, pss = [], []
-    with stoker.Loader(**src, batch_size=args.batch_size, image_size=224, augment="train",
-                       workers=args.workers) as loader:
+    with stoker.Loader(
+        **src, batch_size=args.batch_size, image_size=224, augment="train", workers=args.workers
+    ) as loader:
         print(f"{loader!r}; {len(loader)} batches/epoch")
         for epoch in range(1, args.epochs + 1):
             ep = common.time_epoch(loader)
@@ -56,8 +60,11 @@ def main(argv: list[str] | None = None) -> int:
             procs = 1 + len(psutil.Process().children(recursive=True))
             pss.append(p)
             rows.append([epoch, f"{ep.rate:,.0f}", f"{p / 2**20:,.1f}", procs])
-            print(f"  epoch {epoch:>3}: {ep.images} images, {ep.rate:,.0f} img/s, "
-                  f"tree PSS {p / 2**20:,.1f} MiB ({procs} processes)", flush=True)
+            print(
+                f"  epoch {epoch:>3}: {ep.images} images, {ep.rate:,.0f} img/s, "
+                f"tree PSS {p / 2**20:,.1f} MiB ({procs} processes)",
+                flush=True,
+            )
         print(loader.stats())
     base = pss[1]
     tail = pss[1:]
@@ -66,12 +73,23 @@ def main(argv: list[str] | None = None) -> int:
     flat = abs(drift) <= args.tolerance and spread <= args.tolerance
     print()
     print(common.table(rows, ["epoch", "img/s", "tree PSS MiB", "processes"]))
-    print(f"\nPSS epochs 2..{args.epochs}: min {min(tail) / 2**20:,.1f} MiB, max "
-          f"{max(tail) / 2**20:,.1f} MiB, spread {spread:+.1%} of epoch 2; drift last vs "
-          f"epoch 2: {drift:+.1%} ({(pss[-1] - base) / 2**20:+,.1f} MiB) -> "
-          f"{'FLAT' if flat else 'NOT FLAT'} (tolerance {args.tolerance:.0%})")
-    common.write_json(args.json, {"facts": facts, "images": len(items), "pss_bytes": pss,
-                                  "drift": drift, "spread": spread, "flat": flat})
+    print(
+        f"\nPSS epochs 2..{args.epochs}: min {min(tail) / 2**20:,.1f} MiB, max "
+        f"{max(tail) / 2**20:,.1f} MiB, spread {spread:+.1%} of epoch 2; drift last vs "
+        f"epoch 2: {drift:+.1%} ({(pss[-1] - base) / 2**20:+,.1f} MiB) -> "
+        f"{'FLAT' if flat else 'NOT FLAT'} (tolerance {args.tolerance:.0%})"
+    )
+    common.write_json(
+        args.json,
+        {
+            "facts": facts,
+            "images": len(items),
+            "pss_bytes": pss,
+            "drift": drift,
+            "spread": spread,
+            "flat": flat,
+        },
+    )
     return 0 if flat else 1
 
 

@@ -75,13 +75,14 @@ def measure(files: list[str]) -> tuple[collections.Counter, collections.Counter]
     rows: collections.Counter = collections.Counter()
     for f, path in enumerate(files):
         drop(path)
-        readers = [ReadAhead(kind(path), ReadSettings(window=w, page_cache="keep"))
-                   for w, kind in VARIANTS]
+        readers = [
+            ReadAhead(kind(path), ReadSettings(window=w, page_cache="keep")) for w, kind in VARIANTS
+        ]
         n = os.path.getsize(path) // ROW
         order = np.random.default_rng(f).permutation(n)
         for j, start in enumerate(range(0, n - BATCH + 1, BATCH)):
             v = (j + f) % len(VARIANTS)
-            batch, reads = order[start:start + BATCH], readers[v]
+            batch, reads = order[start : start + BATCH], readers[v]
             t0 = time.perf_counter()
             reads.start(batch)
             for i in batch:
@@ -98,14 +99,18 @@ def main() -> None:
     parser.add_argument("files", nargs="+", help="big files not read since the machine started")
     args = parser.parse_args()
     files = [p for p in args.files if os.path.getsize(p) >= BATCH * ROW]
-    print(f"{len(files)} files, {sum(map(os.path.getsize, files)) / 1e9:.2f} GB; "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"{len(files)} files, {sum(map(os.path.getsize, files)) / 1e9:.2f} GB; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     seconds, rows = measure(files)
     for v, (w, kind) in enumerate(VARIANTS):
         hint = "faults only" if kind is FaultsOnly else "MADV_WILLNEED"
         rate = rows[v] / seconds[v]
-        print(f"read_ahead={w!r:6} {hint:13} {rate:6.0f} rows/s  {rate * ROW / 1e6:4.0f} MB/s"
-              f"  ({rows[v]} rows)")
+        print(
+            f"read_ahead={w!r:6} {hint:13} {rate:6.0f} rows/s  {rate * ROW / 1e6:4.0f} MB/s"
+            f"  ({rows[v]} rows)"
+        )
 
 
 if __name__ == "__main__":

@@ -50,13 +50,16 @@ import peers  # noqa: E402
 def make_step(seconds: float, busy: bool) -> Callable[[Any], None]:
     """The fake train step: sleep (accelerator-like) or busy-wait (CPU-bound) ``seconds``."""
     if busy:
+
         def step(_: Any) -> None:
             end = time.perf_counter() + seconds
             while time.perf_counter() < end:
                 pass
     else:
+
         def step(_: Any) -> None:
             time.sleep(seconds)
+
     return step
 
 
@@ -70,15 +73,21 @@ def steady_training(stream: Any, batches: int, step: Callable[[Any], None]) -> f
     return time.perf_counter() - t0
 
 
-def naive_epoch(items: list[tuple[str, int]], batches: int, batch_size: int, chunk: int,
-                step: Callable[[Any], None] | None, rng: random.Random) -> tuple[float, float]:
+def naive_epoch(
+    items: list[tuple[str, int]],
+    batches: int,
+    batch_size: int,
+    chunk: int,
+    step: Callable[[Any], None] | None,
+    rng: random.Random,
+) -> tuple[float, float]:
     """Load-a-chunk-then-train epoch; returns (epoch seconds, seconds spent loading)."""
     order = list(range(len(items)))
     rng.shuffle(order)
     order = order[: batches * batch_size]
     t0, loading = time.perf_counter(), 0.0
     for start in range(0, len(order), chunk):
-        ids = order[start:start + chunk]
+        ids = order[start : start + chunk]
         t1 = time.perf_counter()
         x = np.empty((len(ids), 224, 224, 3), np.uint8)
         y = np.empty(len(ids), np.int64)
@@ -88,7 +97,7 @@ def naive_epoch(items: list[tuple[str, int]], batches: int, batch_size: int, chu
         loading += time.perf_counter() - t1
         if step is not None:
             for b in range(0, len(ids), batch_size):
-                step((x[b:b + batch_size], y[b:b + batch_size]))
+                step((x[b : b + batch_size], y[b : b + batch_size]))
     return time.perf_counter() - t0, loading
 
 
@@ -114,8 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
 
     # stoker first: it defines T
-    stoker_pipe = peers.make("stoker", items, data=data, batch_size=args.batch_size,
-                             workers=args.workers)
+    stoker_pipe = peers.make(
+        "stoker", items, data=data, batch_size=args.batch_size, workers=args.workers
+    )
     loader = stoker_pipe.obj
     n = len(loader)
     with stoker_pipe:
@@ -123,8 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         common.time_stream(stream, n)  # warm-up: worker start
         t_step = common.time_stream(stream, n)[0].seconds / n
         step = make_step(t_step, args.busy)
-        print(f"stoker load-only epoch {t_step * n:.2f} s for {n} batches -> "
-              f"train step T = {t_step * 1000:.1f} ms ({'busy-wait' if args.busy else 'sleep'})")
+        print(
+            f"stoker load-only epoch {t_step * n:.2f} s for {n} batches -> "
+            f"train step T = {t_step * 1000:.1f} ms ({'busy-wait' if args.busy else 'sleep'})"
+        )
         loads, epochs, wait = [], [], 0.0
         for _ in range(args.epochs):
             loads.append(common.time_stream(stream, n)[0].seconds)
@@ -134,51 +146,79 @@ def main(argv: list[str] | None = None) -> int:
             wait += (s1.wait_s - s0.wait_s) / max(1e-9, s1.elapsed_s - s0.elapsed_s)
         share = wait / args.epochs
         results["stoker"] = {"load": loads, "epochs": epochs, "wait_share": share}
-        print(f"  stoker load-only {[round(e, 2) for e in loads]}, with training "
-              f"{[round(e, 2) for e in epochs]}; waited for data {share:.1%} of the time "
-              "(stoker's stats, training epochs only)")
+        print(
+            f"  stoker load-only {[round(e, 2) for e in loads]}, with training "
+            f"{[round(e, 2) for e in epochs]}; waited for data {share:.1%} of the time "
+            "(stoker's stats, training epochs only)"
+        )
     compute = n * t_step
 
     if "torch-pillow" in only:
-        with peers.make("torch-pillow", items, batch_size=args.batch_size,
-                        workers=args.workers) as dl:
+        with peers.make(
+            "torch-pillow", items, batch_size=args.batch_size, workers=args.workers
+        ) as dl:
             common.time_epoch(dl.epoch())  # warm-up: worker start
             loads, epochs = [], []
             for _ in range(args.epochs):
                 loads.append(common.time_epoch(dl.epoch()).seconds)
                 epochs.append(common.time_epoch(dl.epoch(), step).seconds)
         results["torch-pillow"] = {"load": loads, "epochs": epochs}
-        print(f"  torch-pillow load-only {[round(e, 2) for e in loads]}, with training "
-              f"{[round(e, 2) for e in epochs]}")
+        print(
+            f"  torch-pillow load-only {[round(e, 2) for e in loads]}, with training "
+            f"{[round(e, 2) for e in epochs]}"
+        )
 
     if "naive" in only:
         rng = random.Random(0)
-        runs = [naive_epoch(items, n, args.batch_size, args.chunk, step, rng)
-                for _ in range(args.epochs)]
+        runs = [
+            naive_epoch(items, n, args.batch_size, args.chunk, step, rng)
+            for _ in range(args.epochs)
+        ]
         results["naive"] = {"load": [r[1] for r in runs], "epochs": [r[0] for r in runs]}
-        print(f"  naive epochs {[round(r[0], 2) for r in runs]} (of which loading "
-              f"{[round(r[1], 2) for r in runs]})")
+        print(
+            f"  naive epochs {[round(r[0], 2) for r in runs]} (of which loading "
+            f"{[round(r[1], 2) for r in runs]})"
+        )
 
     rows = []
     for name, r in results.items():
         load, epoch = common.median(r["load"]), common.median(r["epochs"])
-        ratio = common.median([e / max(compute, x) for e, x in zip(r["epochs"], r["load"],
-                                                                     strict=True)])
+        ratio = common.median(
+            [e / max(compute, x) for e, x in zip(r["epochs"], r["load"], strict=True)]
+        )
         goal = "<= 1.05" if name == "stoker" else ""
         verdict = ("PASS" if ratio <= 1.05 else "MISS") if goal else ""
         r.update(load_s=load, epoch_s=epoch, compute_s=compute, ratio=ratio)
-        rows.append([name, f"{load:.2f}", f"{compute:.2f}", f"{epoch:.2f}", f"{ratio:.2f}",
-                     goal, verdict])
-    print(f"\n{n} batches of {args.batch_size} per epoch; train step {t_step * 1000:.1f} ms "
-          f"({'busy-wait' if args.busy else 'sleep: leaves the CPU to the workers'}); "
-          f"medians of {args.epochs} rounds (ratio: median of the per-round ratios)")
-    print(common.table(rows, ["pipeline", "load-only s", "compute s", "epoch s",
-                              "epoch/max(C,L)", "goal", "verdict"]))
+        rows.append(
+            [name, f"{load:.2f}", f"{compute:.2f}", f"{epoch:.2f}", f"{ratio:.2f}", goal, verdict]
+        )
+    print(
+        f"\n{n} batches of {args.batch_size} per epoch; train step {t_step * 1000:.1f} ms "
+        f"({'busy-wait' if args.busy else 'sleep: leaves the CPU to the workers'}); "
+        f"medians of {args.epochs} rounds (ratio: median of the per-round ratios)"
+    )
+    print(
+        common.table(
+            rows,
+            [
+                "pipeline",
+                "load-only s",
+                "compute s",
+                "epoch s",
+                "epoch/max(C,L)",
+                "goal",
+                "verdict",
+            ],
+        )
+    )
     if "naive" in results and "stoker" in results:
-        print(f"stoker epoch is {results['naive']['epoch_s'] / results['stoker']['epoch_s']:.2f}x"
-              " faster than load-then-train")
-    common.write_json(args.json, {"facts": facts, "images": len(items), "step_s": t_step,
-                                  "results": results})
+        print(
+            f"stoker epoch is {results['naive']['epoch_s'] / results['stoker']['epoch_s']:.2f}x"
+            " faster than load-then-train"
+        )
+    common.write_json(
+        args.json, {"facts": facts, "images": len(items), "step_s": t_step, "results": results}
+    )
     return 0
 
 

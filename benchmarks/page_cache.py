@@ -32,14 +32,19 @@ def run_one(policy: str, data: str) -> dict[str, float]:
     import stoker
 
     cached0 = psutil.virtual_memory().cached
-    with stoker.Loader(data, batch_size=256, image_size=224, augment="train", workers=2,
-                       page_cache=policy) as loader:
+    with stoker.Loader(
+        data, batch_size=256, image_size=224, augment="train", workers=2, page_cache=policy
+    ) as loader:
         first = common.time_epoch(loader)
         second = common.time_epoch(loader)
         dropped = loader.stats().pages_dropped
-    return {"policy": policy, "epoch1_img_s": first.rate, "epoch2_img_s": second.rate,
-            "cache_growth_gb": (psutil.virtual_memory().cached - cached0) / GB,
-            "pages_dropped": dropped}
+    return {
+        "policy": policy,
+        "epoch1_img_s": first.rate,
+        "epoch2_img_s": second.rate,
+        "cache_growth_gb": (psutil.virtual_memory().cached - cached0) / GB,
+        "pages_dropped": dropped,
+    }
 
 
 def measure(policy: str, data: Path) -> dict[str, float]:
@@ -48,9 +53,12 @@ def measure(policy: str, data: Path) -> dict[str, float]:
     cmd = [sys.executable, __file__, "--one", policy, "--data", str(data)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"  {policy:5s} epoch 1 {result['epoch1_img_s']:7,.0f} img/s  epoch 2 "
-          f"{result['epoch2_img_s']:7,.0f} img/s  cache {result['cache_growth_gb']:+.2f} GB  "
-          f"dropped {result['pages_dropped']:,}", flush=True)
+    print(
+        f"  {policy:5s} epoch 1 {result['epoch1_img_s']:7,.0f} img/s  epoch 2 "
+        f"{result['epoch2_img_s']:7,.0f} img/s  cache {result['cache_growth_gb']:+.2f} GB  "
+        f"dropped {result['pages_dropped']:,}",
+        flush=True,
+    )
     return result
 
 
@@ -68,16 +76,23 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for k in range(args.rounds):
         print(f"round {k + 1} of {args.rounds}", flush=True)
-        for policy in POLICIES[k % 3:] + POLICIES[: k % 3]:
+        for policy in POLICIES[k % 3 :] + POLICIES[: k % 3]:
             results.append(measure(policy, Path(args.data)))
     rows = []
     for policy in POLICIES:
         runs = [r for r in results if r["policy"] == policy]
-        rows.append([policy] + [f"{common.median([r[key] for r in runs]):,.{digits}f}"
-                                for key, digits in (("epoch1_img_s", 0), ("epoch2_img_s", 0),
-                                                    ("cache_growth_gb", 2))])
-    print(common.table(rows, ["page_cache", "epoch 1 img/s", "epoch 2 img/s",
-                              "cache growth GB"]))
+        rows.append(
+            [policy]
+            + [
+                f"{common.median([r[key] for r in runs]):,.{digits}f}"
+                for key, digits in (
+                    ("epoch1_img_s", 0),
+                    ("epoch2_img_s", 0),
+                    ("cache_growth_gb", 2),
+                )
+            ]
+        )
+    print(common.table(rows, ["page_cache", "epoch 1 img/s", "epoch 2 img/s", "cache growth GB"]))
     common.write_json(args.json, {"facts": facts, "results": results})
     return 0
 

@@ -63,18 +63,25 @@ def main() -> None:
         procs = [
             subprocess.Popen(
                 [sys.executable, "-c", ONE, str(core), args.data, str(args.seconds), kwargs],
-                env=env, stdout=subprocess.PIPE, text=True,
+                env=env,
+                stdout=subprocess.PIPE,
+                text=True,
             )
             for core, (env, kwargs) in zip(order, sides, strict=True)
         ]
         a, b = (float(p.communicate()[0].strip().splitlines()[-1]) for p in procs)
         rates.append((a, b))
         ratios.append(b / a)
-        print(f"round {r + 1}: A {a:,.0f} img/s on CPU {order[0]}, B {b:,.0f} on CPU {order[1]}, "
-              f"B/A {b / a:.3f}", flush=True)
-    print(f"A median {statistics.median(x for x, _ in rates):,.0f} img/s, "
-          f"B median {statistics.median(y for _, y in rates):,.0f} img/s; "
-          f"B/A median of {args.rounds} paired rounds: {statistics.median(ratios):.3f}")
+        print(
+            f"round {r + 1}: A {a:,.0f} img/s on CPU {order[0]}, B {b:,.0f} on CPU {order[1]}, "
+            f"B/A {b / a:.3f}",
+            flush=True,
+        )
+    print(
+        f"A median {statistics.median(x for x, _ in rates):,.0f} img/s, "
+        f"B median {statistics.median(y for _, y in rates):,.0f} img/s; "
+        f"B/A median of {args.rounds} paired rounds: {statistics.median(ratios):.3f}"
+    )
     print(json.dumps({"a": [x for x, _ in rates], "b": [y for _, y in rates]}))
 
 

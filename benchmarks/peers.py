@@ -53,9 +53,15 @@ class Pipeline:
     measures it on that stream (see `common.time_stream`) instead of per-epoch iterators.
     """
 
-    def __init__(self, name: str, epoch: Callable[[], Iterator[Any]],
-                 close: Callable[[], None] = lambda: None, obj: Any = None,
-                 stream: Callable[[], Iterator[Any]] | None = None, batches: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        epoch: Callable[[], Iterator[Any]],
+        close: Callable[[], None] = lambda: None,
+        obj: Any = None,
+        stream: Callable[[], Iterator[Any]] | None = None,
+        batches: int = 0,
+    ) -> None:
         self.name, self._epoch, self._close, self.obj = name, epoch, close, obj
         self.stream, self.batches = stream, batches
         self.closed = False
@@ -127,8 +133,9 @@ def cv_sample(path: str, size: int, rng: Any) -> np.ndarray:
     with open(path, "rb") as f:
         img = simplejpeg.decode_jpeg(f.read(), colorspace="RGB")
     left, top, w, h = rrc_box(img.shape[1], img.shape[0], rng)
-    out = cv2.resize(img[top:top + h, left:left + w], (size, size),
-                     interpolation=cv2.INTER_LINEAR)
+    out = cv2.resize(
+        img[top : top + h, left : left + w], (size, size), interpolation=cv2.INTER_LINEAR
+    )
     if rng.random() < 0.5:
         out = cv2.flip(out, 1)
     return out
@@ -137,17 +144,26 @@ def cv_sample(path: str, size: int, rng: Any) -> np.ndarray:
 # ---------------------------------------------------------------------------- stoker
 
 
-def _stoker(items: Items, data: str | None, batch_size: int, size: int, workers: int,
-            seed: int, exact: bool) -> Pipeline:
+def _stoker(
+    items: Items, data: str | None, batch_size: int, size: int, workers: int, seed: int, exact: bool
+) -> Pipeline:
     import stoker
 
     src: dict[str, Any] = (
-        {"source": data} if data is not None
+        {"source": data}
+        if data is not None
         else {"paths": [p for p, _ in items], "labels": [y for _, y in items]}
     )
-    loader = stoker.Loader(**src, batch_size=batch_size, image_size=size, augment="train",
-                           workers=workers, seed=seed, shuffle=True,
-                           fast_decode=False if exact else "auto")
+    loader = stoker.Loader(
+        **src,
+        batch_size=batch_size,
+        image_size=size,
+        augment="train",
+        workers=workers,
+        seed=seed,
+        shuffle=True,
+        fast_decode=False if exact else "auto",
+    )
     endless: list[Iterator[Any]] = []
 
     def stream() -> Iterator[Any]:
@@ -155,15 +171,28 @@ def _stoker(items: Items, data: str | None, batch_size: int, size: int, workers:
             endless.append(loader.stream())
         return endless[0]
 
-    return Pipeline("stoker-exact" if exact else "stoker", lambda: iter(loader), loader.close,
-                    loader, stream, len(loader))
+    return Pipeline(
+        "stoker-exact" if exact else "stoker",
+        lambda: iter(loader),
+        loader.close,
+        loader,
+        stream,
+        len(loader),
+    )
 
 
 # ---------------------------------------------------------------------------- tf.data
 
 
-def _tf(items: Items, batch_size: int, size: int, workers: int, seed: int,
-        fused: bool, autotune: bool = False) -> Pipeline:
+def _tf(
+    items: Items,
+    batch_size: int,
+    size: int,
+    workers: int,
+    seed: int,
+    fused: bool,
+    autotune: bool = False,
+) -> Pipeline:
     import tensorflow as tf
 
     try:  # must happen before TensorFlow's runtime starts; a fresh process is assumed
@@ -175,8 +204,14 @@ def _tf(items: Items, batch_size: int, size: int, workers: int, seed: int,
 
     def box(shape: Any) -> tuple[Any, Any]:
         begin, extent, _ = tf.image.sample_distorted_bounding_box(
-            shape, bounding_boxes=whole, min_object_covered=0.0, aspect_ratio_range=RATIO,
-            area_range=SCALE, max_attempts=10, use_image_if_no_bounding_boxes=True)
+            shape,
+            bounding_boxes=whole,
+            min_object_covered=0.0,
+            aspect_ratio_range=RATIO,
+            area_range=SCALE,
+            max_attempts=10,
+            use_image_if_no_bounding_boxes=True,
+        )
         return begin, extent
 
     def finish(img: Any) -> Any:
@@ -198,12 +233,16 @@ def _tf(items: Items, batch_size: int, size: int, workers: int, seed: int,
 
     paths = tf.constant([p for p, _ in items])
     labels = tf.constant([y for _, y in items], tf.int64)
-    ds = (tf.data.Dataset.from_tensor_slices((paths, labels))
-          .shuffle(len(items), seed=seed, reshuffle_each_iteration=True)
-          .map(fused_fn if fused else plain_fn,
-               num_parallel_calls=tf.data.AUTOTUNE if autotune else workers)
-          .batch(batch_size, drop_remainder=True)
-          .prefetch(tf.data.AUTOTUNE))
+    ds = (
+        tf.data.Dataset.from_tensor_slices((paths, labels))
+        .shuffle(len(items), seed=seed, reshuffle_each_iteration=True)
+        .map(
+            fused_fn if fused else plain_fn,
+            num_parallel_calls=tf.data.AUTOTUNE if autotune else workers,
+        )
+        .batch(batch_size, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
     return Pipeline("tf-fused" if fused else "tf-plain", lambda: iter(ds), obj=ds)
 
 
@@ -236,15 +275,20 @@ def _worker_init(_: int) -> None:
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 
-def _torch(items: Items, batch_size: int, size: int, workers: int, seed: int,
-           decoder: str) -> Pipeline:
+def _torch(
+    items: Items, batch_size: int, size: int, workers: int, seed: int, decoder: str
+) -> Pipeline:
     import torch
     from torch.utils.data import DataLoader
 
     sample = pil_sample if decoder == "pillow" else cv_sample
     loader = DataLoader(
-        SampleDataset(items, size, sample), batch_size=batch_size, shuffle=True,
-        num_workers=workers, persistent_workers=workers > 0, drop_last=True,
+        SampleDataset(items, size, sample),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+        drop_last=True,
         generator=torch.Generator().manual_seed(seed),
         worker_init_fn=_worker_init,
     )
@@ -271,8 +315,9 @@ def _keras_dataset_class() -> type:
     class LoadImgDataset(keras.utils.PyDataset):
         """The usual hand-written PyDataset: a batch of load_img + augmentation per index."""
 
-        def __init__(self, items: Items, batch_size: int, size: int, workers: int,
-                     seed: int) -> None:
+        def __init__(
+            self, items: Items, batch_size: int, size: int, workers: int, seed: int
+        ) -> None:
             super().__init__(workers=workers, use_multiprocessing=True)
             self.paths = [p for p, _ in items]
             self.labels = np.array([y for _, y in items], np.int64)
@@ -286,7 +331,7 @@ def _keras_dataset_class() -> type:
 
         def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
             bs = self.batch_size
-            ids = self.order[index * bs:(index + 1) * bs]
+            ids = self.order[index * bs : (index + 1) * bs]
             # forked pool workers share numpy's global state: seed per (epoch, batch) instead
             rng = random.Random(self.seed * 1_000_003 + self.epoch * 10_007 + index)
             x = np.empty((len(ids), self.size, self.size, 3), np.uint8)
@@ -311,8 +356,9 @@ def __getattr__(name: str) -> Any:  # PEP 562: lets pickle find the lazily built
     raise AttributeError(name)
 
 
-def keras_pydataset(items: Items, batch_size: int = 256, size: int = 224, workers: int = 2,
-                    seed: int = 0) -> Any:
+def keras_pydataset(
+    items: Items, batch_size: int = 256, size: int = 224, workers: int = 2, seed: int = 0
+) -> Any:
     """The Keras peer's PyDataset itself (for model.fit in keras_fit.py)."""
     return _keras_dataset_class()(items, batch_size, size, workers, seed)
 
@@ -339,12 +385,28 @@ def _keras(items: Items, batch_size: int, size: int, workers: int, seed: int) ->
 
 # ---------------------------------------------------------------------------- registry
 
-PEERS = ("stoker", "stoker-exact", "tf-fused", "tf-plain", "torch-pillow", "torch-simplejpeg",
-         "keras-pydataset")
+PEERS = (
+    "stoker",
+    "stoker-exact",
+    "tf-fused",
+    "tf-plain",
+    "torch-pillow",
+    "torch-simplejpeg",
+    "keras-pydataset",
+)
 
 
-def make(name: str, items: Items, *, data: str | None = None, batch_size: int = 256,
-         size: int = 224, workers: int = 2, seed: int = 0, autotune: bool = False) -> Pipeline:
+def make(
+    name: str,
+    items: Items,
+    *,
+    data: str | None = None,
+    batch_size: int = 256,
+    size: int = 224,
+    workers: int = 2,
+    seed: int = 0,
+    autotune: bool = False,
+) -> Pipeline:
     """Build peer ``name`` over ``items`` (``(path, label)`` pairs).
 
     ``data``: the ImageFolder directory the items came from, when they are all of it; stoker

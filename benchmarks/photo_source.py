@@ -38,8 +38,14 @@ def use_carried_photos() -> None:
     datasets._photos = carried_photos  # type: ignore[assignment]
 
 
-def make_folder(out: pathlib.Path, classes: int, per_class: int, workers: int,
-                min_side: int = 300, max_side: int = 500) -> pathlib.Path:
+def make_folder(
+    out: pathlib.Path,
+    classes: int,
+    per_class: int,
+    workers: int,
+    min_side: int = 300,
+    max_side: int = 500,
+) -> pathlib.Path:
     """An ImageFolder of ``classes`` x ``per_class`` JPEGs (q90) in ``out``, like
     ``make_image_folder``; kept if it is already complete."""
     rows = [(f"class_{c:03d}/img_{i:05d}.jpg", c) for c in range(classes) for i in range(per_class)]
@@ -48,12 +54,15 @@ def make_folder(out: pathlib.Path, classes: int, per_class: int, workers: int,
         return out
     for c in range(classes):
         (out / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
-    jobs = [(out / rel, 0, c, i, min_side, max_side, "jpeg", 90)
-            for (rel, c), i in zip(rows, itertools.cycle(range(per_class)), strict=False)]
+    jobs = [
+        (out / rel, 0, c, i, min_side, max_side, "jpeg", 90)
+        for (rel, c), i in zip(rows, itertools.cycle(range(per_class)), strict=False)
+    ]
     use_carried_photos()
     if workers > 1:
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn"),
-                                 initializer=use_carried_photos) as pool:
+        with ProcessPoolExecutor(
+            workers, mp_context=get_context("spawn"), initializer=use_carried_photos
+        ) as pool:
             list(pool.map(datasets._folder_image, jobs, chunksize=16))
     else:
         for job in jobs:

@@ -112,8 +112,12 @@ def main() -> None:
     for _ in range(args.rounds):
         for ra in args.read_ahead:
             kw = {"read_ahead": ra if ra == "auto" else int(ra)}
-            out = subprocess.run([sys.executable, "-c", RUN, url, json.dumps(kw),
-                                  str(args.seconds)], env=env, capture_output=True, text=True)
+            out = subprocess.run(
+                [sys.executable, "-c", RUN, url, json.dumps(kw), str(args.seconds)],
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             if out.returncode:
                 sys.exit(out.stderr[-2000:])
             results.setdefault(ra, []).append(json.loads(out.stdout.splitlines()[-1])["img_s"])

@@ -54,7 +54,7 @@ def make_folder(root: Path, files: int, data: str) -> float:
     from PIL import Image
 
     t0 = time.perf_counter()
-    sources = [p for p, _ in common.list_items(data)[:: 997]][:8]
+    sources = [p for p, _ in common.list_items(data)[::997]][:8]
     blobs = []
     for p in sources:
         with Image.open(p) as im:
@@ -114,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     facts = common.print_facts()
     root = Path(args.root)
     made = make_folder(root, args.files, args.data)
-    print(f"folder: {root}, {args.files:,} files in {CLASSES} classes"
-          + (f" (written in {made:.1f} s)" if made else " (reused)"))
+    print(
+        f"folder: {root}, {args.files:,} files in {CLASSES} classes"
+        + (f" (written in {made:.1f} s)" if made else " (reused)")
+    )
     t0 = time.perf_counter()
     walked = sum(len(f) for _, _, f in os.walk(root))  # warm the dentry cache
     print(f"warm-up walk: {walked:,} entries in {time.perf_counter() - t0:.2f} s")
@@ -124,31 +126,51 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="stoker-home-") as home:
             for kind in runs:
                 env = dict(os.environ, HOME=home)
-                out = subprocess.run([sys.executable, "-c", CHILD, str(root)],
-                                     capture_output=True, text=True, check=False, env=env)
+                out = subprocess.run(
+                    [sys.executable, "-c", CHILD, str(root)],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                    env=env,
+                )
                 if out.returncode != 0:
                     print(out.stderr[-3000:])
                     return 1
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 runs[kind].append(r)
-                print(f"  run {i + 1}, {kind:<11}: import {r['import_s']:.2f} s, index "
-                      f"{r['index_s']:.2f} s, first batch {r['first_batch_s']:.2f} s, close "
-                      f"{r['close_s']:.2f} s; reference scan {r['reference_scan_s']:.2f} s "
-                      f"({r['files']:,} files)", flush=True)
-    keys = [("import stoker", "import_s"), ("index build (scan)", "index_s"),
-            ("first batch after the constructor", "first_batch_s"),
-            ("close()", "close_s"), ("reference scan (os.walk + sort)", "reference_scan_s")]
+                print(
+                    f"  run {i + 1}, {kind:<11}: import {r['import_s']:.2f} s, index "
+                    f"{r['index_s']:.2f} s, first batch {r['first_batch_s']:.2f} s, close "
+                    f"{r['close_s']:.2f} s; reference scan {r['reference_scan_s']:.2f} s "
+                    f"({r['files']:,} files)",
+                    flush=True,
+                )
+    keys = [
+        ("import stoker", "import_s"),
+        ("index build (scan)", "index_s"),
+        ("first batch after the constructor", "first_batch_s"),
+        ("close()", "close_s"),
+        ("reference scan (os.walk + sort)", "reference_scan_s"),
+    ]
     rows = []
     for kind, rs in runs.items():
         for label, k in keys:
             v = [r[k] for r in rs]
-            rows.append([kind, label, f"{common.median(v):.3f}", f"{min(v):.3f}",
-                         f"{max(v):.3f}"])
+            rows.append([kind, label, f"{common.median(v):.3f}", f"{min(v):.3f}", f"{max(v):.3f}"])
         total = [r["index_s"] + r["first_batch_s"] for r in rs]
-        rows.append([kind, "constructor + first batch", f"{common.median(total):.3f}",
-                     f"{min(total):.3f}", f"{max(total):.3f}"])
-    print(f"\n{args.files:,} files, batch 256, 2 workers, median of {args.repeats} fresh "
-          "processes (warm dentry/page cache)")
+        rows.append(
+            [
+                kind,
+                "constructor + first batch",
+                f"{common.median(total):.3f}",
+                f"{min(total):.3f}",
+                f"{max(total):.3f}",
+            ]
+        )
+    print(
+        f"\n{args.files:,} files, batch 256, 2 workers, median of {args.repeats} fresh "
+        "processes (warm dentry/page cache)"
+    )
     print(common.table(rows, ["scan cache", "step", "seconds", "min", "max"]))
     common.write_json(args.json, {"facts": facts, "files": args.files, "runs": runs})
     return 0

@@ -1,7 +1,7 @@
 """Write docs/options.md from src/stoker/loader/options.py (and Loader's signature).
 
-    python scripts/gen_options.py           # rewrite the page
-    python scripts/gen_options.py --check   # exit 1 if the committed page is out of date
+python scripts/gen_options.py           # rewrite the page
+python scripts/gen_options.py --check   # exit 1 if the committed page is out of date
 """
 
 from __future__ import annotations

@@ -24,8 +24,12 @@ def namespace_reason() -> str | None:
     if shutil.which("unshare") is None:
         return "the unshare command is not installed"
     try:
-        out = subprocess.run(NAMESPACE + ["mount -t tmpfs tmpfs /dev/shm"], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            NAMESPACE + ["mount -t tmpfs tmpfs /dev/shm"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unshare failed: {exc}"
     if out.returncode != 0:
@@ -39,9 +43,14 @@ def env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path}
 
 
-def run_in_namespace(argv: list[str], shm: str = "256m", fill_shm: bool = False,
-                     tmp: tuple[str, str] | None = None, fill_tmp: bool = False,
-                     timeout: float = 300) -> subprocess.CompletedProcess:
+def run_in_namespace(
+    argv: list[str],
+    shm: str = "256m",
+    fill_shm: bool = False,
+    tmp: tuple[str, str] | None = None,
+    fill_tmp: bool = False,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess:
     """Run ``argv`` with a fresh tmpfs of size ``shm`` on /dev/shm (filled if asked) and, given
     ``tmp=(folder, size)``, a tmpfs on ``folder`` used as TMPDIR (filled if asked)."""
     steps = [MOUNT.format(size=shm, where="/dev/shm")]
@@ -54,8 +63,13 @@ def run_in_namespace(argv: list[str], shm: str = "256m", fill_shm: bool = False,
             steps.append(FILL.format(where=tmp[0]))
         extra["TMPDIR"] = tmp[0]
     script = " && ".join(steps) + ' && exec "$@"'
-    return subprocess.run(NAMESPACE + [script, "sh", *argv], capture_output=True, text=True,
-                          timeout=timeout, env={**env(), **extra})
+    return subprocess.run(
+        NAMESPACE + [script, "sh", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**env(), **extra},
+    )
 
 
 def python(code: str) -> list[str]:

@@ -109,8 +109,10 @@ def _ours(segment: str, tree: set[int]) -> bool:
 
 def _describe(child: psutil.Process) -> str:
     try:
-        return (f"pid {child.pid} (parent {child.ppid()}, {child.status()}): "
-                f"{' '.join(child.cmdline())}")
+        return (
+            f"pid {child.pid} (parent {child.ppid()}, {child.status()}): "
+            f"{' '.join(child.cmdline())}"
+        )
     except psutil.Error:
         return f"pid {child.pid} (gone)"
 
@@ -181,9 +183,13 @@ def _awkward_files() -> dict[str, tuple[str, bytes]]:
         "odd_png_named_jpg": ("odd_png_named_jpg.jpg", _encoded(im, "PNG")),
         "odd_png16": ("odd_png16.png", _encoded(gray16, "PNG")),
         "odd_palette_transparent": (
-            "odd_palette_transparent.png", _encoded(palette, "PNG", transparency=0)),
+            "odd_palette_transparent.png",
+            _encoded(palette, "PNG", transparency=0),
+        ),
         "odd_exif_rotated": (
-            "odd_exif_rotated.jpg", _encoded(im, "JPEG", quality=90, exif=exif.tobytes())),
+            "odd_exif_rotated.jpg",
+            _encoded(im, "JPEG", quality=90, exif=exif.tobytes()),
+        ),
     }
 
 

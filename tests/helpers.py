@@ -12,8 +12,24 @@ import numpy as np
 # The packages of the framework extras: the core suite (``nox -s core``, no framework
 # installed) skips a test that needs one that is missing, naming it; where it is installed
 # (the README's dev install) the test runs and any import error is a failure.
-OPTIONAL = {"torch", "tensorflow", "keras", "jax", "jaxlib", "flax", "optax", "ray", "h5py",
-            "fsspec", "aiohttp", "nbformat", "nbclient", "sklearn", "skimage", "ml_dtypes"}
+OPTIONAL = {
+    "torch",
+    "tensorflow",
+    "keras",
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "ray",
+    "h5py",
+    "fsspec",
+    "aiohttp",
+    "nbformat",
+    "nbclient",
+    "sklearn",
+    "skimage",
+    "ml_dtypes",
+}
 
 MARK = 200  # a pixel value set in the top-left corner of a poisoned image
 

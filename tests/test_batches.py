@@ -30,8 +30,14 @@ def _data(n: int = 12):
 def test_dict_batch_carries_every_field_exactly():
     images, labels, meta, weights = _data()
     with stoker.Loader(
-        images, labels=labels, sample_weight=weights, fields={"meta": meta}, batch="dict",
-        batch_size=4, workers=2, seed=5,
+        images,
+        labels=labels,
+        sample_weight=weights,
+        fields={"meta": meta},
+        batch="dict",
+        batch_size=4,
+        workers=2,
+        seed=5,
     ) as loader:
         batches = list(loader)
     assert len(batches) == 3
@@ -72,8 +78,9 @@ def test_adapters_keep_the_structure_and_dtypes():
 
     images, labels, meta, weights = _data()
     form = {"x": "image", "y": "label", "id": "index", "path": "path"}
-    with stoker.Loader(images, labels=labels, batch=form, batch_size=6, shuffle=False,
-                       workers=1) as loader:
+    with stoker.Loader(
+        images, labels=labels, batch=form, batch_size=6, shuffle=False, workers=1
+    ) as loader:
         t = next(iter(loader.torch(channels_last=False, dtype=torch.float32)))
         assert t["x"].shape == (6, 3, 8, 6) and t["x"].dtype == torch.float32
         assert t["y"].dtype == torch.float32 and torch.equal(t["y"], torch.from_numpy(labels[:6]))
@@ -87,7 +94,8 @@ def test_adapters_keep_the_structure_and_dtypes():
         f = next(iter(loader.tf()))
         ids = f["id"].numpy()
         assert np.array_equal(f["y"].numpy(), labels[ids]) and f["path"].numpy()[0] == (
-            f"array[{ids[0]}]".encode())
+            f"array[{ids[0]}]".encode()
+        )
 
 
 KERAS_SCRIPT = textwrap.dedent(
@@ -135,12 +143,17 @@ KERAS_SCRIPT = textwrap.dedent(
 def test_keras_fit_with_sample_weights_class_weight_and_two_inputs(tmp_path):
     script = tmp_path / "keras_batches.py"
     script.write_text(KERAS_SCRIPT)
-    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
-           "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=170, cwd=tmp_path)
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT ") :])
     for key in ("weighted", "class_weight", "two_inputs"):
         assert len(out[key]) == 1 and np.isfinite(out[key][0]), key

@@ -77,8 +77,7 @@ def test_a_change_during_the_walk_is_walked_again_and_only_a_still_scan_is_cache
     assert again.fingerprint() == first.fingerprint()
 
 
-def test_a_folder_that_never_holds_still_is_not_cached(tmp_path, image_folder, cached,
-                                                       monkeypatch):
+def test_a_folder_that_never_holds_still_is_not_cached(tmp_path, image_folder, cached, monkeypatch):
     root = _dataset(tmp_path / "data", _jpeg(image_folder))
     cache = tmp_path / "cache"
     real = folder_module._stamps
@@ -127,8 +126,7 @@ def test_a_cached_stamp_that_lists_no_folder_is_never_valid(tmp_path, image_fold
     assert again.classes == ["a", "b"] and again.labels.tolist() == real.labels.tolist()
 
 
-def test_a_scan_of_a_folder_changed_moments_ago_is_not_cached(tmp_path, image_folder,
-                                                             monkeypatch):
+def test_a_scan_of_a_folder_changed_moments_ago_is_not_cached(tmp_path, image_folder, monkeypatch):
     """Two changes within one tick of the file system's clock leave equal times: a scan is
     cached only once its folders last changed at least RACY_S ago."""
     monkeypatch.setattr(folder_module, "MIN_CACHED", 1)

@@ -30,8 +30,9 @@ pytestmark = pytest.mark.chaos
 def small_folder(root: Path, classes: int = 2, per_class: int = 5) -> Path:
     from stoker.datasets import make_image_folder
 
-    return make_image_folder(root, classes=classes, per_class=per_class, min_side=32,
-                             max_side=40, seed=0)
+    return make_image_folder(
+        root, classes=classes, per_class=per_class, min_side=32, max_side=40, seed=0
+    )
 
 
 @pytest.fixture
@@ -77,16 +78,17 @@ def test_a_class_linked_to_another_class_is_an_error(tmp_path):
 def test_an_unreadable_class_folder_is_an_error_naming_it(tmp_path):
     root = small_folder(tmp_path / "data")
     (root / "class_001").chmod(0)
-    code = (f"import stoker\ntry:\n    stoker.Loader({str(root)!r}, batch_size=2, workers=0)\n"
-            "except stoker.SourceError as e:\n    print('ERROR', e)\nelse:\n    print('NO ERROR')")
+    code = (
+        f"import stoker\ntry:\n    stoker.Loader({str(root)!r}, batch_size=2, workers=0)\n"
+        "except stoker.SourceError as e:\n    print('ERROR', e)\nelse:\n    print('NO ERROR')"
+    )
     argv = chaos_env.python(code)
     if os.geteuid() == 0:  # root reads anything: drop the capabilities that let it
         if shutil.which("setpriv") is None:
             pytest.skip("running as root without setpriv: cannot make a folder unreadable")
         argv = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", *argv]
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=100,
-                             env=chaos_env.env())
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=100, env=chaos_env.env())
     finally:
         (root / "class_001").chmod(0o755)
     assert "ERROR" in out.stdout and "NO ERROR" not in out.stdout, out.stdout + out.stderr
@@ -115,10 +117,14 @@ def table(tmp_path: Path, text: str) -> Path:
 @pytest.mark.parametrize(
     "text,error",
     [  # a row without a label (not a silent -1); a header of unknown names (not a sample)
-        ("path,label\nclass_000/img_00000.jpg,0\nclass_000/img_00001.jpg,\n",
-         r"t\.csv: row 3 has no label"),
-        ("img,cls\nclass_000/img_00000.jpg,cat\nclass_001/img_00000.jpg,dog\n",
-         r"t\.csv: row 1 \(img,cls\) is neither a known header"),
+        (
+            "path,label\nclass_000/img_00000.jpg,0\nclass_000/img_00001.jpg,\n",
+            r"t\.csv: row 3 has no label",
+        ),
+        (
+            "img,cls\nclass_000/img_00000.jpg,cat\nclass_001/img_00000.jpg,dog\n",
+            r"t\.csv: row 1 \(img,cls\) is neither a known header",
+        ),
     ],
 )
 def test_a_csv_problem_is_an_error_naming_file_and_row(tmp_path, text, error):
@@ -141,8 +147,15 @@ def test_a_label_path_header_is_read_by_name(tmp_path):
 @pytest.mark.timeout(120)
 def test_a_second_thread_iterating_at_once_gets_a_clear_error_at_once():
     images = helpers.make_marked_array(n=40, marked=-1)
-    loader = stoker.Loader(images, labels=np.arange(40), batch_size=4, image_size=24,
-                           workers=1, augment=helpers.slow, shuffle=False)
+    loader = stoker.Loader(
+        images,
+        labels=np.arange(40),
+        batch_size=4,
+        image_size=24,
+        workers=1,
+        augment=helpers.slow,
+        shuffle=False,
+    )
     first: list = []
     thread = threading.Thread(target=lambda: first.extend(loader), name="trainer")
     thread.start()
@@ -303,8 +316,9 @@ def test_workers_above_the_cores_warn_with_the_cost_and_far_above_is_an_error():
 def test_a_fifo_named_like_an_image_is_refused_without_blocking(tmp_path):
     root = small_folder(tmp_path / "data")
     os.mkfifo(root / "class_000" / "x.jpg")
-    with stoker.Loader(root, batch_size=11, image_size=16, workers=1, shuffle=False,
-                       max_errors=1, timeout=60) as loader:
+    with stoker.Loader(
+        root, batch_size=11, image_size=16, workers=1, shuffle=False, max_errors=1, timeout=60
+    ) as loader:
         with pytest.warns(StokerWarning, match="x.jpg.*not a regular file \\(a FIFO\\)"):
             assert sum(len(y) for _, y in loader) == 11
 
@@ -354,10 +368,14 @@ def test_arguments_that_need_the_source_are_stoker_errors_naming_them(tmp_path, 
 @pytest.mark.parametrize("how", ["copy", "deepcopy", "pickle"])
 def test_copy_deepcopy_and_pickle_give_a_new_loader_at_the_same_position(how):
     images = helpers.make_marked_array(n=40, marked=-1)
-    make = {"copy": copy.copy, "deepcopy": copy.deepcopy,
-            "pickle": lambda x: pickle.loads(pickle.dumps(x))}[how]
-    with stoker.Loader(images, labels=np.arange(40), batch_size=4, image_size=24, workers=1,
-                       seed=7) as loader:
+    make = {
+        "copy": copy.copy,
+        "deepcopy": copy.deepcopy,
+        "pickle": lambda x: pickle.loads(pickle.dumps(x)),
+    }[how]
+    with stoker.Loader(
+        images, labels=np.arange(40), batch_size=4, image_size=24, workers=1, seed=7
+    ) as loader:
         it = iter(loader)
         next(it), next(it)
         twin = make(loader)
@@ -373,9 +391,17 @@ def test_copy_deepcopy_and_pickle_give_a_new_loader_at_the_same_position(how):
 @pytest.mark.timeout(120)
 def test_worker_hung_arrives_within_timeout_plus_one_second():
     images = helpers.make_marked_array(n=40, marked=5)
-    with stoker.Loader(images, labels=np.arange(40), batch_size=4, image_size=24, workers=1,
-                       augment=helpers.hang_on_mark, shuffle=False, timeout=2,
-                       prefetch=1) as loader:
+    with stoker.Loader(
+        images,
+        labels=np.arange(40),
+        batch_size=4,
+        image_size=24,
+        workers=1,
+        augment=helpers.hang_on_mark,
+        shuffle=False,
+        timeout=2,
+        prefetch=1,
+    ) as loader:
         it = iter(loader)
         next(it)  # the worker is up; batch 1 holds the sample that hangs
         t0 = time.monotonic()
@@ -394,8 +420,9 @@ def test_bad_files_are_warned_once_each_and_counted_from_one(tmp_path, corrupt_f
         shutil.copy(corrupt_files[key], root / "class_000" / corrupt_files[key].name)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        with stoker.Loader(root, batch_size=12, image_size=16, workers=1, shuffle=False,
-                           max_errors=5) as loader:
+        with stoker.Loader(
+            root, batch_size=12, image_size=16, workers=1, shuffle=False, max_errors=5
+        ) as loader:
             for _ in range(2):
                 list(loader)
     texts = [str(w.message) for w in record if "skipped" in str(w.message)]

@@ -42,8 +42,7 @@ def _schedule(signame: str, counts: dict[str, int], seed: int) -> list[tuple]:
 def _run(plan: list[tuple], data: Path) -> list[dict]:
     results = []
     for moment, delay, signame, epoch in plan:
-        trial = [sys.executable, TRIAL, "trial", str(data), moment, str(delay), signame,
-                 str(epoch)]
+        trial = [sys.executable, TRIAL, "trial", str(data), moment, str(delay), signame, str(epoch)]
         cmd = chaos_env.NAMESPACE[:4] + MOUNTED + trial
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=200, env=chaos_env.env())
         assert out.returncode == 0, out.stderr

@@ -14,19 +14,42 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 @pytest.mark.timeout(120)
-def test_bench_reports_throughput_ceiling_ratio_and_bottleneck_with_progress(image_folder,
-                                                                              capsys):
-    assert main(["bench", str(image_folder), "--batch-size", "6", "--image-size", "32",
-                 "--workers", "2", "--epochs", "1"]) == 0
+def test_bench_reports_throughput_ceiling_ratio_and_bottleneck_with_progress(image_folder, capsys):
+    assert (
+        main(
+            [
+                "bench",
+                str(image_folder),
+                "--batch-size",
+                "6",
+                "--image-size",
+                "32",
+                "--workers",
+                "2",
+                "--epochs",
+                "1",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
-    for part in ("throughput:", "busy cores decode", "ratio", "CPU per image", "peak PSS",
-                 "JPEG decoder:",
-                 "slowest:"):
+    for part in (
+        "throughput:",
+        "busy cores decode",
+        "ratio",
+        "CPU per image",
+        "peak PSS",
+        "JPEG decoder:",
+        "slowest:",
+    ):
         assert part in captured.out, captured.out
     progress = captured.err.splitlines()  # progress goes to stderr, the report to stdout
     assert [ln.split(":")[1].split(",")[0].strip() for ln in progress] == [
-        "one core's rate", "warm-up epoch (6 batches; workers start)", "epoch 1/1",
-        "ceiling"], progress
+        "one core's rate",
+        "warm-up epoch (6 batches; workers start)",
+        "epoch 1/1",
+        "ceiling",
+    ], progress
 
 
 @pytest.mark.parametrize(
@@ -41,9 +64,14 @@ def test_bench_reports_throughput_ceiling_ratio_and_bottleneck_with_progress(ima
 )
 @pytest.mark.timeout(60)
 def test_bad_command_lines_and_paths_give_one_plain_line(argv, code, says, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "stoker", *argv], capture_output=True,
-                          text=True, timeout=50, cwd=tmp_path,
-                          env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "stoker", *argv],
+        capture_output=True,
+        text=True,
+        timeout=50,
+        cwd=tmp_path,
+        env={"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == code, proc.stderr
     assert proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "OUT").exists()

@@ -39,8 +39,14 @@ pytestmark = [
 ]
 CORPUS = Path(__file__).parent / "corpus" / "jpeg"
 HOST = "127.0.0.1"
-COMMON = {"batch_size": 4, "image_size": 32, "augment": "train", "seed": 3, "max_errors": 20,
-          "timeout": 120.0}
+COMMON = {
+    "batch_size": 4,
+    "image_size": 32,
+    "augment": "train",
+    "seed": 3,
+    "max_errors": 20,
+    "timeout": 120.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +56,9 @@ def ray_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    cluster = Cluster(initialize_head=True,
-                      head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False}
+    )
     nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
     ray.init(address=cluster.address, log_to_driver=False, logging_level="ERROR")
     cluster.wait_for_nodes()
@@ -92,15 +99,22 @@ def no_leaks():
     yield
     deadline = time.monotonic() + 15.0
     while True:
-        kids = [p for p in psutil.Process().children(recursive=True)
-                if p.pid not in before and _ours(p) and p.status() != psutil.STATUS_ZOMBIE
-                and not (p.ppid() == os.getpid() and "reaper.py" in " ".join(p.cmdline()))]
+        kids = [
+            p
+            for p in psutil.Process().children(recursive=True)
+            if p.pid not in before
+            and _ours(p)
+            and p.status() != psutil.STATUS_ZOMBIE
+            and not (p.ppid() == os.getpid() and "reaper.py" in " ".join(p.cmdline()))
+        ]
         left = sorted(_stoker_segments() - segs)
         if not kids and not left:
             return
         if time.monotonic() > deadline:
-            pytest.fail(f"test leaked: processes {[' '.join(p.cmdline()) for p in kids]}, "
-                        f"segments {left}", pytrace=False)
+            pytest.fail(
+                f"test leaked: processes {[' '.join(p.cmdline()) for p in kids]}, segments {left}",
+                pytrace=False,
+            )
         time.sleep(0.1)
 
 
@@ -160,8 +174,7 @@ def _bad_names(report) -> list[str]:
 
 
 @pytest.mark.timeout(300)
-def test_batches_are_bit_identical_to_workers_0_over_tcp_and_the_object_store(
-        ray_cluster, dataset):
+def test_batches_are_bit_identical_to_workers_0_over_tcp_and_the_object_store(ray_cluster, dataset):
     want, bad = _reference(dataset, epochs=2)
     with pytest.warns(stoker.StokerWarning, match=r"\[node "):
         with _cluster_loader(dataset) as loader:  # remote only, the TCP path
@@ -174,8 +187,9 @@ def test_batches_are_bit_identical_to_workers_0_over_tcp_and_the_object_store(
     assert report.cluster["listen"].startswith(f"{HOST}:")
     assert "cluster: 2 remote core(s) over tcp" in str(report)
     with pytest.warns(stoker.StokerWarning):
-        with _cluster_loader(dataset, workers=1, cluster_workers=1,
-                             cluster_transport="object_store") as loader:  # local + remote
+        with _cluster_loader(
+            dataset, workers=1, cluster_workers=1, cluster_transport="object_store"
+        ) as loader:  # local + remote
             got = _digests(loader) + _digests(loader)
             report = loader.stats()
     assert got == want
@@ -198,6 +212,7 @@ def _resume(pids: list[int]) -> None:
 
 def _when_in_flight(loader: stoker.Loader, index: int, then) -> threading.Thread:
     """On a thread: once node ``index`` has a batch in flight, call ``then(node row)``."""
+
     def watch() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -286,7 +301,8 @@ def test_a_removed_node_loses_and_repeats_nothing(ray_cluster, dataset):
 
 @pytest.mark.timeout(300)
 def test_every_node_gone_raises_without_local_workers_and_carries_on_with_them(
-        ray_cluster, dataset):
+    ray_cluster, dataset
+):
     want, _ = _reference(dataset)
     for workers in (0, 1):
         with pytest.warns(stoker.StokerWarning):
@@ -311,8 +327,7 @@ def test_every_node_gone_raises_without_local_workers_and_carries_on_with_them(
 
 
 @pytest.mark.timeout(300)
-def test_resume_with_another_node_count_or_no_cluster_gives_the_same_tail(ray_cluster,
-                                                                           dataset):
+def test_resume_with_another_node_count_or_no_cluster_gives_the_same_tail(ray_cluster, dataset):
     want, _ = _reference(dataset)
     with _quiet():
         with _cluster_loader(dataset, cluster_workers=2) as loader:
@@ -385,8 +400,12 @@ time.sleep(600)
 def test_a_trainer_killed_mid_epoch_leaves_no_actor_and_no_process(ray_cluster, dataset):
     cluster, _ = ray_cluster
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(TRAINER), cluster.address,
-                             str(dataset)], stdout=subprocess.PIPE, env=env, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(TRAINER), cluster.address, str(dataset)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()  # the handshake: mid-epoch, nodes busy
         assert line, "the trainer ended before its first batch"
@@ -398,8 +417,11 @@ def test_a_trainer_killed_mid_epoch_leaves_no_actor_and_no_process(ray_cluster, 
     deadline = time.monotonic() + 60
     alive = pids
     while alive and time.monotonic() < deadline:
-        alive = [p for p in pids if psutil.pid_exists(p)
-                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        alive = [
+            p
+            for p in pids
+            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+        ]
         time.sleep(0.1)
     assert not alive, f"processes left on the cluster: {alive}"
     # An actor removes its segments before anything else when the trainer's connection ends,
@@ -415,8 +437,11 @@ def test_a_trainer_killed_mid_epoch_leaves_no_actor_and_no_process(ray_cluster, 
 def test_a_node_with_another_stoker_version_is_refused(ray_cluster, dataset, monkeypatch):
     monkeypatch.setattr(nodes_mod, "CLAIMED_VERSION", "0.0.0-other")
     loader = _cluster_loader(dataset, cluster_workers=1)
-    with pytest.raises(cluster_mod.ClusterError, match=r"runs stoker 0\.0\.0-other, this "
-                       r"trainer " + stoker.__version__.replace(".", r"\.")):
+    with pytest.raises(
+        cluster_mod.ClusterError,
+        match=r"runs stoker 0\.0\.0-other, this "
+        r"trainer " + stoker.__version__.replace(".", r"\."),
+    ):
         next(iter(loader))
     loader.close()
 

@@ -49,9 +49,18 @@ class StandIn:
 def _engine(count: int) -> tuple[ClusterEngine, StandIn]:
     nodes = StandIn([Node(k, f"node{k}", f"10.0.0.{k}", 1, k) for k in range(count)])
     pool = MixedPool(None, nodes)  # type: ignore[arg-type]
-    engine = ClusterEngine(pool, LAYOUT, slots=count + 2, per_worker=1, batches=10,
-                           folder="/dev/shm", timeout=5.0, name=str, deepest=1,
-                           samples=lambda key: [f"img{key[1] * 2}.jpg", f"img{key[1] * 2 + 1}.jpg"])
+    engine = ClusterEngine(
+        pool,
+        LAYOUT,
+        slots=count + 2,
+        per_worker=1,
+        batches=10,
+        folder="/dev/shm",
+        timeout=5.0,
+        name=str,
+        deepest=1,
+        samples=lambda key: [f"img{key[1] * 2}.jpg", f"img{key[1] * 2 + 1}.jpg"],
+    )
     return engine, nodes
 
 
@@ -75,9 +84,14 @@ def test_a_lost_nodes_batches_go_to_the_live_nodes_and_the_third_loss_names_the_
         _lose(engine, moved)
         last = engine.inflight[(0, 0)][0]
         assert last not in (victim, moved)
-        with pytest.warns(Warning, match="left"), pytest.raises(
-                ClusterError, match=r"(?s)batch 0 of epoch 0 was on 3 cluster nodes that died.*"
-                r"img0\.jpg\n  img1\.jpg"):
+        with (
+            pytest.warns(Warning, match="left"),
+            pytest.raises(
+                ClusterError,
+                match=r"(?s)batch 0 of epoch 0 was on 3 cluster nodes that died.*"
+                r"img0\.jpg\n  img1\.jpg",
+            ),
+        ):
             engine._handle(last, ("lost", -1, -1, -1, "killed"))
     finally:
         engine.close()
@@ -89,8 +103,10 @@ def test_with_every_node_gone_and_no_local_worker_the_error_says_so():
     try:
         engine._reset((0, 0))
         engine._fill_window()
-        with pytest.warns(Warning, match="left"), pytest.raises(
-                ClusterError, match="every cluster node is gone.*workers=0"):
+        with (
+            pytest.warns(Warning, match="left"),
+            pytest.raises(ClusterError, match="every cluster node is gone.*workers=0"),
+        ):
             engine._handle(0, ("lost", -1, -1, -1, "killed"))
     finally:
         engine.close()

@@ -144,9 +144,10 @@ def test_max_side_reencodes_smaller_jpegs(image_folder, tmp_path):
 def test_loader_over_shards_gives_the_same_batches_as_the_folder(converted, image_folder):
     dst, _ = converted
     kw = {"batch_size": 8, "image_size": 32, "augment": "eval", "shuffle": False, "seed": 3}
-    with stoker.Loader(image_folder, workers=0, **kw) as a, stoker.Loader(
-        dst, workers=2, **kw
-    ) as b:
+    with (
+        stoker.Loader(image_folder, workers=0, **kw) as a,
+        stoker.Loader(dst, workers=2, **kw) as b,
+    ):
         assert len(a) == len(b)
         for (xa, ya), (xb, yb) in zip(a, b, strict=True):
             assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
@@ -156,9 +157,23 @@ def test_loader_over_shards_gives_the_same_batches_as_the_folder(converted, imag
 @pytest.mark.timeout(120)
 def test_two_workers_write_the_same_shards_and_the_cli_works(image_folder, converted, tmp_path):
     dst, manifest = converted
-    assert main(["convert", str(image_folder), str(tmp_path / "cli"), "--workers", "2",
-                 "--shard-mb", str(SMALL["shard_bytes"] / 2**20),
-                 "--row-group-mb", str(SMALL["row_group_bytes"] / 2**20), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                str(image_folder),
+                str(tmp_path / "cli"),
+                "--workers",
+                "2",
+                "--shard-mb",
+                str(SMALL["shard_bytes"] / 2**20),
+                "--row-group-mb",
+                str(SMALL["row_group_bytes"] / 2**20),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     other = json.loads((tmp_path / "cli" / MANIFEST).read_text())
     assert [s["sha256"] for s in other["shards"]] == [s["sha256"] for s in manifest["shards"]]
 
@@ -172,9 +187,7 @@ def test_bad_arguments_and_foreign_destination(image_folder, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_a_file_name_that_is_not_utf8_is_stored_escaped_and_the_shards_load(
-    image_folder, tmp_path
-):
+def test_a_file_name_that_is_not_utf8_is_stored_escaped_and_the_shards_load(image_folder, tmp_path):
     """A Latin-1 file name (and a corrupt file under one) no longer fails the whole convert
     with UnicodeEncodeError: the path column holds its bytes with \\xNN escapes."""
     import os
@@ -186,9 +199,15 @@ def test_a_file_name_that_is_not_utf8_is_stored_escaped_and_the_shards_load(
     (src / "class_001").joinpath(os.fsdecode(b"bad\xff.jpg")).write_bytes(b"not a jpeg")
     dst = tmp_path / "shards"
     convert(src, dst, **SMALL)
-    paths = [p for f in sorted(dst.glob("*.parquet"))
-             for p in pq.read_table(f, columns=["image"]).column("image").combine_chunks()
-             .field("path").to_pylist()]
+    paths = [
+        p
+        for f in sorted(dst.glob("*.parquet"))
+        for p in pq.read_table(f, columns=["image"])
+        .column("image")
+        .combine_chunks()
+        .field("path")
+        .to_pylist()
+    ]
     assert "class_000/caf\\xe9.jpg" in paths and len(paths) == 36
     errors = (dst / "errors.csv").read_text(encoding="utf-8")
     assert "class_001/bad\\xff.jpg" in errors

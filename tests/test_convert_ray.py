@@ -21,7 +21,8 @@ from stoker.errors import ConfigError, StokerError
 SMALL = {"shard_bytes": 60_000, "row_group_bytes": 12_000, "progress": False}
 HAVE_RAY = importlib.util.find_spec("ray") is not None
 skip_no_ray = pytest.mark.skipif(
-    not HAVE_RAY, reason="ray is not installed (pip install 'stoker[ray]')")
+    not HAVE_RAY, reason="ray is not installed (pip install 'stoker[ray]')"
+)
 
 
 def _shards(dst):
@@ -44,8 +45,10 @@ def _assert_same_output(a, b):
 
 @pytest.mark.timeout(30)
 def test_import_stoker_does_not_import_ray():
-    code = ("import sys, stoker, stoker.cli.convert, stoker.cli, stoker.sources; "
-            "assert 'ray' not in sys.modules, 'ray imported'")
+    code = (
+        "import sys, stoker, stoker.cli.convert, stoker.cli, stoker.sources; "
+        "assert 'ray' not in sys.modules, 'ray imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -72,8 +75,9 @@ def test_ray_engine_matches_local_and_resumes(image_folder, tmp_path):
         _assert_same_output(local, remote)
 
         victim = remote / shard_name(1)
-        others = {p.name: p.stat().st_mtime_ns for p in remote.glob("shard-*.parquet")
-                  if p != victim}
+        others = {
+            p.name: p.stat().st_mtime_ns for p in remote.glob("shard-*.parquet") if p != victim
+        }
         victim.unlink()
         again = convert(image_folder, remote, engine="ray", workers=2, **SMALL)
         assert again["run"]["shards_built"] == 1
@@ -114,8 +118,21 @@ def test_cli_engine_ray_starts_and_stops_its_own_cluster(image_folder, tmp_path,
 
     args = ["--shard-mb", "0.06", "--row-group-mb", "0.012", "--quiet"]
     assert main(["convert", str(image_folder), str(tmp_path / "local"), *args]) == 0
-    assert main(["convert", str(image_folder), str(tmp_path / "ray"), *args,
-                 "--engine", "ray", "--workers", "2"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                str(image_folder),
+                str(tmp_path / "ray"),
+                *args,
+                "--engine",
+                "ray",
+                "--workers",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert "36 images" in capsys.readouterr().out
     assert not ray.is_initialized()  # the cluster convert started is shut down again
     _assert_same_output(tmp_path / "local", tmp_path / "ray")

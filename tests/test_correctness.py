@@ -33,16 +33,25 @@ def selections(draw: st.DrawFn) -> dict:
     kw: dict = {}
     split = draw(st.sampled_from([None, 0.2, 0.3, 0.5, 0.75]))
     if split is not None:
-        kw.update(validation_split=split, subset=draw(st.sampled_from(["training", "validation"])),
-                  stratify=draw(st.booleans()))
+        kw.update(
+            validation_split=split,
+            subset=draw(st.sampled_from(["training", "validation"])),
+            stratify=draw(st.booleans()),
+        )
     if draw(st.booleans()):
         picked = draw(st.permutations(NAMES))
         kw["class_names"] = picked[: draw(st.integers(1, len(NAMES)))]
     world = draw(st.integers(1, 3))
     if world > 1:
         kw.update(rank=draw(st.integers(0, world - 1)), world_size=world)
-    kw.update(batch_size=draw(st.integers(1, 5)), shuffle=draw(st.booleans()),
-              seed=draw(st.integers(0, 1000)), drop_last=False, workers=0, batch="dict")
+    kw.update(
+        batch_size=draw(st.integers(1, 5)),
+        shuffle=draw(st.booleans()),
+        seed=draw(st.integers(0, 1000)),
+        drop_last=False,
+        workers=0,
+        batch="dict",
+    )
     return kw
 
 
@@ -112,8 +121,11 @@ def folder_truth(image_folder):
 
 
 @pytest.mark.timeout(300)
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(kw=selections())
 def test_index_path_and_arrays_name_the_source_sample_through_any_folder_selection(
     kw, image_folder, folder_truth
@@ -142,8 +154,15 @@ def test_index_path_and_arrays_name_the_source_sample_through_any_folder_selecti
 def test_the_issue_reproducer_gives_the_source_index_in_workers_too():
     x = _numbered(10)
     for workers in (0, 2):
-        with stoker.Loader(x, validation_split=0.2, subset="validation", batch_size=2,
-                           batch="dict", workers=workers, shuffle=False) as loader:
+        with stoker.Loader(
+            x,
+            validation_split=0.2,
+            subset="validation",
+            batch_size=2,
+            batch="dict",
+            workers=workers,
+            shuffle=False,
+        ) as loader:
             b = next(iter(loader))
         assert b["path"].tolist() == ["array[7]", "array[8]"]
         assert b["index"].tolist() == [7, 8]
@@ -162,17 +181,23 @@ def test_per_sample_arrays_take_the_source_length_and_refuse_the_selection_lengt
     with pytest.raises(ConfigError, match=r"fields\['f'\].*\(10\)"):
         stoker.Loader(x, fields={"f": np.ones(8)}, **kw)
     with stoker.Loader(x, **kw) as loader:
-        assert loader.source_indices.tolist() == [
-            int(p[6:-1]) for p in loader.file_paths
-        ]
+        assert loader.source_indices.tolist() == [int(p[6:-1]) for p in loader.file_paths]
 
 
 @pytest.mark.timeout(120)
 def test_masks_follow_their_source_sample_through_a_split():
     x = _numbered(12)
     masks = x[:, :, :, 0].copy()  # each mask spells its image's index too
-    with stoker.Loader(x, masks=masks, validation_split=0.25, subset="validation", augment=None,
-                       batch_size=3, workers=0, batch="dict") as loader:
+    with stoker.Loader(
+        x,
+        masks=masks,
+        validation_split=0.25,
+        subset="validation",
+        augment=None,
+        batch_size=3,
+        workers=0,
+        batch="dict",
+    ) as loader:
         for b in loader:
             assert b["mask"][:, 0, 0].tolist() == b["index"].tolist()
             assert b["image"][:, 0, 0, 0].tolist() == b["index"].tolist()
@@ -190,8 +215,15 @@ class Numbered:
 
 @pytest.mark.timeout(120)
 def test_a_dataset_can_be_split_and_its_index_is_the_dataset_index():
-    with stoker.Loader(Numbered(), validation_split=0.3, subset="validation", batch_size=2,
-                       workers=0, batch="dict", shuffle=False) as loader:
+    with stoker.Loader(
+        Numbered(),
+        validation_split=0.3,
+        subset="validation",
+        batch_size=2,
+        workers=0,
+        batch="dict",
+        shuffle=False,
+    ) as loader:
         batches = list(loader)
     assert sum(len(b["index"]) for b in batches) == 3
     for b in batches:
@@ -207,8 +239,13 @@ def _adapter_batch(kind: str, loader, dtype, mean, std) -> np.ndarray:
     if kind == "torch":
         import torch
 
-        x = next(iter(loader.torch(dtype=getattr(torch, dtype), mean=mean, std=std,
-                                   layout="channels_last")))[0]
+        x = next(
+            iter(
+                loader.torch(
+                    dtype=getattr(torch, dtype), mean=mean, std=std, layout="channels_last"
+                )
+            )
+        )[0]
         assert x.dtype == getattr(torch, dtype)
         return x.float().numpy()
     if kind == "jax":
@@ -261,8 +298,15 @@ def test_past_max_errors_it_raises_without_warning_beyond_the_budget(tmp_path, b
     import warnings
 
     files = _bad_folder(tmp_path, bad=3)
-    with stoker.Loader(paths=files, labels=[0] * 8, batch_size=8, image_size=8, workers=0,
-                       shuffle=False, max_errors=budget) as loader:
+    with stoker.Loader(
+        paths=files,
+        labels=[0] * 8,
+        batch_size=8,
+        image_size=8,
+        workers=0,
+        shuffle=False,
+        max_errors=budget,
+    ) as loader:
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             with pytest.raises(stoker.TooManyErrors, match=f"more than max_errors={budget}"):
@@ -308,11 +352,26 @@ def test_augments_on_the_global_rngs_give_the_same_batches_in_workers_inline_and
         assert np.array_equal(a, b) and np.array_equal(a, c)
     again = _run(image_folder, augment, workers=0)
     assert all(np.array_equal(a, b) for a, b in zip(inline, again, strict=True))
-    with stoker.Loader(image_folder, batch_size=6, image_size=16, seed=3, augment=augment,
-                       workers=0, shuffle=False) as a, stoker.Loader(
-        image_folder, batch_size=6, image_size=16, seed=4, augment=augment, workers=0,
-        shuffle=False
-    ) as b:
+    with (
+        stoker.Loader(
+            image_folder,
+            batch_size=6,
+            image_size=16,
+            seed=3,
+            augment=augment,
+            workers=0,
+            shuffle=False,
+        ) as a,
+        stoker.Loader(
+            image_folder,
+            batch_size=6,
+            image_size=16,
+            seed=4,
+            augment=augment,
+            workers=0,
+            shuffle=False,
+        ) as b,
+    ):
         assert not np.array_equal(next(iter(a))[0], next(iter(b))[0])  # the seed counts
 
 
@@ -322,8 +381,14 @@ def test_a_batch_transform_on_the_global_rng_is_the_same_in_workers_and_inline(i
 
     runs = []
     for workers in (0, 2):
-        with stoker.Loader(image_folder, batch_size=6, image_size=16, seed=5, workers=workers,
-                           batch_transform=helpers.batch_noise) as loader:
+        with stoker.Loader(
+            image_folder,
+            batch_size=6,
+            image_size=16,
+            seed=5,
+            workers=workers,
+            batch_transform=helpers.batch_noise,
+        ) as loader:
             runs.append([b[0].copy() for b in loader])
     assert all(np.array_equal(a, b) for a, b in zip(*runs, strict=True))
 
@@ -349,8 +414,9 @@ def _hf_parquet(folder, stored_paths: list[str | None], embed: tuple[int, ...] =
         (folder / "imgs" / f"{i}.png").write_bytes(buf.getvalue())
         cells.append({"bytes": buf.getvalue() if i in embed else None, "path": stored})
     kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    table = pa.table({"image": pa.array(cells, type=kind),
-                      "label": pa.array(range(len(cells)), pa.int64())})
+    table = pa.table(
+        {"image": pa.array(cells, type=kind), "label": pa.array(range(len(cells)), pa.int64())}
+    )
     out = folder / "train.parquet"
     pq.write_table(table, out, row_group_size=3)
     return str(out)
@@ -361,8 +427,16 @@ def _hf_parquet(folder, stored_paths: list[str | None], embed: tuple[int, ...] =
 def test_hugging_face_rows_with_a_path_and_no_bytes_read_the_file(tmp_path, workers):
     stored = [str(tmp_path / "imgs" / f"{i}.png") if i % 2 else f"imgs/{i}.png" for i in range(7)]
     parquet = _hf_parquet(tmp_path, stored, embed=(4,))
-    with stoker.Loader(parquet, batch_size=7, image_size=6, augment=None, shuffle=False,
-                       workers=workers, max_errors=0, batch="dict") as loader:
+    with stoker.Loader(
+        parquet,
+        batch_size=7,
+        image_size=6,
+        augment=None,
+        shuffle=False,
+        workers=workers,
+        max_errors=0,
+        batch="dict",
+    ) as loader:
         b = next(iter(loader))
     assert b["label"].tolist() == list(range(7))
     assert b["image"][:, 0, 0, 0].tolist() == [20 * i for i in range(7)]
@@ -448,8 +522,7 @@ def test_image_options_reach_every_image_leaf_of_any_structure_or_are_refused(
     if normalise:
         options.update(mean=0, std=1)
     images = [k for k in kinds if k in ("pixels", "chw")]
-    with stoker.Loader(Structured(shape, kinds), batch_size=3, shuffle=False,
-                       workers=0) as loader:
+    with stoker.Loader(Structured(shape, kinds), batch_size=3, shuffle=False, workers=0) as loader:
         if not images or (normalise and "chw" in images):
             with pytest.raises(ConfigError, match="f0|'0'|'x'|'1'|'2'|f1|f2") as refused:
                 _first(adapter, loader, **options)
@@ -479,8 +552,9 @@ def test_image_options_reach_every_image_leaf_of_any_structure_or_are_refused(
 
 @pytest.mark.timeout(300)
 def test_tf_converts_a_tuple_datasets_image_leaves():
-    with stoker.Loader(Structured("tuple", ["pixels", "chw", "label"]), batch_size=3,
-                       shuffle=False, workers=0) as loader:
+    with stoker.Loader(
+        Structured("tuple", ["pixels", "chw", "label"]), batch_size=3, shuffle=False, workers=0
+    ) as loader:
         pixels, chw, label = next(iter(loader.tf(dtype="float16")))
         assert pixels.dtype.name == chw.dtype.name == "float16" and label.dtype.name == "int64"
         with pytest.raises(ConfigError, match=r"'1' float32 \(3, 4, 5\)"):

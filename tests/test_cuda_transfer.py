@@ -198,8 +198,10 @@ def test_cuda_zero_copy_matches_the_numpy_path(image_folder) -> None:
     with stoker.Loader(image_folder, workers=2, **KW) as loader:
         got = []
         for _ in range(2):
-            got += [(x.permute(0, 2, 3, 1).cpu().numpy(), y.cpu().numpy())
-                    for x, y in loader.torch(device="cuda")]
+            got += [
+                (x.permute(0, 2, 3, 1).cpu().numpy(), y.cpu().numpy())
+                for x, y in loader.torch(device="cuda")
+            ]
         report = loader.stats()
     _same(got, expected)
     assert "zero-copy" in report.transfer, report.transfer
@@ -211,7 +213,9 @@ def test_cuda_zero_copy_matches_the_numpy_path(image_folder) -> None:
 def test_cuda_memcpy_fallback_matches_the_numpy_path(image_folder) -> None:
     expected = _expected(image_folder, 4)
     with stoker.Loader(image_folder, workers=1, **KW) as loader:
-        got = [(x.cpu().numpy(), y.cpu().numpy())
-               for x, y in loader.torch(device="cuda", zero_copy=False, layout="channels_last")]
+        got = [
+            (x.cpu().numpy(), y.cpu().numpy())
+            for x, y in loader.torch(device="cuda", zero_copy=False, layout="channels_last")
+        ]
         assert "memcpy" in loader.stats().transfer
     _same(got, expected)

@@ -77,16 +77,21 @@ def test_exact_resume_mid_epoch():
 
 @pytest.mark.timeout(120)
 def test_a_bad_sample_within_the_budget_is_replaced_and_named():
-    with stoker.Loader(Clips(bad=(5,)), batch_size=8, shuffle=False, workers=2,
-                       max_errors=1, batch=("audio", "label", "index")) as loader:
+    with stoker.Loader(
+        Clips(bad=(5,)),
+        batch_size=8,
+        shuffle=False,
+        workers=2,
+        max_errors=1,
+        batch=("audio", "label", "index"),
+    ) as loader:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             batches = list(loader)
         assert all(len(b[2]) == 8 for b in batches)
         indices = np.concatenate([b[2] for b in batches])
         assert 5 not in indices and len(indices) == 48
-        assert any("dataset[5]" in str(w.message) and "truncated" in str(w.message)
-                   for w in caught)
+        assert any("dataset[5]" in str(w.message) and "truncated" in str(w.message) for w in caught)
         report = loader.stats()
         assert "dataset[5]" in str(report)
     with stoker.Loader(Clips(bad=(5, 9)), batch_size=8, workers=1, max_errors=1) as loader:

@@ -23,8 +23,11 @@ SMALL = {"classes": 3, "per_class": 4, "min_side": 32, "max_side": 48}
 
 def _files(root: pathlib.Path) -> dict[str, bytes]:
     """Relative path -> bytes of every image under ``root``."""
-    return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.glob("class_*/*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.glob("class_*/*"))
+        if p.is_file()
+    }
 
 
 def _labels(root: pathlib.Path) -> list[tuple[str, int]]:
@@ -38,7 +41,10 @@ def test_layout_labels_and_image_properties(tmp_path):
     root = make_image_folder(tmp_path / "ds", **SMALL)
     assert root == tmp_path / "ds"
     assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [
-        "class_000", "class_001", "class_002"]
+        "class_000",
+        "class_001",
+        "class_002",
+    ]
     expected = [(f"class_{c:03d}/img_{i:05d}.jpg", c) for c in range(3) for i in range(4)]
     assert _labels(root) == expected
     assert sorted(_files(root)) == [p for p, _ in expected]
@@ -75,8 +81,9 @@ def test_worker_processes_give_the_same_bytes(tmp_path):
 def test_classes_are_learnable_from_colour_histograms(tmp_path):
     # 12 classes: 10 photos, then classes 10 and 11 reuse photos 0 and 1 with swapped channels
     classes = 12
-    root = make_image_folder(tmp_path / "ds", classes=classes, per_class=6, min_side=32,
-                             max_side=40)
+    root = make_image_folder(
+        tmp_path / "ds", classes=classes, per_class=6, min_side=32, max_side=40
+    )
     feats, labels = [], []
     for rel, label in _labels(root):
         with Image.open(root / rel) as im:
@@ -123,8 +130,9 @@ def test_incomplete_dataset_is_rebuilt(tmp_path, damage):
 def test_other_parameters_rewrite_and_remove_old_images(tmp_path):
     root = make_image_folder(tmp_path / "ds", **SMALL)
     make_image_folder(root, **{**SMALL, "classes": 2, "per_class": 2})
-    assert sorted(_files(root)) == [f"class_{c:03d}/img_{i:05d}.jpg"
-                                    for c in range(2) for i in range(2)]
+    assert sorted(_files(root)) == [
+        f"class_{c:03d}/img_{i:05d}.jpg" for c in range(2) for i in range(2)
+    ]
     assert not (root / "class_002").exists()
     assert json.loads((root / MARKER).read_text())["params"]["classes"] == 2
 
@@ -140,10 +148,18 @@ def test_png_format(tmp_path):
     assert json.loads((root / MARKER).read_text())["params"]["quality"] is None
 
 
-@pytest.mark.parametrize("bad", [
-    {"classes": 0}, {"per_class": 0}, {"min_side": 0}, {"min_side": 60, "max_side": 50},
-    {"format": "webp"}, {"quality": 101}, {"workers": 0},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"classes": 0},
+        {"per_class": 0},
+        {"min_side": 0},
+        {"min_side": 60, "max_side": 50},
+        {"format": "webp"},
+        {"quality": 101},
+        {"workers": 0},
+    ],
+)
 def test_bad_arguments_raise_config_error(tmp_path, bad):
     with pytest.raises(ConfigError):
         make_image_folder(tmp_path / "ds", **{**SMALL, **bad})
@@ -152,8 +168,9 @@ def test_bad_arguments_raise_config_error(tmp_path, bad):
 
 def test_missing_demo_extra_is_a_clear_error(tmp_path, monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "sklearn" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "sklearn" else real(name, *a)
+    )
     datasets._photos.cache_clear()
     try:
         with pytest.raises(ImportError, match=r"pip install 'stoker\[demo\]'"):
@@ -164,11 +181,19 @@ def test_missing_demo_extra_is_a_clear_error(tmp_path, monkeypatch):
 
 
 def test_import_does_not_load_skimage_or_sklearn():
-    code = ("import sys, stoker.datasets; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('skimage', 'sklearn')))")
+    code = (
+        "import sys, stoker.datasets; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('skimage', 'sklearn')))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                         text=True, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -184,5 +209,7 @@ def test_large_photos(tmp_path):
         os.utime(p, ns=(0, 0))
     make_large_photos(root, count=2, megapixels=(0.2, 0.4), seed=3)
     assert all(p.stat().st_mtime_ns == 0 for p in root.rglob("*"))
-    assert _files(make_large_photos(tmp_path / "again", count=2, megapixels=(0.2, 0.4),
-                                    seed=3)) == before
+    assert (
+        _files(make_large_photos(tmp_path / "again", count=2, megapixels=(0.2, 0.4), seed=3))
+        == before
+    )

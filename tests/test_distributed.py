@@ -66,8 +66,13 @@ def test_rank_and_world_size_come_from_torch_distributed(tmp_path, image_folder)
     port = str(_free_port())
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(image_folder), str(r), port],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        subprocess.Popen(
+            [sys.executable, str(script), str(image_folder), str(r), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         for r in range(2)
     ]
     outs = []
@@ -75,7 +80,7 @@ def test_rank_and_world_size_come_from_torch_distributed(tmp_path, image_folder)
         out, err = p.communicate(timeout=240)  # two torch imports on a loaded 2-core machine
         assert p.returncode == 0, err[-2000:]
         line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
-        outs.append(json.loads(line[len("RESULT "):]))
+        outs.append(json.loads(line[len("RESULT ") :]))
     assert sorted(o["rank"] for o in outs) == [0, 1] and {o["world"] for o in outs} == {2}
     assert outs[0]["batches"] == outs[1]["batches"] == 3  # 36 samples / 2 ranks, batches of 5
     assert not set(outs[0]["samples"]) & set(outs[1]["samples"])

@@ -89,8 +89,12 @@ def test_fences_are_found_and_closed() -> None:
 
 
 def _skipped() -> list[tuple[str, Block]]:
-    return [(_rel(page), b) for page in PAGES for b in python_blocks(page.read_text())
-            if b.skip_reason is not None]
+    return [
+        (_rel(page), b)
+        for page in PAGES
+        for b in python_blocks(page.read_text())
+        if b.skip_reason is not None
+    ]
 
 
 @pytest.mark.parametrize("where,block", _skipped(), ids=[f"{p}:{b.line}" for p, b in _skipped()])
@@ -103,8 +107,10 @@ def test_block_not_run(where: str, block: Block) -> None:
 
 def test_readme_first_screen_has_both_setup_commands() -> None:
     first_screen = "\n".join((ROOT / "README.md").read_text().splitlines()[:30])
-    for command in ('pip install -c constraints.txt -e ".[demo]" && stoker demo',
-                    'pip install -c constraints.txt -e ".[dev]" && python -m pytest'):
+    for command in (
+        'pip install -c constraints.txt -e ".[demo]" && stoker demo',
+        'pip install -c constraints.txt -e ".[dev]" && python -m pytest',
+    ):
         assert command in first_screen, command
 
 
@@ -114,10 +120,12 @@ def photo_data(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     from stoker.datasets import make_image_folder
 
     root = tmp_path_factory.mktemp("docs_data")
-    make_image_folder(root / "data" / "train", classes=3, per_class=12, min_side=64,
-                      max_side=120, seed=0)
-    make_image_folder(root / "data" / "val", classes=3, per_class=6, min_side=64,
-                      max_side=120, seed=1)
+    make_image_folder(
+        root / "data" / "train", classes=3, per_class=12, min_side=64, max_side=120, seed=0
+    )
+    make_image_folder(
+        root / "data" / "val", classes=3, per_class=6, min_side=64, max_side=120, seed=1
+    )
     return root / "data"
 
 
@@ -132,28 +140,33 @@ def _env() -> dict[str, str]:
     return env
 
 
-PAGES_WITH_CODE = [p for p in PAGES if any(
-    b.skip_reason is None for b in python_blocks(p.read_text()))]
+PAGES_WITH_CODE = [
+    p for p in PAGES if any(b.skip_reason is None for b in python_blocks(p.read_text()))
+]
 
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=_rel)
-def test_page_examples_run(page: pathlib.Path, photo_data: pathlib.Path,
-                           tmp_path: pathlib.Path) -> None:
+def test_page_examples_run(
+    page: pathlib.Path, photo_data: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
     blocks = [b for b in python_blocks(page.read_text()) if b.skip_reason is None]
     needed = {n for b in blocks for n in IMPORT.findall(b.code)} | {
-        FRAMEWORK[a] for b in blocks for a in ADAPTER.findall(b.code)}
-    missing = sorted(n for n in needed
-                     if n in OPTIONAL and importlib.util.find_spec(n) is None)
+        FRAMEWORK[a] for b in blocks for a in ADAPTER.findall(b.code)
+    }
+    missing = sorted(n for n in needed if n in OPTIONAL and importlib.util.find_spec(n) is None)
     if missing:  # the core suite on another Python, without the framework extras
         pytest.skip(f"{_rel(page)} imports {', '.join(missing)}, not installed here")
     shutil.copytree(photo_data, tmp_path / "data")
-    (tmp_path / "blocks.json").write_text(
-        json.dumps([[str(page), b.line, b.code] for b in blocks]))
+    (tmp_path / "blocks.json").write_text(json.dumps([[str(page), b.line, b.code] for b in blocks]))
     (tmp_path / "driver.py").write_text(DRIVER)
     proc = subprocess.run(
-        [sys.executable, "driver.py", "blocks.json"], cwd=tmp_path, env=_env(),
-        capture_output=True, text=True, timeout=400,
+        [sys.executable, "driver.py", "blocks.json"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert proc.returncode == 0, (
         f"an example of {_rel(page)} failed (exit {proc.returncode}):\n"

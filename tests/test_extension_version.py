@@ -42,7 +42,9 @@ def test_a_stale_build_is_refused_and_jpegs_still_decode(image_folder):
     assert jpegcrop._jpeg is not None
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(image_folder), jpegcrop._jpeg.__file__],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ok" in out.stdout and "python setup.py build_ext --inplace" in out.stdout
@@ -75,8 +77,12 @@ def test_a_stale_native_reader_is_refused_and_the_window_reads_on_python_threads
     from stoker.sources import filereads
 
     assert filereads.AVAILABLE, "build it: python setup.py build_ext --inplace"
-    out = subprocess.run([sys.executable, "-c", NATIVE_READS, str(image_folder)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", NATIVE_READS, str(image_folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "reads ahead of decoding: Python threads: the built /old/_readfiles.so" in out.stdout
     assert "python setup.py build_ext --inplace" in out.stdout

@@ -76,8 +76,11 @@ def test_hung_transform_times_out_and_close_is_bounded():
     pids = [proc.pid for proc in loader._run.pool.procs]
     time.sleep(0.5)  # a worker is now stuck in batch 4
     loader.close()  # bounded by the test's limit: it must not wait for the stuck batch
-    assert not [p for p in pids if psutil.pid_exists(p)
-                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not [
+        p
+        for p in pids
+        if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
 
 
 @pytest.mark.timeout(60)

@@ -21,11 +21,24 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gpu_check_dry_run(tmp_path: Path) -> None:
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed")
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "CUDA_VISIBLE_DEVICES": "",
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--dry-run", "--out",
-         str(tmp_path)], env=env, capture_output=True, text=True, timeout=560)
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_check.py"),
+            "--dry-run",
+            "--out",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=560,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "skipped: no CUDA" in proc.stdout
     out = json.loads((tmp_path / "gpu_check.json").read_text())

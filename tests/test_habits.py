@@ -145,9 +145,7 @@ def test_batch_transform_contract_is_checked_with_messages_that_say_the_fix(imag
     with pytest.raises(ConfigError, match="give a function"):
         stoker.Loader(image_folder, batch_transform=3, **KW)
     with pytest.raises(TypeError, match="image stays uint8"):
-        stoker.Loader(
-            image_folder, batch_transform=lambda b, r: {"image": b["image"] / 255}, **KW
-        )
+        stoker.Loader(image_folder, batch_transform=lambda b, r: {"image": b["image"] / 255}, **KW)
     with pytest.raises(TypeError, match="never index"):
         stoker.Loader(image_folder, batch_transform=lambda b, r: {"index": b["index"]}, **KW)
 
@@ -186,7 +184,11 @@ def test_peek_shows_the_next_batch_without_taking_it_workers_running_or_not(imag
 def test_dataset_sampler_and_batch_size_read_as_a_dataloader_s(image_folder):
     pytest.importorskip("torch")
     train, val = stoker.Loader(
-        image_folder, validation_split=0.25, subset="both", batch_size=4, image_size=16,
+        image_folder,
+        validation_split=0.25,
+        subset="both",
+        batch_size=4,
+        image_size=16,
         workers=0,
     )
     with train, val:
@@ -211,8 +213,13 @@ def test_dataset_sampler_and_batch_size_read_as_a_dataloader_s(image_folder):
 
 def test_subset_both_gives_each_half_its_own_augment_and_batch_transform(image_folder):
     train, val = stoker.Loader(
-        image_folder, validation_split=0.25, subset="both", batch_size=4, image_size=16,
-        workers=0, augment={"training": "train", "validation": None},
+        image_folder,
+        validation_split=0.25,
+        subset="both",
+        batch_size=4,
+        image_size=16,
+        workers=0,
+        augment={"training": "train", "validation": None},
         batch_transform={"training": mixup},
     )
     with train, val:
@@ -270,8 +277,9 @@ def test_cutmix_on_masks_pastes_the_mask_box_with_the_image_box(tmp_path):
     kw = dict(batch_size=4, image_size=24, augment="eval", seed=4)
     with stoker.Loader(tmp_path / "pairs.csv", workers=0, **kw) as plain:
         x0, m0 = (np.array(v) for v in next(iter(plain)))
-    with stoker.Loader(tmp_path / "pairs.csv", workers=2, batch_transform=cutmix_masks,
-                       **kw) as mixed:
+    with stoker.Loader(
+        tmp_path / "pairs.csv", workers=2, batch_transform=cutmix_masks, **kw
+    ) as mixed:
         x, m = (np.array(v) for v in next(iter(mixed)))
     y_0, y_1, x_0, x_1 = cutmix_box(24, 24, batch_rng(4, 0, 0, 0))
     assert y_1 > y_0 and x_1 > x_0

@@ -102,7 +102,6 @@ def test_garbage_files_give_stoker_errors_not_crashes(tmp_path, data, suffix):
     assert np.asarray(0) == 0
 
 
-
 LONG = "y" * 5000  # longer than any file system's name limit
 
 

@@ -32,8 +32,11 @@ def _loss(params, x, y):
 @pytest.mark.timeout(120)
 def test_training_loop_learns(image_folder: pathlib.Path) -> None:
     params = {"w": jnp.zeros((32 * 32 * 3, 3)), "b": jnp.zeros(3)}
-    step = jax.jit(lambda p, x, y: jax.tree_util.tree_map(
-        lambda a, g: a - 0.05 * g, p, jax.grad(_loss)(p, x, y)))
+    step = jax.jit(
+        lambda p, x, y: jax.tree_util.tree_map(
+            lambda a, g: a - 0.05 * g, p, jax.grad(_loss)(p, x, y)
+        )
+    )
     loss = jax.jit(_loss)
     with stoker.Loader(image_folder, workers=2, seed=0, augment="eval", **SMALL) as loader:
         batches = loader.jax()

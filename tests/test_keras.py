@@ -221,21 +221,33 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("backend", ["tensorflow", "jax", "torch"])
-def test_fit_evaluate_predict(backend: str, image_folder: pathlib.Path,
-                              tmp_path: pathlib.Path) -> None:
+def test_fit_evaluate_predict(
+    backend: str, image_folder: pathlib.Path, tmp_path: pathlib.Path
+) -> None:
     for module in ("keras", backend):
         if importlib.util.find_spec(module) is None:
             pytest.skip(f"{module} is not installed")
     script = tmp_path / "fit_script.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3",
-           "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": backend,
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "CUDA_VISIBLE_DEVICES": "",
+        "JAX_PLATFORMS": "cpu",
+    }
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, str(script), str(image_folder)], env=env,
-                          capture_output=True, text=True, timeout=270, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(image_folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=270,
+        cwd=tmp_path,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT ") :])
     print(f"{backend}: {time.perf_counter() - t0:.1f} s in the subprocess, {out}")
 
     assert out["backend"] == backend
@@ -303,11 +315,15 @@ def test_checkpoint_callback_resumes_at_the_trained_batch(image_folder, tmp_path
     env = {**os.environ, "KERAS_BACKEND": "torch", "CUDA_VISIBLE_DEVICES": ""}
     proc = subprocess.run(
         [sys.executable, str(script), str(image_folder), str(tmp_path / "ckpt" / "loader.json")],
-        env=env, capture_output=True, text=True, timeout=210, cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=210,
+        cwd=tmp_path,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT ") :])
     assert out["restored"] is True
     assert (out["saved"]["epoch"], out["saved"]["position"]) == (0, 6)  # saved after 3 and 6
     assert out["state"] == out["saved"]

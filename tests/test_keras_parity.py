@@ -48,8 +48,13 @@ def test_label_modes_and_class_names(image_folder):
     with stoker.Loader(image_folder, label_mode="categorical", shuffle=False, **OPTS) as cat:
         _, y = next(iter(cat))
         assert y.dtype == np.float32 and y.shape == (4, 3) and (y.sum(1) == 1).all()
-    picked = stoker.Loader(image_folder, class_names=["class_002", "class_000"],
-                           label_mode="binary", shuffle=False, **OPTS)
+    picked = stoker.Loader(
+        image_folder,
+        class_names=["class_002", "class_000"],
+        label_mode="binary",
+        shuffle=False,
+        **OPTS,
+    )
     with picked:
         assert picked.class_names == ["class_002", "class_000"] and len(picked.source) == 24
         assert all("class_001" not in p for p in picked.file_paths)
@@ -65,8 +70,12 @@ def test_label_modes_and_class_names(image_folder):
     with pytest.raises(SourceError, match="exactly 2 classes"):
         stoker.Loader(image_folder, label_mode="binary", **OPTS)
     with pytest.raises(SourceError, match="label_mode='auto'"):
-        stoker.Loader(np.zeros((4, 8, 8, 3), np.uint8), labels=np.ones(4) / 3,
-                      label_mode="categorical", **OPTS)
+        stoker.Loader(
+            np.zeros((4, 8, 8, 3), np.uint8),
+            labels=np.ones(4) / 3,
+            label_mode="categorical",
+            **OPTS,
+        )
 
 
 def _png(array: np.ndarray) -> bytes:
@@ -79,9 +88,10 @@ def _png(array: np.ndarray) -> bytes:
 def test_color_modes(tmp_path, image_folder):
     jpg = sorted(image_folder.glob("class_000/*.jpg"))[:4]
     kw = dict(augment=None, shuffle=False, **OPTS)
-    with stoker.Loader(paths=jpg, **kw) as rgb, stoker.Loader(
-        paths=jpg, color_mode="grayscale", **kw
-    ) as gray:
+    with (
+        stoker.Loader(paths=jpg, **kw) as rgb,
+        stoker.Loader(paths=jpg, color_mode="grayscale", **kw) as gray,
+    ):
         x3, _ = next(iter(rgb))
         x1, _ = next(iter(gray))
     assert x1.shape == (4, 16, 16, 1)
@@ -99,9 +109,15 @@ def test_color_modes(tmp_path, image_folder):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how,flag", [("bilinear", cv2.INTER_LINEAR), ("area", cv2.INTER_AREA),
-                                      ("bicubic", cv2.INTER_CUBIC),
-                                      ("nearest", cv2.INTER_NEAREST_EXACT)])
+@pytest.mark.parametrize(
+    "how,flag",
+    [
+        ("bilinear", cv2.INTER_LINEAR),
+        ("area", cv2.INTER_AREA),
+        ("bicubic", cv2.INTER_CUBIC),
+        ("nearest", cv2.INTER_NEAREST_EXACT),
+    ],
+)
 def test_interpolation_and_aspect_ratio_fits(how, flag):
     images = np.random.default_rng(2).integers(0, 256, (4, 20, 40, 3), dtype=np.uint8)
     kw = dict(augment=None, shuffle=False, batch_size=4, workers=0, interpolation=how)
@@ -132,8 +148,15 @@ def test_crop_to_aspect_ratio_decodes_only_the_window_of_a_jpeg(image_folder):
     assert box[2] * 2 == box[3] or abs(box[3] / box[2] - 2) < 0.05  # the output's aspect
     window = decode.decode(data, info, box=box, min_size=(16, 32))  # the crop-window decode
     want = cv2.resize(np.ascontiguousarray(window), (32, 16))
-    with stoker.Loader(paths=[path], augment=None, image_size=(16, 32), batch_size=1,
-                       workers=0, crop_to_aspect_ratio=True, interpolation="bilinear") as win:
+    with stoker.Loader(
+        paths=[path],
+        augment=None,
+        image_size=(16, 32),
+        batch_size=1,
+        workers=0,
+        crop_to_aspect_ratio=True,
+        interpolation="bilinear",
+    ) as win:
         x, _ = next(iter(win))
     assert np.abs(x[0].astype(int) - want).max() <= 1
 
@@ -189,13 +212,24 @@ def test_pad_to_aspect_ratio_places_the_image_where_keras_does(tmp_path):
     files = sorted(str(p) for p in root.glob("*/*.jpg"))
     for k, size in enumerate(SIZES_PAD):
         ds = keras.utils.image_dataset_from_directory(
-            str(root), image_size=size, batch_size=10, shuffle=False, verbose=False,
-            pad_to_aspect_ratio=True, interpolation="bilinear",
+            str(root),
+            image_size=size,
+            batch_size=10,
+            shuffle=False,
+            verbose=False,
+            pad_to_aspect_ratio=True,
+            interpolation="bilinear",
         )
         theirs = np.concatenate([x.numpy() for x, _ in ds])
         with stoker.Loader(
-            root, image_size=size, augment=None, shuffle=False, batch_size=10,
-            workers=2 if k == 0 else 0, interpolation="bilinear", pad_to_aspect_ratio=True,
+            root,
+            image_size=size,
+            augment=None,
+            shuffle=False,
+            batch_size=10,
+            workers=2 if k == 0 else 0,
+            interpolation="bilinear",
+            pad_to_aspect_ratio=True,
         ) as loader:
             ours = np.concatenate([x for x, _ in loader])
         assert loader.file_paths == files
@@ -205,14 +239,18 @@ def test_pad_to_aspect_ratio_places_the_image_where_keras_does(tmp_path):
                 assert np.array_equal(black, (ours[i] == 0).all(axis=(1 - axis, 2)))
         diff = np.abs(ours.astype(np.float32) - theirs)
         assert diff.mean() < 1.5 and diff.max() <= 8, (size, diff.mean(), diff.max())
-        accurate = np.stack([
-            tf.image.resize_with_pad(
-                tf.io.decode_jpeg(tf.io.read_file(f), channels=3,
-                                  dct_method="INTEGER_ACCURATE"),
-                *size, method="bilinear",
-            ).numpy()
-            for f in files
-        ])
+        accurate = np.stack(
+            [
+                tf.image.resize_with_pad(
+                    tf.io.decode_jpeg(
+                        tf.io.read_file(f), channels=3, dct_method="INTEGER_ACCURATE"
+                    ),
+                    *size,
+                    method="bilinear",
+                ).numpy()
+                for f in files
+            ]
+        )
         assert np.abs(ours.astype(np.float32) - accurate).max() <= 1.0, size
 
 

@@ -39,8 +39,14 @@ def test_workers_that_die_at_once_with_large_arguments_raise_within_the_timeout(
     """The old launch wrote the pickled arguments into a pipe whose read end it still held:
     a worker that died before reading them left the parent blocked forever."""
     images = np.zeros((20_000, 8, 8, 3), np.uint8)
-    with stoker.Loader(images, labels=np.arange(20_000), batch_size=8, image_size=8, workers=2,
-                       augment=[DieOnArrival(), Heavy()]) as loader:
+    with stoker.Loader(
+        images,
+        labels=np.arange(20_000),
+        batch_size=8,
+        image_size=8,
+        workers=2,
+        augment=[DieOnArrival(), Heavy()],
+    ) as loader:
         with pytest.raises(WorkerDied, match="exited with code 3 while starting"):
             next(iter(loader))
 
@@ -66,8 +72,9 @@ def test_a_value_that_cannot_be_sent_is_named_with_the_fix(tmp_path):
     cases = [(write_and_pass, "closure variable 'log'"), (Locked(), "augment.guard")]
     try:
         for augment, where in cases:
-            with stoker.Loader(images, batch_size=4, image_size=8, workers=2,
-                               augment=augment) as loader:
+            with stoker.Loader(
+                images, batch_size=4, image_size=8, workers=2, augment=augment
+            ) as loader:
                 with pytest.raises(ConfigError, match="cannot send augment") as info:
                     next(iter(loader))
             assert where in str(info.value) and "workers=0" in str(info.value)
@@ -84,8 +91,9 @@ def test_a_closure_over_local_data_travels_by_value():
         return image + offset
 
     images = np.zeros((12, 8, 8, 3), np.uint8)
-    with stoker.Loader(images, batch_size=4, image_size=8, workers=2, shuffle=False,
-                       augment=shift) as loader:
+    with stoker.Loader(
+        images, batch_size=4, image_size=8, workers=2, shuffle=False, augment=shift
+    ) as loader:
         for x, _ in loader:
             seen[len(seen)] = x
         report = loader.stats()
@@ -108,8 +116,9 @@ def test_stats_show_start_up_and_why_it_was_slow(tmp_path, monkeypatch):
     import slow_augment  # noqa: E402 - imported here, by the test, from tmp_path
 
     images = np.zeros((16, 8, 8, 3), np.uint8)
-    with stoker.Loader(images, batch_size=4, image_size=8, workers=2,
-                       augment=slow_augment.identity) as loader:
+    with stoker.Loader(
+        images, batch_size=4, image_size=8, workers=2, augment=slow_augment.identity
+    ) as loader:
         next(iter(loader))
         text = str(loader.stats())
         report = loader.stats()

@@ -275,8 +275,9 @@ def test_fast_decode_auto_is_fast_for_train_and_exact_for_eval(image_folder):
     and a fast train decode differs from an exact one by at most a few levels."""
     kinds = {}
     for augment, fast in [("train", "auto"), ("train", False), ("eval", "auto"), ("eval", False)]:
-        loader = stoker.Loader(image_folder, batch_size=8, augment=augment, workers=0,
-                               fast_decode=fast)
+        loader = stoker.Loader(
+            image_folder, batch_size=8, augment=augment, workers=0, fast_decode=fast
+        )
         kinds[augment, fast] = (loader.pipeline.fast, next(iter(loader))[0].copy())
         loader.close()
     assert kinds["train", "auto"][0] and not kinds["eval", "auto"][0]

@@ -97,19 +97,35 @@ def ref_op(a: np.ndarray, name: str, m: float) -> np.ndarray:
     if name == "Identity":
         return a
     if name == "ShearX":
-        return ref_affine(a, angle=0.0, translate=[0, 0], scale=1.0,
-                          shear=[math.degrees(math.atan(m)), 0.0], center=[0, 0])
+        return ref_affine(
+            a,
+            angle=0.0,
+            translate=[0, 0],
+            scale=1.0,
+            shear=[math.degrees(math.atan(m)), 0.0],
+            center=[0, 0],
+        )
     if name == "ShearY":
-        return ref_affine(a, angle=0.0, translate=[0, 0], scale=1.0,
-                          shear=[0.0, math.degrees(math.atan(m))], center=[0, 0])
+        return ref_affine(
+            a,
+            angle=0.0,
+            translate=[0, 0],
+            scale=1.0,
+            shear=[0.0, math.degrees(math.atan(m))],
+            center=[0, 0],
+        )
     if name == "TranslateX":
         return ref_affine(a, angle=0.0, translate=[int(m), 0], scale=1.0, shear=[0.0, 0.0])
     if name == "TranslateY":
         return ref_affine(a, angle=0.0, translate=[0, int(m)], scale=1.0, shear=[0.0, 0.0])
     if name == "Rotate":
         return arr(img.rotate(m, Image.NEAREST, expand=False, fillcolor=0))
-    enhance = {"Brightness": ImageEnhance.Brightness, "Color": ImageEnhance.Color,
-               "Contrast": ImageEnhance.Contrast, "Sharpness": ImageEnhance.Sharpness}
+    enhance = {
+        "Brightness": ImageEnhance.Brightness,
+        "Color": ImageEnhance.Color,
+        "Contrast": ImageEnhance.Contrast,
+        "Sharpness": ImageEnhance.Sharpness,
+    }
     if name in enhance:
         return arr(enhance[name](img).enhance(1.0 + m))
     if name == "Posterize":
@@ -169,13 +185,15 @@ def ref_hue_pil(a: np.ndarray, shift: float) -> np.ndarray:
 @pytest.mark.parametrize("factor", [0.0, 0.3, 0.99, 1.01, 1.5, 1.99])
 def test_brightness_posterize_solarize_match_pil_exactly(factor: float) -> None:
     for a in (IMG, GRAY):
-        assert np.array_equal(im.brightness(a, factor), arr(ImageEnhance.Brightness(pil(a))
-                                                           .enhance(factor)))
+        assert np.array_equal(
+            im.brightness(a, factor), arr(ImageEnhance.Brightness(pil(a)).enhance(factor))
+        )
     for bits in range(1, 9):
         assert np.array_equal(im.posterize(IMG, bits), arr(ImageOps.posterize(pil(IMG), bits)))
     for threshold in (0, 1, 127.5, 128, 246.5, 255, 256):
-        assert np.array_equal(im.solarize(IMG, threshold),
-                              arr(ImageOps.solarize(pil(IMG), threshold)))
+        assert np.array_equal(
+            im.solarize(IMG, threshold), arr(ImageOps.solarize(pil(IMG), threshold))
+        )
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -260,8 +278,15 @@ def test_rotate_and_translate_match_pil(degrees: float) -> None:
 
 def test_the_input_is_never_written() -> None:
     a = IMG.copy()
-    for fn, m in ((im.brightness, 1.5), (im.contrast, 0.5), (im.saturation, 0.2),
-                  (im.hue, 0.3), (im.sharpness, 1.9), (im.shear_x, 0.4), (im.rotate, 30)):
+    for fn, m in (
+        (im.brightness, 1.5),
+        (im.contrast, 0.5),
+        (im.saturation, 0.2),
+        (im.hue, 0.3),
+        (im.sharpness, 1.9),
+        (im.shear_x, 0.4),
+        (im.rotate, 30),
+    ):
         out = fn(a, m)
         assert out is not a and np.array_equal(a, IMG), fn.__name__
 
@@ -417,8 +442,12 @@ def test_autoaugment_ops_match_torchvision_s_apply_op_through_pil(op) -> None:
 
 
 def test_ops_work_on_gray_images_and_refuse_rgba() -> None:
-    for op in (TrivialAugmentWide(), RandAugment(), ColorJitter(0.4, 0.4, 0.4, 0.1),
-               RandomErasing(p=1.0)):
+    for op in (
+        TrivialAugmentWide(),
+        RandAugment(),
+        ColorJitter(0.4, 0.4, 0.4, 0.1),
+        RandomErasing(p=1.0),
+    ):
         for seed in range(20):
             out = op(GRAY[:, :, None], np.random.default_rng(seed))
             assert out.shape == (48, 64, 1) and out.dtype == np.uint8

@@ -126,8 +126,12 @@ def _curated_api() -> list[tuple[str, object]]:
     for n in stoker.ops.__all__:
         objects += _public_members(getattr(stoker.ops, n))
     adapters = []
-    for module, framework in (("torch", "torch"), ("jax", "jax"), ("keras", "keras"),
-                              ("tf", "tensorflow")):
+    for module, framework in (
+        ("torch", "torch"),
+        ("jax", "jax"),
+        ("keras", "keras"),
+        ("tf", "tensorflow"),
+    ):
         if importlib.util.find_spec(framework) is not None:
             adapters.append(importlib.import_module(f"stoker.adapters.{module}"))
     import stoker.adapters.base as base

@@ -45,17 +45,42 @@ def _grid(sheet: np.ndarray, tile: int) -> tuple[list[tuple[int, int]], list[tup
 
 
 def _peeked(source, n, size, seed, augment="train", **kw):
-    with stoker.Loader(source, batch_size=n, image_size=size, augment=augment, seed=seed,
-                       workers=0, drop_last=False, batch="dict", **kw) as loader:
+    with stoker.Loader(
+        source,
+        batch_size=n,
+        image_size=size,
+        augment=augment,
+        seed=seed,
+        workers=0,
+        drop_last=False,
+        batch="dict",
+        **kw,
+    ) as loader:
         return loader.peek(), loader.class_names
 
 
 @pytest.mark.timeout(180)
-def test_show_writes_a_grid_of_the_augmented_samples_with_captions(image_folder, tmp_path,
-                                                                   capsys):
+def test_show_writes_a_grid_of_the_augmented_samples_with_captions(image_folder, tmp_path, capsys):
     out = tmp_path / "sheet.png"
-    assert main(["show", str(image_folder), "--out", str(out), "--rows", "2", "--cols", "3",
-                 "--image-size", "32", "--seed", "5"]) == 0
+    assert (
+        main(
+            [
+                "show",
+                str(image_folder),
+                "--out",
+                str(out),
+                "--rows",
+                "2",
+                "--cols",
+                "3",
+                "--image-size",
+                "32",
+                "--seed",
+                "5",
+            ]
+        )
+        == 0
+    )
     assert str(out) in capsys.readouterr().out
     sheet = _png(out)
     assert sheet.shape[1::-1] == show_mod.sheet_size(2, 3, 32, 32)
@@ -65,8 +90,8 @@ def test_show_writes_a_grid_of_the_augmented_samples_with_captions(image_folder,
     for k in range(6):
         x, y = show_mod.tile_origin(k, 3, 32, 32)
         assert (x, y) == (cols[k % 3][0], rows[k // 3][0])
-        np.testing.assert_array_equal(sheet[y:y + 32, x:x + 32], batch["image"][k])
-        strip = sheet[y + 32:y + 32 + show_mod.CAPTION, x:x + 32]
+        np.testing.assert_array_equal(sheet[y : y + 32, x : x + 32], batch["image"][k])
+        strip = sheet[y + 32 : y + 32 + show_mod.CAPTION, x : x + 32]
         assert (strip != show_mod.BACKGROUND).any(axis=-1).any(), f"tile {k} has no caption"
     assert show_mod.caption(batch, 0, names) == names[int(batch["label"][0])]
 
@@ -76,8 +101,27 @@ def test_show_depends_on_the_seed_and_the_augment(image_folder, tmp_path):
     sheets = {}
     for seed, augment in ((0, "train"), (1, "train"), (0, "none")):
         out = tmp_path / f"{seed}-{augment}.png"
-        assert main(["show", str(image_folder), "--out", str(out), "--rows", "1", "--cols", "2",
-                     "--image-size", "24", "--seed", str(seed), "--augment", augment]) == 0
+        assert (
+            main(
+                [
+                    "show",
+                    str(image_folder),
+                    "--out",
+                    str(out),
+                    "--rows",
+                    "1",
+                    "--cols",
+                    "2",
+                    "--image-size",
+                    "24",
+                    "--seed",
+                    str(seed),
+                    "--augment",
+                    augment,
+                ]
+            )
+            == 0
+        )
         sheets[seed, augment] = _png(out)
     assert not np.array_equal(sheets[0, "train"], sheets[1, "train"])
     assert not np.array_equal(sheets[0, "train"], sheets[0, "none"])
@@ -93,7 +137,7 @@ def test_show_overlays_masks_and_leaves_class_zero_clear(tmp_path):
     sheet = np.asarray(show_mod.contact_sheet(batch, 2, 2))
     for k in range(4):
         x, y = show_mod.tile_origin(k, 2, 20, 20)
-        tile = sheet[y:y + 20, x:x + 20]
+        tile = sheet[y : y + 20, x : x + 20]
         clear = masks[k] == 0
         np.testing.assert_array_equal(tile[clear], images[k][clear])
         for cls in (1, 2):
@@ -112,15 +156,20 @@ def test_show_of_a_mask_source_through_the_cli(tmp_path):
     cols, rows = _grid(sheet, 16)
     assert len(cols) == 2 and len(rows) == 2  # 3 samples on a 2 x 2 grid: the 4th tile empty
     x, y = show_mod.tile_origin(3, 2, 16, 16)
-    assert (sheet[y:y + 16, x:x + 16] == show_mod.BACKGROUND).all()
+    assert (sheet[y : y + 16, x : x + 16] == show_mod.BACKGROUND).all()
     x, y = show_mod.tile_origin(0, 2, 16, 16)
-    assert (sheet[y:y + 16, x:x + 8] == 100).all() and (sheet[y:y + 16, x + 8:x + 16] != 100).any()
+    assert (sheet[y : y + 16, x : x + 8] == 100).all() and (
+        sheet[y : y + 16, x + 8 : x + 16] != 100
+    ).any()
 
 
-@pytest.mark.parametrize("argv,says", [
-    (["--out", "sheet.jpg"], "name it *.png"),
-    (["--out", "sheet.png", "--rows", "0"], "--rows 0: give a positive integer"),
-])
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["--out", "sheet.jpg"], "name it *.png"),
+        (["--out", "sheet.png", "--rows", "0"], "--rows 0: give a positive integer"),
+    ],
+)
 def test_show_refuses_bad_options_in_one_line(image_folder, tmp_path, capsys, argv, says):
     argv = [a if not a.startswith("sheet") else str(tmp_path / a) for a in argv]
     assert main(["show", str(image_folder), *argv]) == 1
@@ -169,8 +218,25 @@ def test_chart_draws_rate_ceiling_and_wait_where_their_values_are(tmp_path):
 @pytest.mark.timeout(240)
 def test_bench_plot_writes_the_measured_run_beside_its_ceiling(image_folder, tmp_path, capsys):
     out = tmp_path / "bench.png"
-    assert main(["bench", str(image_folder), "--batch-size", "4", "--image-size", "32",
-                 "--workers", "2", "--epochs", "2", "--plot", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                str(image_folder),
+                "--batch-size",
+                "4",
+                "--image-size",
+                "32",
+                "--workers",
+                "2",
+                "--epochs",
+                "2",
+                "--plot",
+                str(out),
+            ]
+        )
+        == 0
+    )
     report = capsys.readouterr().out
     assert f"plot: {out}" in report
     assert re.search(r"busy cores decode ([\d,]+) img/s", report)
@@ -181,8 +247,9 @@ def test_bench_plot_writes_the_measured_run_beside_its_ceiling(image_folder, tmp
     # the axis top is a round number above the ceiling: the ceiling sits in the panel's body
     assert top_px < row < bottom
     assert (chart[top_px:bottom, left:right] == plot_mod.RATE).all(axis=-1).sum() > 20
-    assert (chart[plot_mod.WAIT_BOX[1]:plot_mod.WAIT_BOX[3], left:right]
-            == plot_mod.WAIT).all(axis=-1).sum() > 100  # a bench loop does nothing but wait
+    assert (chart[plot_mod.WAIT_BOX[1] : plot_mod.WAIT_BOX[3], left:right] == plot_mod.WAIT).all(
+        axis=-1
+    ).sum() > 100  # a bench loop does nothing but wait
 
 
 def test_bench_plot_refuses_a_name_that_is_not_png(image_folder, tmp_path, capsys):

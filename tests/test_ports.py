@@ -67,13 +67,18 @@ KERAS_PORT = textwrap.dedent(
 def test_keras_image_classification_from_scratch_port(image_folder, tmp_path):
     script = tmp_path / "keras_port.py"
     script.write_text(KERAS_PORT)
-    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu",
-           "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, str(script), str(image_folder)], env=env,
-                          capture_output=True, text=True, timeout=280, cwd=tmp_path)
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(image_folder)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        cwd=tmp_path,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT "):])
+    out = json.loads(lines[-1][len("RESULT ") :])
     assert out["names"] == ["class_000", "class_001", "class_002"]
     assert (out["train"], out["val"], out["overlap"]) == (29, 7, 0)  # int(0.2 * 36) = 7
     assert out["shapes"] == [[8, 24, 24, 1], [8, 3]]
@@ -92,16 +97,22 @@ def test_pytorch_imagenet_style_loop(image_folder):
     common = dict(image_size=32, batch_size=6, workers=2, batch=("image", "label", "path"))
     train = stoker.Loader(image_folder, augment="train", shuffle=True, **common)
     val = stoker.Loader(image_folder, augment="eval", shuffle=False, **common)
-    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                          nn.Flatten(), nn.Linear(8, 3))
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(8, 3),
+    )
     criterion = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     classes = train.class_names
     with train, val:
         for _epoch in range(2):
             model.train()
-            for images, target, paths in train.torch(channels_last=False, dtype=torch.float32,
-                                                     mean=mean, std=std):
+            for images, target, paths in train.torch(
+                channels_last=False, dtype=torch.float32, mean=mean, std=std
+            ):
                 assert images.shape == (6, 3, 32, 32) and target.dtype == torch.int64
                 assert target.tolist() == [classes.index(p.split("/")[-2]) for p in paths]
                 loss = criterion(model(images), target)
@@ -111,8 +122,9 @@ def test_pytorch_imagenet_style_loop(image_folder):
             model.eval()
             correct = seen = 0
             with torch.no_grad():
-                for images, target, paths in val.torch(channels_last=False,
-                                                       dtype=torch.float32, mean=mean, std=std):
+                for images, target, paths in val.torch(
+                    channels_last=False, dtype=torch.float32, mean=mean, std=std
+                ):
                     assert target.tolist() == [classes.index(p.split("/")[-2]) for p in paths]
                     correct += int((model(images).argmax(1) == target).sum())
                     seen += len(target)
@@ -149,8 +161,9 @@ def test_flax_regression_loop_with_float_targets_bit_for_bit():
         return optax.apply_updates(params, updates), opt_state, loss
 
     seen = []
-    with stoker.Loader(images, labels=boxes, batch_size=8, seed=1, workers=2,
-                       batch=("image", "label", "index")) as loader:
+    with stoker.Loader(
+        images, labels=boxes, batch_size=8, seed=1, workers=2, batch=("image", "label", "index")
+    ) as loader:
         assert loader.image_size == (16, 16) and loader.augment is None  # the arrays as given
         for _ in range(2):
             for x, y, index in loader.jax():

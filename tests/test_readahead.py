@@ -73,8 +73,9 @@ def sources(image_folder, tmp_path_factory):
                 info = tarfile.TarInfo(name)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
-    convert(image_folder, root / "shards", shard_bytes=60_000, row_group_bytes=12_000,
-            progress=False)
+    convert(
+        image_folder, root / "shards", shard_bytes=60_000, row_group_bytes=12_000, progress=False
+    )
     return {
         "folder": (str(image_folder), {}),
         "list": (None, {"paths": [str(f) for f in files], "labels": labels}),
@@ -101,8 +102,9 @@ def test_read_ahead_in_workers_and_on_resume(image_folder):
     plain, _ = _batches(str(image_folder), 0)
     ahead, _ = _batches(str(image_folder), "auto", workers=2)
     _same(plain, ahead)
-    with stoker.Loader(str(image_folder), batch_size=5, image_size=24, seed=3, workers=0,
-                       read_ahead=0) as loader:
+    with stoker.Loader(
+        str(image_folder), batch_size=5, image_size=24, seed=3, workers=0, read_ahead=0
+    ) as loader:
         it = iter(loader)
         next(it), next(it)
         state = loader.state_dict()
@@ -156,9 +158,16 @@ def test_files_deleted_or_truncated_mid_epoch_are_bad_samples(image_folder, tmp_
     for k, f in enumerate(files):
         paths.append(tmp_path / f"{k:02d}.jpg")
         paths[-1].write_bytes(f.read_bytes())
-    with stoker.Loader(paths=[str(p) for p in paths], labels=list(range(20)), batch_size=5,
-                       image_size=16, shuffle=False, workers=0, read_ahead=8,
-                       max_errors=5) as loader:
+    with stoker.Loader(
+        paths=[str(p) for p in paths],
+        labels=list(range(20)),
+        batch_size=5,
+        image_size=16,
+        shuffle=False,
+        workers=0,
+        read_ahead=8,
+        max_errors=5,
+    ) as loader:
         it = iter(loader)
         next(it)
         paths[7].unlink()  # batch 1: deleted after the epoch started
@@ -210,8 +219,18 @@ def test_a_read_that_never_answers_blocks_only_itself(image_folder, tmp_path):
         assert reads.lost == 0
         reads.close()
         source.release.clear()
-        with stoker.Loader(source, batch_size=3, image_size=16, shuffle=False, workers=0,
-                           timeout=8.0, max_errors=2) as loader, pytest.warns(stoker.StokerWarning):
+        with (
+            stoker.Loader(
+                source,
+                batch_size=3,
+                image_size=16,
+                shuffle=False,
+                workers=0,
+                timeout=8.0,
+                max_errors=2,
+            ) as loader,
+            pytest.warns(stoker.StokerWarning),
+        ):
             labels = np.concatenate([y for _, y in loader])
             stats = loader.stats()
         assert stats.skipped == 1 and "no bytes after" in dict(stats.bad_files)[str(files[2])]
@@ -284,8 +303,9 @@ def test_read_settings_are_validated():
 @pytest.mark.timeout(120)
 def test_stats_count_bytes_read_and_tell_reading_from_decoding(image_folder):
     files = _files(image_folder)
-    with stoker.Loader(str(image_folder), batch_size=6, image_size=16, shuffle=False,
-                       drop_last=False, workers=2) as loader:
+    with stoker.Loader(
+        str(image_folder), batch_size=6, image_size=16, shuffle=False, drop_last=False, workers=2
+    ) as loader:
         list(loader)
         report = loader.stats()
     assert report.read_bytes == sum(f.stat().st_size for f in files)
@@ -304,9 +324,15 @@ def test_stats_hint_when_the_disk_is_the_bottleneck():
             stats.add(Report(count=4, read_s=read_s, decode_s=0.01, read_bytes=4_000_000))
             stats.wait_s += 0.5  # the consumer waited half of each step
             stats.end_wait(t0 - 1.0, 4)
-        return stats.report(workers=2, workers_reason="", prefetch=2, prefetch_reason="",
-                            kept_batches=0, memory_folder="/dev/shm",
-                            from_storage=from_storage)
+        return stats.report(
+            workers=2,
+            workers_reason="",
+            prefetch=2,
+            prefetch_reason="",
+            kept_batches=0,
+            memory_folder="/dev/shm",
+            from_storage=from_storage,
+        )
 
     slow_disk, slow_decode = run(0.2), run(0.001)
     assert slow_disk.bottleneck == slow_decode.bottleneck == "input"
@@ -485,8 +511,9 @@ def test_auto_reads_plainly_while_reads_are_cheap_and_opens_the_window_when_they
 ):
     files = _files(image_folder)[:8]
     count = 64
-    source = open_source(None, paths=[str(files[k % 8]) for k in range(count)],
-                         labels=np.zeros(count, np.int64))
+    source = open_source(
+        None, paths=[str(files[k % 8]) for k in range(count)], labels=np.zeros(count, np.int64)
+    )
     plain_read = source.read
     where: dict[int, str] = {}
 
@@ -548,8 +575,9 @@ def test_native_reads_give_every_file_byte_for_byte(tmp_path, policy):
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
     source = open_source(None, paths=[str(p) for p in images], labels=list(range(len(sizes))))
-    source.mask_index = open_source(None, paths=[str(p) for p in masks],
-                                    labels=list(range(len(sizes)))).index
+    source.mask_index = open_source(
+        None, paths=[str(p) for p in masks], labels=list(range(len(sizes)))
+    ).index
     reads = ReadAhead(source, ReadSettings(window=4, page_cache=policy))
     assert reads._native is not None
     order = rng.permutation(len(sizes))
@@ -619,8 +647,9 @@ def test_auto_opens_the_native_window_once_a_read_costs_a_tenth_of_a_decode(imag
     same reads, with almost no decoding between takes)."""
     files = _files(image_folder)[:8]
     count = 160  # the smoothed decode time falls from 30 ms to near 0 within ~60 samples
-    source = open_source(None, paths=[str(files[k % 8]) for k in range(count)],
-                         labels=np.zeros(count, np.int64))
+    source = open_source(
+        None, paths=[str(files[k % 8]) for k in range(count)], labels=np.zeros(count, np.int64)
+    )
     reads = ReadAhead(source, ReadSettings(window="auto"))
     assert reads._native is not None
     reads.start(np.arange(count))

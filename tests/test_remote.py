@@ -240,8 +240,16 @@ def test_server_stopping_mid_run_counts_bad_samples_then_fails(server, shard_dir
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(StokerError) as info:
-            with stoker.Loader(url, batch_size=2, image_size=32, workers=2, shuffle=False,
-                               augment="eval", max_errors=3, timeout=60) as loader:
+            with stoker.Loader(
+                url,
+                batch_size=2,
+                image_size=32,
+                workers=2,
+                shuffle=False,
+                augment="eval",
+                max_errors=3,
+                timeout=60,
+            ) as loader:
                 for _ in loader:
                     seen += 1
                     if seen == 1:
@@ -322,8 +330,19 @@ def test_a_request_that_never_answers_is_a_bad_sample_and_blocks_only_itself(ser
         reads.take(2)
     assert reads.take(7)[0] == plain[7]
     reads.close()
-    with stoker.Loader(src, batch_size=3, image_size=16, shuffle=False, workers=0, timeout=8.0,
-                       augment="eval", max_errors=2) as loader, pytest.warns(stoker.StokerWarning):
+    with (
+        stoker.Loader(
+            src,
+            batch_size=3,
+            image_size=16,
+            shuffle=False,
+            workers=0,
+            timeout=8.0,
+            augment="eval",
+            max_errors=2,
+        ) as loader,
+        pytest.warns(stoker.StokerWarning),
+    ):
         labels = np.concatenate([y for _, y in loader])
         stats = loader.stats()
     assert stats.skipped == 1 and "no bytes after" in dict(stats.bad_files)[src.name(2)]
@@ -359,8 +378,9 @@ def test_loader_makes_one_request_per_sample(server, shard_dir):
     url = _serve(server, shard_dir)
     RemoteShardSource(url).close()  # build the index first
     server.delay = 0.02
-    with stoker.Loader(url, batch_size=6, image_size=32, workers=2, shuffle=False,
-                       augment="eval") as loader:
+    with stoker.Loader(
+        url, batch_size=6, image_size=32, workers=2, shuffle=False, augment="eval"
+    ) as loader:
         server.reset()  # count what iterating costs, not the manifest and footers
         n = sum(len(y) for _, y in loader)
     gets = [r for r in server.requests if r[0] == "GET"]

@@ -49,7 +49,9 @@ def test_deepening_into_a_full_dev_shm_and_tmp_stays_at_its_depth_and_says_why(
     depth it had, and stats() says why it did not deepen."""
     folder = tmp_path / "tmp"
     folder.mkdir()
-    code = FILL + """
+    code = (
+        FILL
+        + """
     import os, tempfile
     import numpy as np, stoker
     images = np.arange(48 * 16 * 16 * 3, dtype=np.uint64).astype(np.uint8).reshape(48, 16, 16, 3)
@@ -69,6 +71,7 @@ def test_deepening_into_a_full_dev_shm_and_tmp_stays_at_its_depth_and_says_why(
             if n.startswith("stoker_")]
     print("LEFT", left)
     """
+    )
     out = _run(code, shm="64m", tmp=(str(folder), "16m"), timeout=150)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "SAME True 1" in out.stdout and "BATCHES 12 True" in out.stdout, out.stdout
@@ -86,9 +89,12 @@ def test_a_ring_that_fits_dev_shm_is_not_sent_to_a_smaller_tmp(monkeypatch, recw
     assert pick_folder(12 * 1024, "the workers' settings") == "/dev/shm"  # tiny: fits well
     assert not recwarn.list
     _rooms(monkeypatch, shm=(40 * MiB, 64 * MiB), tmp=(900 * MiB, 1000 * MiB))
-    with pytest.warns(UserWarning, match=r"/dev/shm has 40.0 MiB free but the batch ring needs "
-                      r"62.5 MiB \(with room to grow\) and 8.0 MiB is left for other programs; "
-                      r"using file-backed memory in .* \(900.0 MiB free\)"):
+    with pytest.warns(
+        UserWarning,
+        match=r"/dev/shm has 40.0 MiB free but the batch ring needs "
+        r"62.5 MiB \(with room to grow\) and 8.0 MiB is left for other programs; "
+        r"using file-backed memory in .* \(900.0 MiB free\)",
+    ):
         assert pick_folder(50 * MiB) != "/dev/shm"  # does not fit: /tmp has the room
     _rooms(monkeypatch, shm=(20 * MiB, 64 * MiB), tmp=(30 * MiB, 40 * MiB))
     with pytest.warns(UserWarning):
@@ -162,17 +168,29 @@ def test_ulimit_n_9_is_a_resource_limit_error_naming_the_limit_and_leaves_nothin
     def nine_files():
         resource.setrlimit(resource.RLIMIT_NOFILE, (9, 9))
 
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=100, env=chaos_env.env(), preexec_fn=nine_files)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=chaos_env.env(),
+        preexec_fn=nine_files,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "LIMIT cannot start worker process" in out.stdout, out.stdout + out.stderr[-2000:]
     assert "ulimit -n, is 9" in out.stdout and "LEFT []" in out.stdout
 
 
-@pytest.mark.parametrize("code,says", [
-    ("EMFILE", "ulimit -n"), ("ENFILE", "fs.file-max"), ("EAGAIN", "ulimit -u"),
-    ("ENOMEM", "out of memory"), ("ENOSPC", "no space left"),
-])
+@pytest.mark.parametrize(
+    "code,says",
+    [
+        ("EMFILE", "ulimit -n"),
+        ("ENFILE", "fs.file-max"),
+        ("EAGAIN", "ulimit -u"),
+        ("ENOMEM", "out of memory"),
+        ("ENOSPC", "no space left"),
+    ],
+)
 def test_each_os_limit_is_named_with_its_fix(code, says):
     import errno
 

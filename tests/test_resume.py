@@ -28,6 +28,7 @@ def _numpy(loader):
 def _torch(device):
     def make(loader):
         return _stream(loader.torch(device=device, layout="channels_last"))  # as numpy
+
     return make
 
 
@@ -38,9 +39,11 @@ def _jax(sharded):
 
         sharding = None
         if sharded:
-            sharding = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("data",)),
-                                     PartitionSpec("data"))
+            sharding = NamedSharding(
+                Mesh(np.array(jax.devices()[:1]), ("data",)), PartitionSpec("data")
+            )
         return _stream(loader.jax(sharding=sharding))
+
     return make
 
 

@@ -22,14 +22,19 @@ LIMIT_S = 240  # a fresh interpreter importing keras + tensorflow on a loaded 2-
 
 def _env(**extra: str) -> dict[str, str]:
     path = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3",
-            "CUDA_VISIBLE_DEVICES": "", **extra}
+    return {
+        **os.environ,
+        "PYTHONPATH": path,
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        "CUDA_VISIBLE_DEVICES": "",
+        **extra,
+    }
 
 
 def _result(proc: subprocess.CompletedProcess) -> dict:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 # The README's Keras example as a user saves it: no guard, `import keras` first. The extra
@@ -73,8 +78,14 @@ print("RESULT " + json.dumps({{
 def test_readme_keras_script_without_a_guard_runs_as_python_train_py(image_folder, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(README_SCRIPT.format(train=str(image_folder), val=str(image_folder)))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=LIMIT_S, cwd=tmp_path, env=_env())
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        cwd=tmp_path,
+        env=_env(),
+    )
     out = _result(proc)
     assert proc.stdout.count("SCRIPT START") == 1  # the workers never ran the script
     assert len(out["loss"]) == 1 and len(out["val_loss"]) == 1
@@ -110,9 +121,15 @@ train.close()
 def test_unguarded_script_over_20000_in_memory_images_trains_from_stdin(tmp_path):
     """This script hung forever: the labels went through the start-up pipe of workers that
     died re-running it."""
-    proc = subprocess.run([sys.executable, "-"], input=MEMORY_SCRIPT, capture_output=True,
-                          text=True, timeout=LIMIT_S, cwd=tmp_path,
-                          env=_env(KERAS_BACKEND="torch"))
+    proc = subprocess.run(
+        [sys.executable, "-"],
+        input=MEMORY_SCRIPT,
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        cwd=tmp_path,
+        env=_env(KERAS_BACKEND="torch"),
+    )
     out = _result(proc)
     assert len(out["loss"]) == 1 and out["workers"] == 2 and out["batches"] >= 8
 
@@ -130,8 +147,14 @@ ONE_LINER = (
 
 @pytest.mark.timeout(120)
 def test_python_dash_c_with_a_lambda(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", ONE_LINER], capture_output=True, text=True,
-                          timeout=100, cwd=tmp_path, env=_env())
+    proc = subprocess.run(
+        [sys.executable, "-c", ONE_LINER],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+        env=_env(),
+    )
     assert _result(proc) == {"values": [1], "batches": 6, "workers": 2}
 
 
@@ -155,8 +178,15 @@ SESSION = textwrap.dedent(
 
 @pytest.mark.timeout(120)
 def test_interactive_python_session_through_stdin(tmp_path):
-    proc = subprocess.run([sys.executable, "-i"], input=SESSION, capture_output=True, text=True,
-                          timeout=100, cwd=tmp_path, env=_env())
+    proc = subprocess.run(
+        [sys.executable, "-i"],
+        input=SESSION,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        cwd=tmp_path,
+        env=_env(),
+    )
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert _result(proc) == {"values": [1], "batches": 6, "workers": 2}
 
@@ -164,8 +194,7 @@ def test_interactive_python_session_through_stdin(tmp_path):
 NOTEBOOK_CELLS = [
     "import json, os, sys\nimport numpy as np\nimport stoker\nme = os.getpid()",
     # a transform defined in a cell: it lives in the kernel's __main__, so it travels by value
-    "def mark(image, rng):\n"
-    "    return np.full_like(image, 1 if os.getpid() != me else 2)",
+    "def mark(image, rng):\n    return np.full_like(image, 1 if os.getpid() != me else 2)",
     "loader = stoker.Loader({folder!r}, batch_size=6, image_size=24, augment=mark, workers=2)\n"
     "got = [x for x, _ in loader]",
     "print('RESULT ' + json.dumps({{\n"
@@ -176,30 +205,39 @@ NOTEBOOK_CELLS = [
 
 
 @pytest.mark.timeout(180)
-def test_jupyter_notebook_with_a_transform_defined_in_a_cell(image_folder, tmp_path,
-                                                             monkeypatch):
+def test_jupyter_notebook_with_a_transform_defined_in_a_cell(image_folder, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(c.format(folder=str(image_folder)))
-                for c in NOTEBOOK_CELLS]
-    client = nbclient.NotebookClient(nb, timeout=150, kernel_name="python3",
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    nb.cells = [
+        nbformat.v4.new_code_cell(c.format(folder=str(image_folder))) for c in NOTEBOOK_CELLS
+    ]
+    client = nbclient.NotebookClient(
+        nb, timeout=150, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()
     text = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
     line = next(ln for ln in text.splitlines() if ln.startswith("RESULT "))
-    out = json.loads(line[len("RESULT "):])
+    out = json.loads(line[len("RESULT ") :])
     assert out == {"batches": 6, "workers": 2, "values": [1]}
 
 
 @pytest.mark.timeout(150)
 def test_convert_with_worker_processes_from_python_dash_c(image_folder, tmp_path):
-    code = ("import json; from stoker.cli.convert import convert; "
-            f"m = convert({str(image_folder)!r}, 'out', workers=2, shard_bytes=40_000, "
-            "progress=False); "
-            "print('RESULT ' + json.dumps({'rows': m['rows'], 'shards': len(m['shards'])}))")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path, env=_env())
+    code = (
+        "import json; from stoker.cli.convert import convert; "
+        f"m = convert({str(image_folder)!r}, 'out', workers=2, shard_bytes=40_000, "
+        "progress=False); "
+        "print('RESULT ' + json.dumps({'rows': m['rows'], 'shards': len(m['shards'])}))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=_env(),
+    )
     out = _result(proc)
     assert out["rows"] == 36 and out["shards"] >= 2  # several shards, so both workers wrote

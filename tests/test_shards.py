@@ -41,8 +41,9 @@ def _write_plain(path, images, labels, **kw):
     kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     table = pa.table(
         {
-            "image": pa.array([{"bytes": b, "path": f"{i}.jpg"} for i, b in enumerate(images)],
-                              kind),
+            "image": pa.array(
+                [{"bytes": b, "path": f"{i}.jpg"} for i, b in enumerate(images)], kind
+            ),
             "label": pa.array(labels, pa.int64()),
         }
     )
@@ -141,17 +142,27 @@ def test_foreign_hf_parquet_with_snappy_images_reads_by_row_groups(image_folder,
             "label": pa.array(labels, pa.int64()),
         }
     )
-    features = {"image": {"_type": "Image"},
-                "label": {"_type": "ClassLabel", "names": ["a", "b", "c"]}}
+    features = {
+        "image": {"_type": "Image"},
+        "label": {"_type": "ClassLabel", "names": ["a", "b", "c"]},
+    }
     table = table.replace_schema_metadata(
         {"huggingface": json.dumps({"info": {"features": features}})}
     )
     folder = tmp_path / "hf"
     folder.mkdir()
-    pq.write_table(table.slice(0, 20), folder / "train-00000-of-00002.parquet",
-                   row_group_size=8, compression="snappy")
-    pq.write_table(table.slice(20), folder / "train-00001-of-00002.parquet",
-                   row_group_size=8, compression="snappy")
+    pq.write_table(
+        table.slice(0, 20),
+        folder / "train-00000-of-00002.parquet",
+        row_group_size=8,
+        compression="snappy",
+    )
+    pq.write_table(
+        table.slice(20),
+        folder / "train-00001-of-00002.parquet",
+        row_group_size=8,
+        compression="snappy",
+    )
     src = open_source(folder)
     assert isinstance(src, ShardSource) and src.modes == [1, 1]
     assert src.classes == ["a", "b", "c"]
@@ -160,17 +171,22 @@ def test_foreign_hf_parquet_with_snappy_images_reads_by_row_groups(image_folder,
     assert [src.read(i) for i in range(36)] == images
     assert not list(folder.glob("*.idx.npy"))
     kw = {"batch_size": 6, "image_size": 24, "augment": "eval", "shuffle": False}
-    with stoker.Loader(folder, workers=0, **kw) as a, stoker.Loader(
-        image_folder, workers=0, **kw
-    ) as b:
+    with (
+        stoker.Loader(folder, workers=0, **kw) as a,
+        stoker.Loader(image_folder, workers=0, **kw) as b,
+    ):
         for (xa, ya), (xb, yb) in zip(a, b, strict=True):
             assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
 
 
 def test_binary_image_column_and_text_labels(image_folder, tmp_path):
     images, _ = _jpegs(image_folder)
-    table = pa.table({"image": pa.array(images[:6], pa.binary()),
-                      "label": ["dog", "cat", "dog", "cat", "cat", "dog"]})
+    table = pa.table(
+        {
+            "image": pa.array(images[:6], pa.binary()),
+            "label": ["dog", "cat", "dog", "cat", "cat", "dog"],
+        }
+    )
     pq.write_table(table, tmp_path / "x.parquet", compression="NONE", use_dictionary=False)
     src = open_source(tmp_path / "x.parquet")
     assert src.modes == [0] and src.classes == ["cat", "dog"]
@@ -205,8 +221,9 @@ def test_shuffle_quality_numbers_are_sane():
     sizes = [64] * 100
     n = sum(sizes)
     stored = shuffle_quality(np.arange(n), sizes)
-    assert stored["displacement"] == 0 and stored["adjacent"] == 1 and stored[
-        "blocks_per_batch"] == 1
+    assert (
+        stored["displacement"] == 0 and stored["adjacent"] == 1 and stored["blocks_per_batch"] == 1
+    )
     uniform = shuffle_quality(epoch_order(n, seed=0, epoch=0, shuffle=True), sizes)
     assert 0.9 < uniform["displacement_ratio"] < 1.1 and uniform["adjacent"] < 0.01
     blocky = shuffle_quality(block_order(sizes, seed=0, epoch=0, window=8), sizes)
@@ -239,9 +256,10 @@ def test_plan_uses_block_order_and_keeps_rank_sharding():
 @pytest.mark.timeout(120)
 def test_two_workers_over_shards_match_inline(shard_folder):
     kw = {"batch_size": 8, "image_size": 32, "augment": "train", "shuffle": True, "seed": 5}
-    with stoker.Loader(shard_folder, workers=0, **kw) as a, stoker.Loader(
-        shard_folder, workers=2, **kw
-    ) as b:
+    with (
+        stoker.Loader(shard_folder, workers=0, **kw) as a,
+        stoker.Loader(shard_folder, workers=2, **kw) as b,
+    ):
         for _ in range(2):
             for (xa, ya), (xb, yb) in zip(a, b, strict=True):
                 assert np.array_equal(xa, xb) and np.array_equal(ya, yb)

@@ -47,10 +47,7 @@ def _can_unshare() -> bool:
 def test_small_dev_shm_falls_back_to_file_backed_memory(tmp_path):
     script = tmp_path / "small_shm.py"
     script.write_text(SCRIPT.format(src=SRC))
-    shell = (
-        "mount -t tmpfs -o size=64m tmpfs /dev/shm && "
-        f"exec {sys.executable} {script}"
-    )
+    shell = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && exec {sys.executable} {script}"
     out = subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", shell],
         capture_output=True,

@@ -121,13 +121,19 @@ def _csv(tmp_path, image_folder, text: str):
 @pytest.mark.parametrize(
     "text,error",
     [  # a header naming no path column is never read by position
-        ("label\n0\n1\n2\n", r"t\.csv: the header \(label\) names no image path column; name "
-         r"it one of path, image, filename, file.*labels alone"),
+        (
+            "label\n0\n1\n2\n",
+            r"t\.csv: the header \(label\) names no image path column; name "
+            r"it one of path, image, filename, file.*labels alone",
+        ),
         ("img,label\n{0},0\n{1},1\n", r"header \(img, label\) names no image path column"),
         ("label,mask\n{0},{1}\n", r"names no image path column.*image,mask"),
         # an unknown second column is not taken as the target by elimination
-        ("file,score\n{0},0.5\n{1},1.5\n", r"has no label column and other columns \(score\).*"
-         r"label, class, cls, target.*label_column='score'"),
+        (
+            "file,score\n{0},0.5\n{1},1.5\n",
+            r"has no label column and other columns \(score\).*"
+            r"label, class, cls, target.*label_column='score'",
+        ),
     ],
 )
 def test_a_csv_header_is_read_by_name_or_refused_naming_what_it_found(

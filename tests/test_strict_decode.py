@@ -42,8 +42,15 @@ def _loader(tmp_path, data: dict[str, bytes], **options) -> stoker.Loader:
         (tmp_path / name).write_bytes(blob)
         paths.append(str(tmp_path / name))
     options.setdefault("workers", 0)
-    return stoker.Loader(paths=paths, labels=[0] * len(paths), batch_size=len(paths),
-                         image_size=16, augment=None, shuffle=False, **options)
+    return stoker.Loader(
+        paths=paths,
+        labels=[0] * len(paths),
+        batch_size=len(paths),
+        image_size=16,
+        augment=None,
+        shuffle=False,
+        **options,
+    )
 
 
 def test_pillow_refuses_the_file_that_libjpeg_decodes_with_a_warning():

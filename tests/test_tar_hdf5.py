@@ -177,9 +177,10 @@ def test_hdf5_encoded_bytes_layout(h5_files, image_folder):
     assert pickle.loads(pickle.dumps(src)).read(3) == images[3]
     src.close()
     kw = {"batch_size": 8, "image_size": 32, "augment": "eval", "shuffle": True, "seed": 2}
-    with stoker.Loader(encoded, workers=2, **kw) as a, stoker.Loader(
-        image_folder, workers=0, **kw
-    ) as b:
+    with (
+        stoker.Loader(encoded, workers=2, **kw) as a,
+        stoker.Loader(image_folder, workers=0, **kw) as b,
+    ):
         for (xa, ya), (xb, yb) in zip(a, b, strict=True):
             assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
 
@@ -193,9 +194,10 @@ def test_hdf5_decoded_array_layout(h5_files):
     assert src.labels.tolist() == (np.arange(20) % 4).tolist()
     src.close()
     kw = {"batch_size": 5, "image_size": (24, 28), "augment": None, "shuffle": False}
-    with stoker.Loader(src, workers=2, **kw) as a, stoker.Loader(
-        pixels, labels=np.arange(20) % 4, workers=0, **kw
-    ) as b:
+    with (
+        stoker.Loader(src, workers=2, **kw) as a,
+        stoker.Loader(pixels, labels=np.arange(20) % 4, workers=0, **kw) as b,
+    ):
         for (xa, ya), (xb, yb) in zip(a, b, strict=True):
             assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
     with pytest.raises(stoker.SourceError, match="no dataset 'images'"):

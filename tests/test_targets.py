@@ -49,7 +49,12 @@ def test_array_targets_keep_dtype_shape_and_bits_through_the_slots(workers):
     images = _images(40)
     for name, y in TARGETS.items():
         with stoker.Loader(
-            images, labels=y, batch_size=8, workers=workers, seed=3, batch="dict",
+            images,
+            labels=y,
+            batch_size=8,
+            workers=workers,
+            seed=3,
+            batch="dict",
             drop_last=False,
         ) as loader:
             got = _all_batches(loader)
@@ -131,8 +136,13 @@ def test_csv_targets_and_weights_reach_the_batch(tmp_path, image_folder):
     rows = [f"{i / 4},{i % 3 + 0.5}" for i in range(8)]
     table = _table(tmp_path, image_folder, "path,score,w", rows)
     with stoker.Loader(
-        table, label_column="score", sample_weight="w", batch_size=4, image_size=16,
-        shuffle=False, workers=1,
+        table,
+        label_column="score",
+        sample_weight="w",
+        batch_size=4,
+        image_size=16,
+        shuffle=False,
+        workers=1,
     ) as loader:
         batches = list(loader)
     x, y, w = batches[1]
@@ -165,11 +175,15 @@ def test_parquet_float_and_fixed_size_list_targets(tmp_path, image_folder):
     data = [f.read_bytes() for f in files]
     score = np.array([0.5, 1.5, -2.25, 3.0, 0.125, 9.5], np.float32)
     boxes = np.arange(24, dtype=np.float32).reshape(6, 4) / 8
-    table = pa.table({
-        "image": pa.array([{"bytes": d, "path": f.name} for d, f in zip(data, files, strict=True)]),
-        "label": pa.array(score),
-        "box": pa.FixedSizeListArray.from_arrays(pa.array(boxes.reshape(-1)), 4),
-    })
+    table = pa.table(
+        {
+            "image": pa.array(
+                [{"bytes": d, "path": f.name} for d, f in zip(data, files, strict=True)]
+            ),
+            "label": pa.array(score),
+            "box": pa.FixedSizeListArray.from_arrays(pa.array(boxes.reshape(-1)), 4),
+        }
+    )
     pq.write_table(table, tmp_path / "s.parquet", compression="NONE", use_dictionary=False)
     src = open_source(tmp_path / "s.parquet")
     assert src.labels.dtype == np.float32 and _bits(src.labels) == _bits(score)
@@ -195,11 +209,15 @@ def test_parquet_target_from_several_columns(tmp_path, image_folder):
     (tmp_path / "shards").mkdir()
     for k, part in enumerate((slice(0, 5), slice(5, 8))):
         _shard(
-            tmp_path / "shards" / f"part-{k}.parquet", files[part],
+            tmp_path / "shards" / f"part-{k}.parquet",
+            files[part],
             label=pa.array(["cat", "dog", "cat", "dog", "cat"][: part.stop - part.start]),
-            x=pa.array(box[part, 0]), y=pa.array(box[part, 1]),
-            w=pa.array(box[part, 2]), h=pa.array(box[part, 3]),
-            a=pa.array(ids[part, 0]), b=pa.array(ids[part, 1]),
+            x=pa.array(box[part, 0]),
+            y=pa.array(box[part, 1]),
+            w=pa.array(box[part, 2]),
+            h=pa.array(box[part, 3]),
+            a=pa.array(ids[part, 0]),
+            b=pa.array(ids[part, 1]),
             flag=pa.array(ids[part, 0] > 0),
         )
     folder = tmp_path / "shards"
@@ -210,8 +228,15 @@ def test_parquet_target_from_several_columns(tmp_path, image_folder):
     assert src.labels.dtype == np.int16 and np.array_equal(src.labels, ids[:, ::-1])
     assert open_source(folder, label_column=["flag"]).labels.dtype == np.bool_
     assert open_source(folder).classes == ["cat", "dog"]  # the default 'label' column still
-    with stoker.Loader(folder, label_column=["x", "y", "w", "h"], batch_size=4, image_size=16,
-                       shuffle=False, workers=1, augment=None) as loader:
+    with stoker.Loader(
+        folder,
+        label_column=["x", "y", "w", "h"],
+        batch_size=4,
+        image_size=16,
+        shuffle=False,
+        workers=1,
+        augment=None,
+    ) as loader:
         got = np.concatenate([y for _, y in loader])
     assert got.dtype == np.float32 and _bits(got) == _bits(box)
 
@@ -221,9 +246,12 @@ def test_parquet_target_columns_that_cannot_be_one_are_named(tmp_path, image_fol
     files = sorted(image_folder.glob("class_*/*.jpg"))[:3]
     path = tmp_path / "s.parquet"
     _shard(
-        path, files,
-        x=pa.array([0.5, 1.0, 2.0], pa.float32()), y=pa.array([1.0, 2.0, 3.0], pa.float64()),
-        z=pa.array([1.0, None, 3.0], pa.float32()), kind=pa.array(["a", "b", "a"]),
+        path,
+        files,
+        x=pa.array([0.5, 1.0, 2.0], pa.float32()),
+        y=pa.array([1.0, 2.0, 3.0], pa.float64()),
+        z=pa.array([1.0, None, 3.0], pa.float32()),
+        kind=pa.array(["a", "b", "a"]),
         v=pa.array([0.5, 1.5, 2.5], pa.float32()),
     )
     with pytest.raises(SourceError, match=r"s.parquet: no column 'q' \(columns: image, x"):

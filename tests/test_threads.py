@@ -19,8 +19,13 @@ from stoker.importhook import AfterImport, after_import
 from stoker.workers import threads as threads_mod
 from stoker.workers.jobs import map_jobs
 
-VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS",
-        "TF_NUM_INTEROP_THREADS")
+VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+)
 
 
 def pool_sizes() -> dict:
@@ -58,8 +63,16 @@ class Report:
 
 def reports(tmp_path: Path, **kwargs) -> list[dict]:
     images = np.zeros((16, 8, 8, 3), np.uint8)
-    with stoker.Loader(images, labels=np.arange(16), batch_size=4, image_size=8, workers=2,
-                       shuffle=False, augment=Report(tmp_path), **kwargs) as loader:
+    with stoker.Loader(
+        images,
+        labels=np.arange(16),
+        batch_size=4,
+        image_size=8,
+        workers=2,
+        shuffle=False,
+        augment=Report(tmp_path),
+        **kwargs,
+    ) as loader:
         for _ in loader:
             pass
         text = str(loader.stats())

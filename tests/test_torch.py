@@ -26,15 +26,19 @@ def _numpy_batches(folder: pathlib.Path, **kw) -> list[tuple[np.ndarray, np.ndar
 def test_training_loop_learns(image_folder: pathlib.Path) -> None:
     torch.manual_seed(0)
     net = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-        torch.nn.Flatten(), torch.nn.Linear(8, 3),
+        torch.nn.Conv2d(3, 8, 3),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 3),
     )
     before = [p.detach().clone() for p in net.parameters()]
     opt = torch.optim.Adam(net.parameters(), lr=0.02)
     loss_fn = torch.nn.CrossEntropyLoss()
     with stoker.Loader(image_folder, workers=2, seed=0, augment="eval", **SMALL) as loader:
-        batches = loader.torch(device="cpu", channels_last=False, dtype=torch.float32,
-                               mean=0.0, std=1.0)
+        batches = loader.torch(
+            device="cpu", channels_last=False, dtype=torch.float32, mean=0.0, std=1.0
+        )
         assert len(batches) == len(loader) == 4
         epoch_losses = []
         for _ in range(8):
@@ -90,15 +94,19 @@ def test_nchw_default_with_one_channel() -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("units", [1.0, 255.0])
 @pytest.mark.parametrize("layout", ["channels_first", "channels_last"])
-def test_cpu_float_normalised_matches_numpy(image_folder: pathlib.Path, units: float,
-                                            layout: str) -> None:
+def test_cpu_float_normalised_matches_numpy(
+    image_folder: pathlib.Path, units: float, layout: str
+) -> None:
     kw = {"workers": 0, "augment": "eval", "shuffle": False}
     expected = _numpy_batches(image_folder, **kw)
     mean = np.array(IMAGENET_MEAN) * units
     std = np.array(IMAGENET_STD) * units
     with stoker.Loader(image_folder, **SMALL, **kw) as loader:
-        got = list(loader.torch(device="cpu", layout=layout, dtype=torch.float32,
-                                mean=tuple(mean), std=tuple(std)))
+        got = list(
+            loader.torch(
+                device="cpu", layout=layout, dtype=torch.float32, mean=tuple(mean), std=tuple(std)
+            )
+        )
     assert [len(y) for _, y in got] == [8, 8, 8, 8, 4]  # the short last batch comes too
     for (x, y), (ex, ey) in zip(got, expected, strict=True):
         ref = (ex.astype(np.float64) / 255.0 - IMAGENET_MEAN) / IMAGENET_STD
@@ -164,8 +172,12 @@ def test_bad_options_are_refused(image_folder: pathlib.Path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_copies_ahead_and_matches_the_cpu_path(image_folder: pathlib.Path) -> None:
     kw = {"workers": 1, "augment": "eval", "shuffle": False}
-    opts = {"channels_last": False, "dtype": torch.float32, "mean": IMAGENET_MEAN,
-            "std": IMAGENET_STD}
+    opts = {
+        "channels_last": False,
+        "dtype": torch.float32,
+        "mean": IMAGENET_MEAN,
+        "std": IMAGENET_STD,
+    }
     with stoker.Loader(image_folder, **SMALL, **kw) as loader:
         cpu = [(x.clone(), y.clone()) for x, y in loader.torch(device="cpu", **opts)]
     with stoker.Loader(image_folder, **SMALL, **kw) as loader:

@@ -79,7 +79,7 @@ class BatchTransform:
                 exc,
                 f"stoker: raised by batch_transform={_name(self.fn)} when called at "
                 f"construction on a batch of zeros (batch_size={batch_size}) to learn the "
-                "batch's fields; it must accept any batch of these shapes"
+                "batch's fields; it must accept any batch of these shapes",
             )
             raise
         specs = {spec[0]: spec for spec in self.inputs}
@@ -155,9 +155,7 @@ class BatchTransform:
             self._check_name(name)
             if name not in specs or _spec_of(name, arr) != specs[name] or len(arr) != n:
                 want = specs.get(name)
-                said = "no such field" if want is None else (
-                    f"{np.dtype(want[1])} {(n, *want[2])}"
-                )
+                said = "no such field" if want is None else (f"{np.dtype(want[1])} {(n, *want[2])}")
                 raise TypeError(
                     f"batch_transform={_name(self.fn)} returned {name!r} as {arr.dtype} "
                     f"{arr.shape}, but its call at construction made it {said}; return the "

@@ -75,8 +75,9 @@ def _photos() -> tuple[Image.Image, ...]:
     return tuple(photos)
 
 
-def _crop(photo: Image.Image, rng: np.random.Generator, size: tuple[int, int],
-          area: tuple[float, float]) -> Image.Image:
+def _crop(
+    photo: Image.Image, rng: np.random.Generator, size: tuple[int, int], area: tuple[float, float]
+) -> Image.Image:
     """A random crop of ``photo`` with the aspect of ``size`` (w, h), resized to ``size``."""
     (pw, ph), (w, h) = photo.size, size
     cw_max = min(pw, ph * w / h)
@@ -99,9 +100,9 @@ def _jitter(im: Image.Image, rng: np.random.Generator, order: Sequence[int]) -> 
 def _add_grain(a: np.ndarray, rng: np.random.Generator, sigma: float) -> None:
     """Add sensor-like luma noise to a uint8 (H, W, 3) array in place, a band at a time."""
     for top in range(0, a.shape[0], 512):
-        band = a[top:top + 512].astype(np.float32)
+        band = a[top : top + 512].astype(np.float32)
         band += rng.normal(0.0, sigma, (band.shape[0], band.shape[1], 1)).astype(np.float32)
-        a[top:top + 512] = np.clip(band + 0.5, 0, 255).astype(np.uint8)
+        a[top : top + 512] = np.clip(band + 0.5, 0, 255).astype(np.uint8)
 
 
 def _save(a: np.ndarray, path: pathlib.Path, fmt: str, quality: int) -> None:
@@ -148,8 +149,13 @@ def _large_photo(job: tuple[Any, ...]) -> None:
     _save(a, path, "jpeg", 90)
 
 
-def _run(fn: Callable[[tuple[Any, ...]], None], jobs: list[tuple[Any, ...]], workers: int,
-         progress: bool, desc: str) -> None:
+def _run(
+    fn: Callable[[tuple[Any, ...]], None],
+    jobs: list[tuple[Any, ...]],
+    workers: int,
+    progress: bool,
+    desc: str,
+) -> None:
     """Run ``fn`` over ``jobs`` here or in ``workers`` processes, with a progress bar."""
     with contextlib.ExitStack() as stack:
         results: Iterable[Any] = map(fn, jobs)
@@ -221,10 +227,19 @@ def _check(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
-def make_image_folder(out: str | os.PathLike[str], *, classes: int = 4, per_class: int = 50,
-                      seed: int = 0, min_side: int = 300, max_side: int = 500,
-                      format: str = "jpeg", quality: int = 90, workers: int = 1,
-                      progress: bool = False) -> pathlib.Path:
+def make_image_folder(
+    out: str | os.PathLike[str],
+    *,
+    classes: int = 4,
+    per_class: int = 50,
+    seed: int = 0,
+    min_side: int = 300,
+    max_side: int = 500,
+    format: str = "jpeg",
+    quality: int = 90,
+    workers: int = 1,
+    progress: bool = False,
+) -> pathlib.Path:
     """Write an ImageFolder dataset of real-photo crops to ``out`` and return its path.
 
     Layout: ``out/class_000/img_00000.jpg`` ... plus ``out/labels.csv`` (``path,label``,
@@ -240,26 +255,44 @@ def make_image_folder(out: str | os.PathLike[str], *, classes: int = 4, per_clas
     _check(1 <= quality <= 100, "quality must be in 1..100")
     _check(workers >= 1, "workers must be >= 1")
     out = pathlib.Path(out)
-    meta = {"kind": "image_folder", "version": _VERSION, "photos": [p for _, p in _PHOTOS],
-            "params": {"classes": classes, "per_class": per_class, "seed": seed,
-                       "min_side": min_side, "max_side": max_side, "format": format,
-                       "quality": quality if format == "jpeg" else None}}
+    meta = {
+        "kind": "image_folder",
+        "version": _VERSION,
+        "photos": [p for _, p in _PHOTOS],
+        "params": {
+            "classes": classes,
+            "per_class": per_class,
+            "seed": seed,
+            "min_side": min_side,
+            "max_side": max_side,
+            "format": format,
+            "quality": quality if format == "jpeg" else None,
+        },
+    }
     ext = _FORMATS[format]
-    rows = [(f"class_{c:03d}/img_{i:05d}.{ext}", c)
-            for c in range(classes) for i in range(per_class)]
+    rows = [
+        (f"class_{c:03d}/img_{i:05d}.{ext}", c) for c in range(classes) for i in range(per_class)
+    ]
     if _is_complete(out, meta, [out / r for r, _ in rows] + [out / "labels.csv"]):
         return out
     _photos()  # fail early, before creating anything, if the extra is missing
     _begin(out, rows)
-    jobs = [(out / rel, seed, c, i, min_side, max_side, format, quality)
-            for (rel, c), i in zip(rows, itertools.cycle(range(per_class)))]
+    jobs = [
+        (out / rel, seed, c, i, min_side, max_side, format, quality)
+        for (rel, c), i in zip(rows, itertools.cycle(range(per_class)))
+    ]
     _run(_folder_image, jobs, workers, progress, f"writing {out}")
     _finish(out, meta, rows)
     return out
 
 
-def make_large_photos(out: str | os.PathLike[str], *, count: int = 8,
-                      megapixels: tuple[float, float] = (2, 12), seed: int = 0) -> pathlib.Path:
+def make_large_photos(
+    out: str | os.PathLike[str],
+    *,
+    count: int = 8,
+    megapixels: tuple[float, float] = (2, 12),
+    seed: int = 0,
+) -> pathlib.Path:
     """Write ``count`` camera-sized JPEGs (``megapixels`` range, quality 90) and return ``out``.
 
     For eval and decode benchmarks, where reduced-size decoding matters: bundled photos are
@@ -271,14 +304,17 @@ def make_large_photos(out: str | os.PathLike[str], *, count: int = 8,
     lo, hi = (float(m) for m in megapixels)
     _check(0 < lo <= hi <= 100, "megapixels must be a (low, high) range within (0, 100]")
     out = pathlib.Path(out)
-    meta = {"kind": "large_photos", "version": _VERSION, "photos": [p for _, p in _PHOTOS],
-            "params": {"count": count, "megapixels": [lo, hi], "seed": seed}}
+    meta = {
+        "kind": "large_photos",
+        "version": _VERSION,
+        "photos": [p for _, p in _PHOTOS],
+        "params": {"count": count, "megapixels": [lo, hi], "seed": seed},
+    }
     rows = [(f"class_000/img_{i:05d}.jpg", 0) for i in range(count)]
     if _is_complete(out, meta, [out / r for r, _ in rows] + [out / "labels.csv"]):
         return out
     _photos()
     _begin(out, rows)
-    _run(_large_photo, [(out / r, seed, i, lo, hi) for i, (r, _) in enumerate(rows)],
-         1, False, "")
+    _run(_large_photo, [(out / r, seed, i, lo, hi) for i, (r, _) in enumerate(rows)], 1, False, "")
     _finish(out, meta, rows)
     return out

@@ -107,6 +107,7 @@ _LIMITS = _limits()
 #: Errors that mean "this sample's data is bad" (counted against max_errors), not a bug.
 DATA_ERRORS = (DecodeError, SourceError, OSError)
 
+
 class StokerWarning(UserWarning):
     """Warnings about the data (a skipped bad file, a link loop) or the machine (a small
     /dev/shm, more workers than cores)."""

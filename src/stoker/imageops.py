@@ -39,9 +39,7 @@ def check_image(image: np.ndarray, op: str) -> np.ndarray:
     """``image`` as a C-contiguous RGB or grayscale ``uint8`` array; a TypeError naming ``op``
     for anything else."""
     arr = np.asarray(image)
-    if arr.dtype != np.uint8 or not (
-        arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (1, 3))
-    ):
+    if arr.dtype != np.uint8 or not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (1, 3))):
         raise TypeError(
             f"stoker.ops.{op} works on uint8 RGB (h, w, 3) or grayscale images; got {arr.dtype} "
             f"of shape {arr.shape} (with color_mode='rgba', drop the alpha channel first)"

@@ -40,8 +40,9 @@ class AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self) -> None:
         self.callbacks: dict[str, list[Callback]] = {}
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         """The real spec of a watched module, its loader wrapped; None for any other."""
         if fullname not in self.callbacks:
             return None
@@ -55,8 +56,9 @@ class AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _real_spec(fullname: str, path: Sequence[str] | None, target: Any, skip: Any
-               ) -> importlib.machinery.ModuleSpec | None:
+def _real_spec(
+    fullname: str, path: Sequence[str] | None, target: Any, skip: Any
+) -> importlib.machinery.ModuleSpec | None:
     """The spec the other finders on ``sys.meta_path`` give for ``fullname``."""
     for finder in [f for f in sys.meta_path if f is not skip]:
         find = getattr(finder, "find_spec", None)

@@ -110,7 +110,9 @@ class StatsReport:
             f"ms, transform {self.transform_ms:.2f} ms",
             f"  reading: {self.read_mb_s:,.1f} MB/s ({self.read_bytes / 1e6:,.1f} MB); workers "
             f"waited for bytes {self.read_share:.0%} of their time, decoded and transformed "
-            f"{1 - self.read_share:.0%}" if self.read_bytes else "  reading: nothing read yet",
+            f"{1 - self.read_share:.0%}"
+            if self.read_bytes
+            else "  reading: nothing read yet",
             *(
                 [
                     f"  hint: reading from disk limits you at {self.read_mb_s:,.0f} MB/s: "

@@ -247,9 +247,7 @@ class ResizePipeline(Pipeline):
             return pixels.aspect_box(h, w, self.size[0], self.size[1])
         return None
 
-    def load(
-        self, data: bytes | np.ndarray, u: np.ndarray, notes: list[str] | None = None
-    ) -> Any:
+    def load(self, data: bytes | np.ndarray, u: np.ndarray, notes: list[str] | None = None) -> Any:
         """The decoded image; with ``fit="pad"``, ``(image, its full (height, width))``: the
         padding's place follows the full size, and a reduced-scale decode is smaller."""
         region, size, _ = self._load(data, u, notes)
@@ -258,9 +256,7 @@ class ResizePipeline(Pipeline):
     def finish(self, region: Any, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
         if self.fit == "pad":
             image, full = region
-            pixels.pad_into(
-                pixels.to_channels(image, self.channels), out, self.interpolation, full
-            )
+            pixels.pad_into(pixels.to_channels(image, self.channels), out, self.interpolation, full)
         else:
             super().finish(region, u, rng, out)
 
@@ -297,7 +293,6 @@ class CustomPipeline(Pipeline):
         mask = _check_user_mask(mask, image, self.ops)
         resize_into(pixels.to_channels(image, self.channels), out, self.interpolation)
         resize_mask_into(mask, mask_out)
-
 
     def _globals(self, rng: Any) -> Any:
         """``seeding.seeded(rng)`` around a user's callables; nothing around stock ops."""

@@ -39,8 +39,16 @@ def nobody() -> Nobody:
         pytest.skip(reason)
 
     def run(code: str) -> subprocess.CompletedProcess:
-        argv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                SYSTEM_PYTHON, "-I", "-c", code]
+        argv = [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            SYSTEM_PYTHON,
+            "-I",
+            "-c",
+            code,
+        ]
         out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
         assert out.returncode == 0, f"as nobody: {out.stderr}"
         return out

@@ -53,11 +53,20 @@ def cached(monkeypatch):
 def _plant(nobody, root: Path, files: dict[str, bytes | Path]) -> None:
     """As the second user: write each file (or a link, for a Path value) at ``root/<rel>``,
     the folders made on the way open to all (mode 0777)."""
-    listing = [(str(root / rel), "link", str(v)) if isinstance(v, Path)
-               else (str(root / rel), "file", base64.b64encode(v).decode())
-               for rel, v in files.items()]
-    folders = sorted({str(p) for rel in files for p in (root / rel).parents
-                      if str(p).startswith(str(root) + os.sep)})
+    listing = [
+        (str(root / rel), "link", str(v))
+        if isinstance(v, Path)
+        else (str(root / rel), "file", base64.b64encode(v).decode())
+        for rel, v in files.items()
+    ]
+    folders = sorted(
+        {
+            str(p)
+            for rel in files
+            for p in (root / rel).parents
+            if str(p).startswith(str(root) + os.sep)
+        }
+    )
     nobody(PLANT.format(files=listing, folders=folders))
 
 
@@ -141,7 +150,7 @@ def test_a_sidecar_index_planted_beside_a_shard_in_a_shared_folder_is_ignored_wi
     built = Path(first.index_files[0])
     first.close()
     table = np.load(built)
-    table[-len(truth):] = table[-len(truth):][::-1].copy()
+    table[-len(truth) :] = table[-len(truth) :][::-1].copy()
     buf = io.BytesIO()
     np.save(buf, table)
     (shard,) = sorted(data.glob("*.parquet"))
@@ -205,8 +214,13 @@ def test_links_planted_at_the_cache_names_never_clobber_the_victims_file(
     names = set(_cache_files(private))
     for rel in list(names):
         folder, name = os.path.split(rel)
-        names |= {f"{rel}.tmp", f"{rel}.{os.getpid()}.tmp", os.path.join(folder, "meta.json"),
-                  os.path.join(folder, "meta.json.tmp"), os.path.join(folder, f"{name}.npz")}
+        names |= {
+            f"{rel}.tmp",
+            f"{rel}.{os.getpid()}.tmp",
+            os.path.join(folder, "meta.json"),
+            os.path.join(folder, "meta.json.tmp"),
+            os.path.join(folder, f"{name}.npz"),
+        }
         for array in ("blob", "offsets", "labels"):
             names.add(os.path.join(folder, array, "x")[:-2] + ".npy")
     _plant(nobody, shared, {f".cache/stoker/{rel}": victim for rel in names})

@@ -19,8 +19,20 @@ import stoker
 SRC = str(Path(stoker.__file__).resolve().parents[1])
 # module names the trainer, its workers, the reaper or a convert job import; a planted copy of
 # any of them records its import and then fails, so a trainer that imported one cannot pass
-PLANTED = ("stoker", "numpy", "cloudpickle", "cv2", "PIL", "pyarrow", "select", "fcntl",
-           "threading", "warnings", "json", "psutil")
+PLANTED = (
+    "stoker",
+    "numpy",
+    "cloudpickle",
+    "cv2",
+    "PIL",
+    "pyarrow",
+    "select",
+    "fcntl",
+    "threading",
+    "warnings",
+    "json",
+    "psutil",
+)
 
 TRAINER = """
 import os, sys
@@ -69,8 +81,13 @@ def test_no_worker_reaper_or_convert_job_imports_a_module_planted_in_the_working
     # entry: "the current folder", which the trainer resolved to the folder it started in)
     start, pythonpath = (work, SRC) if how == "started in the folder" else (app, SRC + os.pathsep)
     env = {**os.environ, "PYTHONPATH": pythonpath, "HOME": str(home)}
-    argv = [sys.executable, str(app / "train.py"), str(work), str(image_folder),
-            str(tmp_path / "shards")]
+    argv = [
+        sys.executable,
+        str(app / "train.py"),
+        str(work),
+        str(image_folder),
+        str(tmp_path / "shards"),
+    ]
     out = subprocess.run(argv, cwd=start, env=env, capture_output=True, text=True, timeout=240)
     planted = marker.read_text() if marker.exists() else ""
     assert planted == "", f"planted modules were imported:\n{planted}\n{out.stderr[-3000:]}"
@@ -93,14 +110,15 @@ def test_without_dash_p_as_on_python_3_10_the_first_statement_keeps_the_folder_o
     monkeypatch.setattr(launch, "SAFE_PATH", (), raising=False)
     monkeypatch.chdir(work)
     images = np.zeros((8, 8, 8, 3), np.uint8)
-    with stoker.Loader(images, labels=np.arange(8), batch_size=4, image_size=8, workers=1,
-                       augment=None) as loader:
+    with stoker.Loader(
+        images, labels=np.arange(8), batch_size=4, image_size=8, workers=1, augment=None
+    ) as loader:
         assert [len(y) for _, y in loader] == [4, 4]
     assert not marker.exists(), marker.read_text()
 
 
 def test_a_worker_keeps_only_absolute_pythonpath_entries_and_imports_stoker_from_its_own_folder(
-    monkeypatch
+    monkeypatch,
 ):
     from stoker.workers import launch
 

@@ -23,8 +23,10 @@ SRC = str(Path(stoker.__file__).resolve().parents[1])
 
 # burns pids first, so trainer A's pid (about 40) does not exist in B's namespace, where B and
 # its reaper and worker have the lowest pids
-IN_OWN_PID_NS = "unshare -p -f --mount-proc sh -c 'for i in $(seq {burn}); do /bin/true; done; " \
-                "\"$0\" \"$@\"; true' {python} {script} {folder}"
+IN_OWN_PID_NS = (
+    "unshare -p -f --mount-proc sh -c 'for i in $(seq {burn}); do /bin/true; done; "
+    '"$0" "$@"; true\' {python} {script} {folder}'
+)
 
 TRAINER_A = """
 import glob, json, os, sys, time
@@ -111,30 +113,43 @@ print("SUMMARY", json.dumps({{
 def _namespaces_reason() -> str | None:
     if shutil.which("unshare") is None:
         return "the unshare command (util-linux) is not installed"
-    probe = subprocess.run(["unshare", "-m", "-p", "-f", "--mount-proc", "true"],
-                           capture_output=True, text=True, timeout=30)
+    probe = subprocess.run(
+        ["unshare", "-m", "-p", "-f", "--mount-proc", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if probe.returncode != 0:
         return f"unshare -m -p is not permitted here (needs root or CAP_SYS_ADMIN): {probe.stderr}"
     return None
 
 
 @pytest.mark.timeout(400)
-def test_trainers_in_two_pid_namespaces_sharing_dev_shm_keep_each_others_live_segments(
-    tmp_path
-):
+def test_trainers_in_two_pid_namespaces_sharing_dev_shm_keep_each_others_live_segments(tmp_path):
     reason = _namespaces_reason()
     if reason:
         pytest.skip(reason)
-    for name, code in (("a.py", TRAINER_A), ("b.py", TRAINER_B), ("killed.py", KILLED),
-                       ("cleaner.py", CLEANER)):
+    for name, code in (
+        ("a.py", TRAINER_A),
+        ("b.py", TRAINER_B),
+        ("killed.py", KILLED),
+        ("cleaner.py", CLEANER),
+    ):
         (tmp_path / name).write_text(textwrap.dedent(code))
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(command=IN_OWN_PID_NS))
-    script = (f"mount -t tmpfs -o size=256m tmpfs /dev/shm && exec {sys.executable} {driver} "
-              f"{tmp_path} {sys.executable}")
+    script = (
+        f"mount -t tmpfs -o size=256m tmpfs /dev/shm && exec {sys.executable} {driver} "
+        f"{tmp_path} {sys.executable}"
+    )
     env = {**os.environ, "PYTHONPATH": SRC}
-    out = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
-                         capture_output=True, text=True, timeout=380, env=env)
+    out = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=380,
+        env=env,
+    )
     line = next((x for x in out.stdout.splitlines() if x.startswith("SUMMARY ")), None)
     assert line is not None, out.stdout + out.stderr
     got = json.loads(line.split(" ", 1)[1])

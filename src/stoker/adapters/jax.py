@@ -56,8 +56,11 @@ class JaxLoader(LoaderView):
         self.sharding = sharding
         self._copy = _on_cpu(sharding)
         self._kinds = leaf_kinds(
-            loader, "jax", dtype=image.get("dtype") is not None,
-            mean=image.get("mean") is not None, layout=False,
+            loader,
+            "jax",
+            dtype=image.get("dtype") is not None,
+            mean=image.get("mean") is not None,
+            layout=False,
         )
         channels = pixel_channels(loader, self._kinds)
         self.image = ImageOptions(channels, **image)  # dtype, mean, std

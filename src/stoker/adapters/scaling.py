@@ -103,9 +103,7 @@ def _describe_field(name: str, dtype: Any, shape: tuple[int, ...]) -> str:
     return f"{name!r} {np.dtype(dtype)} {tuple(shape)}"
 
 
-def leaf_kinds(
-    loader: Any, view: str, *, dtype: bool, mean: bool, layout: bool
-) -> dict[str, str]:
+def leaf_kinds(loader: Any, view: str, *, dtype: bool, mean: bool, layout: bool) -> dict[str, str]:
     """The image leaves of ``loader``'s batches and what the image options do to each.
 
     An image leaf is the field ``image`` and, in a per-sample dataset's batches (``Loader(

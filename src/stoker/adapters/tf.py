@@ -119,6 +119,7 @@ def _converter(form: Any, image: ImageOptions, kinds: dict[str, str]) -> Any:
 
     def apply(*args: Any) -> Any:
         batch = args if isinstance(form, tuple) else args[0]
+
         def leaf(name: str, v: Any) -> Any:
             kind = kinds.get(name)
             if kind == PIXELS:

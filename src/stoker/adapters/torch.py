@@ -86,7 +86,10 @@ class TorchLoader(LoaderView):
             raise ConfigError("mean/std need a floating dtype: pass dtype=torch.float32 too")
         self.dtype = dtype
         self._kinds = leaf_kinds(
-            loader, "torch", dtype=dtype is not None, mean=mean is not None,
+            loader,
+            "torch",
+            dtype=dtype is not None,
+            mean=mean is not None,
             layout=layout is not None or channels_last is not None,
         )
         channels = pixel_channels(loader, self._kinds)

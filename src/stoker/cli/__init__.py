@@ -37,8 +37,12 @@ def _workers(value: str) -> int | str:
 
 def _parser() -> argparse.ArgumentParser:
     common = _Parser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the full traceback of an error")
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="show the full traceback of an error",
+    )
     p = _Parser(prog="stoker", description="Keep an accelerator fed.", parents=[common])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -57,8 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--workers", type=_workers, default="auto")
     bench.add_argument("--epochs", type=int, default=3, help="measured epochs after a warm-up")
     bench.add_argument("--max-batches", type=int, default=0, help="cap batches per epoch")
-    bench.add_argument("--plot", default=None, metavar="OUT.png",
-                       help="also draw img/s over time and the wait share beside the ceiling")
+    bench.add_argument(
+        "--plot",
+        default=None,
+        metavar="OUT.png",
+        help="also draw img/s over time and the wait share beside the ceiling",
+    )
     inspect = add("inspect", help="counts, classes, image sizes, bad files")
     inspect.add_argument("source")
     inspect.add_argument("--decode", action="store_true", help="fully decode every image")
@@ -86,10 +94,17 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="store samples in a seeded random order (for block shuffling)",
     )
-    conv.add_argument("--engine", choices=("local", "ray"), default="local",
-                      help="local processes, or Ray tasks (needs stoker[ray])")
-    conv.add_argument("--ray-address", default=None,
-                      help="Ray cluster to join with --engine ray (default: a local one)")
+    conv.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local processes, or Ray tasks (needs stoker[ray])",
+    )
+    conv.add_argument(
+        "--ray-address",
+        default=None,
+        help="Ray cluster to join with --engine ray (default: a local one)",
+    )
     conv.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -149,8 +164,17 @@ def _run(args: argparse.Namespace) -> None:
         from .show import show
 
         augment = None if args.augment.lower() == "none" else args.augment
-        print(show(args.source, args.out, rows=args.rows, cols=args.cols,
-                   image_size=args.image_size, augment=augment, seed=args.seed))
+        print(
+            show(
+                args.source,
+                args.out,
+                rows=args.rows,
+                cols=args.cols,
+                image_size=args.image_size,
+                augment=augment,
+                seed=args.seed,
+            )
+        )
     elif args.command == "inspect":
         from .inspect import inspect_source
 

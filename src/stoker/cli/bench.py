@@ -103,9 +103,13 @@ def _silent(line: str) -> None:
     """No progress output (the default of :func:`run_bench`)."""
 
 
-def _epoch(loader: Loader, max_batches: int, label: str = "",
-           progress: Callable[[str], None] = _silent,
-           timeline: Timeline | None = None) -> tuple[int, float, float]:
+def _epoch(
+    loader: Loader,
+    max_batches: int,
+    label: str = "",
+    progress: Callable[[str], None] = _silent,
+    timeline: Timeline | None = None,
+) -> tuple[int, float, float]:
     """One epoch (or ``max_batches`` of it): ``(images, seconds, CPU seconds)``; each batch's
     arrival and wait go to ``timeline`` when given."""
     cpu0, t0, n = tree_cpu(), time.perf_counter(), 0
@@ -120,8 +124,10 @@ def _epoch(loader: Loader, max_batches: int, label: str = "",
             timeline.batches.append(Batch(timeline.elapsed + now - t0, len(x), now - ready))
         if now - last >= PROGRESS_EVERY_S:
             last = now
-            progress(f"stoker bench: {label}: {i + 1}/{total} batches, "
-                     f"{n / (now - t0):,.0f} img/s so far")
+            progress(
+                f"stoker bench: {label}: {i + 1}/{total} batches, "
+                f"{n / (now - t0):,.0f} img/s so far"
+            )
         if max_batches and i + 1 >= max_batches:
             break
         ready = time.perf_counter()
@@ -172,8 +178,7 @@ def run_bench(
         count = max(1, epochs)
         timeline = Timeline()
         for k in range(count):
-            runs.append(_epoch(loader, max_batches, f"epoch {k + 1}/{count}", progress,
-                               timeline))
+            runs.append(_epoch(loader, max_batches, f"epoch {k + 1}/{count}", progress, timeline))
             peak = max(peak, tree_pss())
             n, dt, _ = runs[-1]
             progress(f"stoker bench: epoch {k + 1}/{count}: {n / dt:,.0f} img/s")
@@ -189,9 +194,14 @@ def run_bench(
     slowest = max(stages, key=stages.__getitem__)
     plotted = []
     if plot is not None:
-        bench_chart(timeline.batches, ceiling, timeline.epoch_starts, plot,
-                    f"stoker bench {source}: batch {batch_size}, image {image_size}, "
-                    f"augment {augment}, workers {loader.workers}")
+        bench_chart(
+            timeline.batches,
+            ceiling,
+            timeline.epoch_starts,
+            plot,
+            f"stoker bench {source}: batch {batch_size}, image {image_size}, "
+            f"augment {augment}, workers {loader.workers}",
+        )
         plotted = [f"  plot: {plot}"]
     return "\n".join(
         [

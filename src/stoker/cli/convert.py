@@ -93,17 +93,37 @@ def convert(
             "would be lost); load it directly with stoker.Loader"
         )
     try:
-        return _convert(source, Path(dst), max_side, quality, workers, shard_bytes,
-                        row_group_bytes, progress, shuffle_seed, engine, ray_address)
+        return _convert(
+            source,
+            Path(dst),
+            max_side,
+            quality,
+            workers,
+            shard_bytes,
+            row_group_bytes,
+            progress,
+            shuffle_seed,
+            engine,
+            ray_address,
+        )
     finally:
         if source is not src:
             source.close()
 
 
-def _convert(source: Source, out: Path, max_side: int | None, quality: int | None, workers: int,
-             shard_bytes: int, row_group_bytes: int, progress: bool,
-             shuffle_seed: int | None, engine: str = "local",
-             ray_address: str | None = None) -> dict[str, Any]:
+def _convert(
+    source: Source,
+    out: Path,
+    max_side: int | None,
+    quality: int | None,
+    workers: int,
+    shard_bytes: int,
+    row_group_bytes: int,
+    progress: bool,
+    shuffle_seed: int | None,
+    engine: str = "local",
+    ray_address: str | None = None,
+) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     (out / STATE).mkdir(exist_ok=True)
     settings = {
@@ -235,9 +255,16 @@ def _finished(out: Path, number: int) -> dict[str, Any] | None:
     return record
 
 
-def _finish(source: Source, out: Path, plan: dict[str, Any], settings: dict[str, Any],
-            records: dict[int, dict[str, Any]], built: int, converted: int,
-            elapsed: float) -> dict[str, Any]:
+def _finish(
+    source: Source,
+    out: Path,
+    plan: dict[str, Any],
+    settings: dict[str, Any],
+    records: dict[int, dict[str, Any]],
+    built: int,
+    converted: int,
+    elapsed: float,
+) -> dict[str, Any]:
     """Write errors.csv, then the manifest (last); return the manifest."""
     import stoker
 
@@ -267,12 +294,18 @@ def _finish(source: Source, out: Path, plan: dict[str, Any], settings: dict[str,
         "label_counts": _total_counts(records[n]["labels"] for n in numbers),
         "errors": len(errors),
         "settings": settings,
-        "columns": {"image": "struct{bytes: binary (uncompressed, PLAIN), path: string}",
-                    "label": "int64"},
+        "columns": {
+            "image": "struct{bytes: binary (uncompressed, PLAIN), path: string}",
+            "label": "int64",
+        },
         "shards": shards,
-        "run": {"shards_built": built, "shards_kept": len(numbers) - built,
-                "samples_converted": converted, "seconds": round(elapsed, 3),
-                "images_per_s": round(converted / elapsed, 1) if elapsed > 0 else None},
+        "run": {
+            "shards_built": built,
+            "shards_kept": len(numbers) - built,
+            "samples_converted": converted,
+            "seconds": round(elapsed, 3),
+            "images_per_s": round(converted / elapsed, 1) if elapsed > 0 else None,
+        },
     }
     write_json(out / MANIFEST, manifest)
     return manifest
@@ -316,8 +349,12 @@ class _Progress:
             self.last = now
             rate = self.done / max(now - self.t0, 1e-9)
             eta = (self.total - self.done) / rate if rate else float("inf")
-            print(f"stoker convert: {self.done}/{self.total} images, {rate:,.0f} img/s, "
-                  f"ETA {eta:,.0f} s", file=sys.stderr, flush=True)
+            print(
+                f"stoker convert: {self.done}/{self.total} images, {rate:,.0f} img/s, "
+                f"ETA {eta:,.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def __enter__(self) -> _Progress:
         return self

@@ -33,8 +33,14 @@ class _ShardJob:
         return write_shard(self.source, self.job, number, samples, tick)
 
 
-def run_shards(source: Source, job: dict[str, Any], plan: dict[str, Any], todo: list[int],
-               workers: int, bar: Any) -> Iterator[dict[str, Any]]:
+def run_shards(
+    source: Source,
+    job: dict[str, Any],
+    plan: dict[str, Any],
+    todo: list[int],
+    workers: int,
+    bar: Any,
+) -> Iterator[dict[str, Any]]:
     """Write the shards in ``todo``; yield each one's record as it completes."""
     if workers == 1 or len(todo) <= 1:
         for number in todo:

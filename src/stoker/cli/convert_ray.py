@@ -109,8 +109,15 @@ def by_value(ray: Any) -> Iterator[None]:
                 ray.util.deregister_serializer(cls)
 
 
-def run_shards(source: Any, job: dict[str, Any], plan: dict[str, Any], todo: list[int],
-               workers: int, bar: Any, ray_address: str | None = None):
+def run_shards(
+    source: Any,
+    job: dict[str, Any],
+    plan: dict[str, Any],
+    todo: list[int],
+    workers: int,
+    bar: Any,
+    ray_address: str | None = None,
+):
     """Write the shards in ``todo`` as Ray tasks; yield each one's record as it completes.
 
     Same contract as :func:`stoker.cli.convert_local.run_shards`. Raises
@@ -124,15 +131,18 @@ def run_shards(source: Any, job: dict[str, Any], plan: dict[str, Any], todo: lis
     ray = _ray()
     started = False
     if not ray.is_initialized():
-        kwargs: dict[str, Any] = {"address": ray_address, "include_dashboard": False,
-                                  "logging_level": "warning", "log_to_driver": True}
+        kwargs: dict[str, Any] = {
+            "address": ray_address,
+            "include_dashboard": False,
+            "logging_level": "warning",
+            "log_to_driver": True,
+        }
         if ray_address is None:
             kwargs["num_cpus"] = workers
         ray.init(**kwargs)
         started = True
     try:
-        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=True)(
-            _shard_task)
+        task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=True)(_shard_task)
         with by_value(ray):
             source_ref = ray.put(source)
         refs = {task.remote(source_ref, job, n, plan["shards"][n]): n for n in todo}

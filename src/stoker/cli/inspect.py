@@ -13,9 +13,7 @@ from ..errors import DATA_ERRORS
 from ..sources import open_source
 
 
-def _probe_all(
-    src: Any, survey: Survey | None
-) -> tuple[list[tuple[int, int]], Counter, list[str]]:
+def _probe_all(src: Any, survey: Survey | None) -> tuple[list[tuple[int, int]], Counter, list[str]]:
     """Sizes, formats and bad files of every sample; with a ``survey``, each is also decoded
     and classed (kind, outcome) in it."""
     sizes: list[tuple[int, int]] = []

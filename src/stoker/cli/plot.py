@@ -62,11 +62,10 @@ def bins(batches: Sequence[Batch], count: int = BINS) -> list[Bin]:
     size = max(4, math.ceil(len(batches) / count))
     cut, start = [], 0.0
     for i in range(0, len(batches), size):
-        group = batches[i:i + size]
+        group = batches[i : i + size]
         end = group[-1].at
         if end > start:
-            cut.append(Bin(start, end, sum(b.images for b in group),
-                           sum(b.waited for b in group)))
+            cut.append(Bin(start, end, sum(b.images for b in group), sum(b.waited for b in group)))
             start = end
     return cut
 
@@ -84,8 +83,13 @@ def rate_axis_top(bins_: Sequence[Bin], ceiling: float) -> float:
     return math.ceil(peak / step) * step
 
 
-def bench_chart(batches: Sequence[Batch], ceiling: float, epoch_starts: Sequence[float],
-                out: str | os.PathLike[str], title: str) -> Image.Image:
+def bench_chart(
+    batches: Sequence[Batch],
+    ceiling: float,
+    epoch_starts: Sequence[float],
+    out: str | os.PathLike[str],
+    title: str,
+) -> Image.Image:
     """Draw the chart of a run to ``out`` (PNG) and return it."""
     cut = bins(batches)
     end = cut[-1].end if cut else 1.0
@@ -105,8 +109,12 @@ def bench_chart(batches: Sequence[Batch], ceiling: float, epoch_starts: Sequence
         for box in (RATE_BOX, WAIT_BOX):
             draw.line([(x_at(t), box[1]), (x_at(t), box[3])], fill=EPOCH, width=1)
     _dashed(draw, RATE_BOX, y_at(ceiling, top, RATE_BOX), CEILING)
-    draw.text((RATE_BOX[2] - 210, y_at(ceiling, top, RATE_BOX) - 14),
-              f"decode ceiling {ceiling:,.0f} img/s", fill=CEILING, font=font)
+    draw.text(
+        (RATE_BOX[2] - 210, y_at(ceiling, top, RATE_BOX) - 14),
+        f"decode ceiling {ceiling:,.0f} img/s",
+        fill=CEILING,
+        font=font,
+    )
     points = [(x_at((b.start + b.end) / 2), y_at(b.rate, top, RATE_BOX)) for b in cut]
     if len(points) > 1:
         draw.line(points, fill=RATE, width=2)
@@ -115,16 +123,28 @@ def bench_chart(batches: Sequence[Batch], ceiling: float, epoch_starts: Sequence
     for b in cut:
         y = y_at(b.wait_share, 1.0, WAIT_BOX)
         if y < WAIT_BOX[3]:
-            draw.rectangle([x_at(b.start) + 1, y, max(x_at(b.start) + 1, x_at(b.end) - 1),
-                            WAIT_BOX[3] - 1], fill=WAIT)
-    draw.text((RATE_BOX[0], HEIGHT - 22), f"seconds (0 - {end:.1f} s); grey lines: epoch starts",
-              fill=AXIS, font=font)
+            draw.rectangle(
+                [x_at(b.start) + 1, y, max(x_at(b.start) + 1, x_at(b.end) - 1), WAIT_BOX[3] - 1],
+                fill=WAIT,
+            )
+    draw.text(
+        (RATE_BOX[0], HEIGHT - 22),
+        f"seconds (0 - {end:.1f} s); grey lines: epoch starts",
+        fill=AXIS,
+        font=font,
+    )
     image.save(out, format="PNG")
     return image
 
 
-def _axes(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int], top: float, label: str,
-          font: Any, fmt: Callable[[float], str]) -> None:
+def _axes(
+    draw: ImageDraw.ImageDraw,
+    box: tuple[int, int, int, int],
+    top: float,
+    label: str,
+    font: Any,
+    fmt: Callable[[float], str],
+) -> None:
     """A panel's frame, four grid lines with their values, and its label."""
     left, upper, right, bottom = box
     for k in range(5):
@@ -133,14 +153,18 @@ def _axes(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int], top: float,
         if 0 < k < 4:
             draw.line([(left + 1, y), (right - 1, y)], fill=GRID)
         text = fmt(value)
-        draw.text((left - 6 - draw.textlength(text, font=font), y - 6), text, fill=AXIS,
-                  font=font)
+        draw.text((left - 6 - draw.textlength(text, font=font), y - 6), text, fill=AXIS, font=font)
     draw.rectangle([left, upper, right, bottom], outline=AXIS)
     draw.text((left, upper - 14), label, fill=AXIS, font=font)
 
 
-def _dashed(draw: ImageDraw.ImageDraw, box: tuple[int, int, int, int], y: int,
-            colour: tuple[int, int, int], dash: int = 8) -> None:
+def _dashed(
+    draw: ImageDraw.ImageDraw,
+    box: tuple[int, int, int, int],
+    y: int,
+    colour: tuple[int, int, int],
+    dash: int = 8,
+) -> None:
     """A horizontal dashed line across the panel at row ``y``."""
     for x in range(box[0] + 1, box[2] - 1, 2 * dash):
         draw.line([(x, y), (min(x + dash, box[2] - 1), y)], fill=colour, width=1)

@@ -19,8 +19,16 @@ from .._compat import file_sha256
 from ..errors import DATA_ERRORS, DecodeError, one_line
 from ..sources.base import PathIndex, Source
 
-__all__ = ["write_shard", "image_schema", "prepare", "shard_name", "tmp_name", "write_json",
-           "STATE", "DEFAULT_QUALITY"]
+__all__ = [
+    "write_shard",
+    "image_schema",
+    "prepare",
+    "shard_name",
+    "tmp_name",
+    "write_json",
+    "STATE",
+    "DEFAULT_QUALITY",
+]
 
 STATE = ".stoker-convert"  # folder in DST for the plan and the per-shard records
 DEFAULT_QUALITY = 90  # JPEG quality when re-encoding and no quality is given
@@ -37,8 +45,9 @@ def tmp_name(number: int) -> str:
     return f".{shard_name(number)}.tmp"
 
 
-def write_shard(source: Source, job: dict[str, Any], number: int, samples: list[int],
-                 tick: Any) -> dict[str, Any]:
+def write_shard(
+    source: Source, job: dict[str, Any], number: int, samples: list[int], tick: Any
+) -> dict[str, Any]:
     """Write one shard to its temporary name, checksum it, record it, rename it."""
     import pyarrow.parquet as pq
 
@@ -47,9 +56,11 @@ def write_shard(source: Source, job: dict[str, Any], number: int, samples: list[
     tmp, final = out / tmp_name(number), out / shard_name(number)
     schema = image_schema(source.classes)
     writer = pq.ParquetWriter(
-        tmp, schema, compression={"image.bytes": "NONE", "image.path": "SNAPPY",
-                                  "label": "SNAPPY"},
-        use_dictionary=["label"], write_statistics=["label"],
+        tmp,
+        schema,
+        compression={"image.bytes": "NONE", "image.path": "SNAPPY", "label": "SNAPPY"},
+        use_dictionary=["label"],
+        write_statistics=["label"],
     )
     rows: list[tuple[bytes, str, int]] = []
     buffered, groups, errors, written, unticked = 0, [], [], 0, 0
@@ -113,8 +124,7 @@ def _flush(writer: Any, schema: Any, rows: list[tuple[bytes, str, int]]) -> int:
         [pa.array([r[0] for r in rows], pa.binary()), pa.array([r[1] for r in rows], pa.string())],
         fields=list(schema.field("image").type),
     )
-    table = pa.Table.from_arrays([image, pa.array([r[2] for r in rows], pa.int64())],
-                                 schema=schema)
+    table = pa.Table.from_arrays([image, pa.array([r[2] for r in rows], pa.int64())], schema=schema)
     writer.write_table(table, row_group_size=len(rows))
     return len(rows)
 

@@ -25,8 +25,19 @@ BACKGROUND = (24, 24, 24)
 TEXT = (235, 235, 235)
 MASK_ALPHA = 0.5
 # class k > 0 of a mask gets PALETTE[(k - 1) % len(PALETTE)]
-PALETTE = np.array([(230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200),
-                    (245, 130, 48), (145, 30, 180), (70, 240, 240), (240, 50, 230)], np.float32)
+PALETTE = np.array(
+    [
+        (230, 25, 75),
+        (60, 180, 75),
+        (255, 225, 25),
+        (0, 130, 200),
+        (245, 130, 48),
+        (145, 30, 180),
+        (70, 240, 240),
+        (240, 50, 230),
+    ],
+    np.float32,
+)
 
 
 def sheet_size(rows: int, cols: int, height: int, width: int) -> tuple[int, int]:
@@ -72,8 +83,9 @@ def caption(batch: dict[str, Any], k: int, class_names: Sequence[str] | None) ->
     return os.path.basename(str(batch["path"][k])) if "path" in batch else f"#{k}"
 
 
-def contact_sheet(batch: dict[str, Any], rows: int, cols: int,
-                  class_names: Sequence[str] | None = None) -> Image.Image:
+def contact_sheet(
+    batch: dict[str, Any], rows: int, cols: int, class_names: Sequence[str] | None = None
+) -> Image.Image:
     """The sheet of a batch (a dict with ``image`` and optionally ``mask``, ``label``,
     ``path``): the first ``rows * cols`` samples, row-major."""
     images = np.asarray(batch["image"])
@@ -101,8 +113,16 @@ def _fit(draw: ImageDraw.ImageDraw, text: str, width: int, font: Any) -> str:
     return text + "..." if text else ""
 
 
-def show(source: Any, out: str | os.PathLike[str], *, rows: int = 4, cols: int = 4,
-         image_size: int = 128, augment: Any = "train", seed: int = 0) -> str:
+def show(
+    source: Any,
+    out: str | os.PathLike[str],
+    *,
+    rows: int = 4,
+    cols: int = 4,
+    image_size: int = 128,
+    augment: Any = "train",
+    seed: int = 0,
+) -> str:
     """Write the contact sheet of ``source``'s first batch (as epoch 0 of
     ``Loader(source, seed=seed, augment=augment, image_size=image_size)`` gives it) to ``out``
     (PNG); return a one-line summary."""
@@ -111,12 +131,22 @@ def show(source: Any, out: str | os.PathLike[str], *, rows: int = 4, cols: int =
             raise ConfigError(f"--{name.replace('_', '-')} {value!r}: give a positive integer")
     if not str(out).lower().endswith(".png"):
         raise ConfigError(f"--out {out}: the sheet is written as PNG; name it *.png")
-    with Loader(source, batch_size=rows * cols, image_size=image_size, augment=augment,
-                seed=seed, workers=0, drop_last=False, batch="dict") as loader:
+    with Loader(
+        source,
+        batch_size=rows * cols,
+        image_size=image_size,
+        augment=augment,
+        seed=seed,
+        workers=0,
+        drop_last=False,
+        batch="dict",
+    ) as loader:
         batch = loader.peek()
         sheet = contact_sheet(batch, rows, cols, loader.class_names)
     sheet.save(out, format="PNG")
     n = min(len(batch["image"]), rows * cols)
     what = "with masks overlaid" if "mask" in batch else "with their labels"
-    return (f"stoker show: {n} samples ({rows} x {cols} grid, augment={augment}, seed {seed}) "
-            f"{what} -> {out} ({sheet.width} x {sheet.height} px)")
+    return (
+        f"stoker show: {n} samples ({rows} x {cols} grid, augment={augment}, seed {seed}) "
+        f"{what} -> {out} ({sheet.width} x {sheet.height} px)"
+    )

@@ -157,7 +157,9 @@ def decode(
 
 
 def refuse_warnings(
-    data: bytes | memoryview, info: ImageInfo, box: tuple[int, int, int, int] | None,
+    data: bytes | memoryview,
+    info: ImageInfo,
+    box: tuple[int, int, int, int] | None,
     notes: list[str],
 ) -> None:
     """``strict_decode``: raise DecodeError when decoding ``box`` of the image gave warnings

@@ -233,11 +233,19 @@ def scan_warnings(data: bytes | memoryview, info: ImageInfo) -> list[str]:
     notes: list[str] = []
     try:
         if jpegcrop.AVAILABLE:
-            jpegcrop.decode_region(data, None, (1, 1), True, image_size=stored_size(info),
-                                   notes=notes, channels=1)
+            jpegcrop.decode_region(
+                data, None, (1, 1), True, image_size=stored_size(info), notes=notes, channels=1
+            )
             return notes
-        simplejpeg.decode_jpeg(data, colorspace="GRAY", fastdct=True, fastupsample=True,
-                               min_height=1, min_width=1, strict=True)
+        simplejpeg.decode_jpeg(
+            data,
+            colorspace="GRAY",
+            fastdct=True,
+            fastupsample=True,
+            min_height=1,
+            min_width=1,
+            strict=True,
+        )
     except ValueError as exc:
         if "cmyk" in str(exc).lower():  # decoded whole (simplejpeg strict): seen already
             return notes

@@ -257,8 +257,7 @@ def auto_workers(per_image_s: float | None, batch_size: int, probed: int) -> tup
     if count == 1:
         return 1, f"auto: 1, the only usable core; a batch is {batch_s * 1e3:.0f} ms ({measured})"
     return count, (
-        f"auto: {count}, {why}; a batch is {batch_s * 1e3:.0f} ms of one core's work "
-        f"({measured})"
+        f"auto: {count}, {why}; a batch is {batch_s * 1e3:.0f} ms of one core's work ({measured})"
     )
 
 

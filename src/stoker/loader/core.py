@@ -114,13 +114,20 @@ class Loader:
         parts = wiring.build(self._args, self.batch_size, self.seed, self.shuffle)
         self.source, self.subset = parts.source, subset
         self.image_size, self.augment, self.pipeline = (
-            parts.image_size, parts.augment, parts.pipeline
+            parts.image_size,
+            parts.augment,
+            parts.pipeline,
         )
         self.has_masks, self.drop_last, self.max_errors = (
-            parts.has_masks, parts.drop_last, parts.max_errors
+            parts.has_masks,
+            parts.drop_last,
+            parts.max_errors,
         )
         self.plan, self.columns, self.slot_layout, self.form = (
-            parts.plan, parts.columns, parts.slot_layout, parts.form
+            parts.plan,
+            parts.columns,
+            parts.slot_layout,
+            parts.form,
         )
         self._batch_fn = parts.batch_fn
         self._peeker: Assembler | None = None  # fills peek()'s batches in this process
@@ -265,8 +272,10 @@ class Loader:
             raise StokerError("this Loader is closed; create a new one")
         epoch, position = self._received()
         if batch is not None:
-            if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or not (
-                0 <= batch < self._batches
+            if (
+                isinstance(batch, bool)
+                or not isinstance(batch, int | np.integer)
+                or not (0 <= batch < self._batches)
             ):
                 raise ConfigError(
                     f"peek({batch!r}): give a batch number in [0, {self._batches}) (len(loader)"
@@ -346,8 +355,13 @@ class Loader:
             return
         self._count_workers(self._assembler())
         if self.workers:
-            self._run.launch_pool(self._worker_args(), self.workers, self._prefetch_arg,
-                                  self.timeout, self.worker_threads)
+            self._run.launch_pool(
+                self._worker_args(),
+                self.workers,
+                self._prefetch_arg,
+                self.timeout,
+                self.worker_threads,
+            )
 
     def _start(self) -> None:
         assembler = self._assembler()
@@ -357,20 +371,32 @@ class Loader:
             return
         if self.cluster is not None:  # the nodes get exactly what the local workers get
             self._run.start_cluster(
-                self._worker_args(), self.workers, self.cluster, self._prefetch_arg, self._batches,
-                self.timeout, self.source.name, self._samples,
-                lambda: probe_digest(assembler, self.slot_layout, (0, 0)), self.worker_threads,
+                self._worker_args(),
+                self.workers,
+                self.cluster,
+                self._prefetch_arg,
+                self._batches,
+                self.timeout,
+                self.source.name,
+                self._samples,
+                lambda: probe_digest(assembler, self.slot_layout, (0, 0)),
+                self.worker_threads,
             )
             return
         self._run.start_pool(
-            self._worker_args(), self.workers, self._prefetch_arg, self._batches, self.timeout,
-            self.source.name, self.worker_threads,
+            self._worker_args(),
+            self.workers,
+            self._prefetch_arg,
+            self._batches,
+            self.timeout,
+            self.source.name,
+            self.worker_threads,
         )
 
     def _samples(self, key: tuple[int, int]) -> list[str]:
         """The names of the samples batch ``key`` (epoch, position) holds."""
         start = key[1] * self.batch_size
-        order = self.plan.order(key[0])[start: start + self.batch_size]
+        order = self.plan.order(key[0])[start : start + self.batch_size]
         return [self.source.name(int(i)) for i in order]
 
     # ------------------------------------------------------------------ state
@@ -433,8 +459,9 @@ class Loader:
     def stats(self) -> StatsReport:
         """Throughput, time the consumer waited for data and its share, stage times, bad files."""
         engine = self._run.engine
-        startup_s, startup = describe_start(self._run.started, self._start_cause(),
-                                            self._run.waited_s)
+        startup_s, startup = describe_start(
+            self._run.started, self._start_cause(), self._run.waited_s
+        )
         return self._stats.report(
             workers=self.workers,
             workers_reason=self._workers_reason,
@@ -574,8 +601,10 @@ def _document(cls: type[Loader]) -> None:
     args = textwrap.indent(options.args_section(cls.__init__), "    ")
     cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n{args}\n    "
     types = {o.name: o.type for o in options.OPTIONS}
-    params = [p.replace(annotation=types.get(p.name, p.annotation))
-              for p in options.arguments(cls.__init__)]
+    params = [
+        p.replace(annotation=types.get(p.name, p.annotation))
+        for p in options.arguments(cls.__init__)
+    ]
     cls.__signature__ = inspect.signature(cls.__init__).replace(  # type: ignore[attr-defined]
         parameters=params, return_annotation=inspect.Signature.empty
     )

@@ -167,8 +167,14 @@ class Running:
         self.engine = Inline(assembler, layout)
         self._reason, self.folder = "none: workers=0 loads on demand", "process memory"
 
-    def launch_pool(self, worker_args: dict[str, Any], workers: int, prefetch: Any, timeout: float,
-                    threads: int | None = 1) -> None:
+    def launch_pool(
+        self,
+        worker_args: dict[str, Any],
+        workers: int,
+        prefetch: Any,
+        timeout: float,
+        threads: int | None = 1,
+    ) -> None:
         """Launch ``workers`` processes (``threads`` per thread pool in each) without waiting
         for them: they start while the caller goes on; a failed launch leaves nothing."""
         layout: SlotLayout = worker_args["layout"]
@@ -183,8 +189,16 @@ class Running:
             self.close(fast=True)
             raise
 
-    def start_pool(self, worker_args: dict[str, Any], workers: int, prefetch: Any, batches: int,
-                   timeout: float, name: Any, threads: int | None = 1) -> None:
+    def start_pool(
+        self,
+        worker_args: dict[str, Any],
+        workers: int,
+        prefetch: Any,
+        batches: int,
+        timeout: float,
+        name: Any,
+        threads: int | None = 1,
+    ) -> None:
         """Wait for the workers (launched here unless :meth:`launch_pool` already did) and
         start the prefetch engine over a ring in shared memory; a failed start leaves no
         worker and no segment. ``waited_s`` is set when the workers were launched ahead."""
@@ -197,15 +211,34 @@ class Running:
         try:
             self.started = self.pool.wait_started()
             self.waited_s = time.perf_counter() - t0 if ahead else None
-            self.engine = Engine(self.pool, worker_args["layout"], slots, per_worker, batches,
-                                 self.folder, timeout, name, deepest)
+            self.engine = Engine(
+                self.pool,
+                worker_args["layout"],
+                slots,
+                per_worker,
+                batches,
+                self.folder,
+                timeout,
+                name,
+                deepest,
+            )
         except BaseException:
             self.close(fast=True)
             raise
 
-    def start_cluster(self, worker_args: dict[str, Any], workers: int, cluster: Any, prefetch: Any,
-                      batches: int, timeout: float, name: Any, samples: Any, probe: Any,
-                      threads: int | None = 1) -> None:
+    def start_cluster(
+        self,
+        worker_args: dict[str, Any],
+        workers: int,
+        cluster: Any,
+        prefetch: Any,
+        batches: int,
+        timeout: float,
+        name: Any,
+        samples: Any,
+        probe: Any,
+        threads: int | None = 1,
+    ) -> None:
         """Start decode actors on the cluster's nodes (``workers.cluster``) beside ``workers``
         local processes, and the prefetch engine over both; a failed start leaves nothing.
         Each node starts its own ``WorkerPool`` with the same ``worker_args`` and ``threads``."""
@@ -229,8 +262,16 @@ class Running:
             self.pool = mixed  # type: ignore[assignment]
             self.started = mixed.started
             self.engine = cluster_mod.ClusterEngine(
-                mixed, layout, slots, per_worker, batches, self.folder, timeout, name,  # type: ignore[arg-type]
-                deepest, samples,
+                mixed,
+                layout,
+                slots,
+                per_worker,
+                batches,
+                self.folder,
+                timeout,
+                name,  # type: ignore[arg-type]
+                deepest,
+                samples,
             )
         except BaseException:
             if nodes is not None and self.pool is None:

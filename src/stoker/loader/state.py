@@ -14,8 +14,9 @@ STATE_VERSION = 1
 MUST_MATCH = ("fingerprint", "seed", "batch_size", "batches")
 
 
-def make_state(epoch: int, position: int, *, seed: int, batch_size: int, batches: int,
-               fingerprint: Any) -> dict[str, Any]:
+def make_state(
+    epoch: int, position: int, *, seed: int, batch_size: int, batches: int, fingerprint: Any
+) -> dict[str, Any]:
     """The state for ``(epoch, position)`` of a loader with these settings."""
     return {
         "version": STATE_VERSION,
@@ -28,8 +29,9 @@ def make_state(epoch: int, position: int, *, seed: int, batch_size: int, batches
     }
 
 
-def check_state(state: dict[str, Any], mine: dict[str, Any],
-                older: Sequence[str] = ()) -> tuple[int, int]:
+def check_state(
+    state: dict[str, Any], mine: dict[str, Any], older: Sequence[str] = ()
+) -> tuple[int, int]:
     """``(epoch, position)`` of ``state``, after checking it was saved by a loader like the
     one whose own state is ``mine``; a ConfigError says what differs. ``older``: this
     dataset's fingerprints as earlier releases computed them, accepted with a warning."""

@@ -147,7 +147,11 @@ def _mask_map(value: Any, has_masks: bool) -> MaskMap | None:
 
 
 def _plan(
-    args: dict[str, Any], source: Source, batch_size: int, seed: int, shuffle: bool,
+    args: dict[str, Any],
+    source: Source,
+    batch_size: int,
+    seed: int,
+    shuffle: bool,
     drop_last: bool,
 ) -> Plan:
     """Which samples each batch of each epoch holds, for this rank."""
@@ -173,7 +177,10 @@ def _plan(
 
 
 def field_specs(
-    source: Source, image_size: tuple[int, int], channels: int, has_masks: bool,
+    source: Source,
+    image_size: tuple[int, int],
+    channels: int,
+    has_masks: bool,
     columns: Columns,
 ) -> tuple[FieldSpec, ...]:
     """The batch's fields: image, mask (segmentation), every column, the sample index."""

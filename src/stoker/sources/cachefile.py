@@ -79,8 +79,10 @@ def folder_problem(folder: str | os.PathLike, owners: tuple[int, ...] = ()) -> s
         if st.st_uid not in allowed:
             return f"lies in {current}, owned by uid {st.st_uid} (not you, uid {me}, nor root)"
         if st.st_mode & _SHARED_WRITE and not st.st_mode & stat.S_ISVTX:
-            return (f"lies in {current}, which group or others can write (mode "
-                    f"{st.st_mode & 0o7777:o}, not sticky): a file there can be swapped")
+            return (
+                f"lies in {current}, which group or others can write (mode "
+                f"{st.st_mode & 0o7777:o}, not sticky): a file there can be swapped"
+            )
         parent = os.path.dirname(current)
         if parent == current:
             return None
@@ -134,8 +136,9 @@ def _make_private(path: Path) -> None:
 # ---------------------------------------------------------------------------- writing
 
 
-def write_atomic(path: str | os.PathLike, fill: Callable[[IO[bytes]], object],
-                 mode: int = FILE_MODE) -> None:
+def write_atomic(
+    path: str | os.PathLike, fill: Callable[[IO[bytes]], object], mode: int = FILE_MODE
+) -> None:
     """Create ``path``'s content by ``fill(file)`` under a random name beside it (created
     exclusively, not through a link, with ``mode``), then rename it over ``path`` (a link at
     ``path`` is replaced, not followed). OSError on failure, with no file left behind."""
@@ -184,8 +187,10 @@ def open_trusted(path: str | os.PathLike, owners: tuple[int, ...] = ()) -> IO[by
     except FileNotFoundError:
         return None
     except OSError as exc:
-        _distrust(path, "is a symbolic link" if os.path.islink(path) else f"cannot be opened "
-                  f"({exc.strerror})")
+        _distrust(
+            path,
+            "is a symbolic link" if os.path.islink(path) else f"cannot be opened ({exc.strerror})",
+        )
         return None
     st = os.fstat(fd)
     why: str | None = None
@@ -203,8 +208,10 @@ def open_trusted(path: str | os.PathLike, owners: tuple[int, ...] = ()) -> IO[by
 
 
 def _distrust(path: str, why: str) -> None:
-    warn_once(f"stoker ignored {path}: it {why}, so another user could have written it; "
-              "it is rebuilt from the data (in your own cache)")
+    warn_once(
+        f"stoker ignored {path}: it {why}, so another user could have written it; "
+        "it is rebuilt from the data (in your own cache)"
+    )
 
 
 def read_cache(path: Path) -> bytes | None:
@@ -228,8 +235,9 @@ def save_arrays(path: Path, meta: dict[str, Any], arrays: dict[str, Any]) -> boo
     return write_cache(path, lambda f: np.savez(f, **members)) is not None
 
 
-def load_arrays(path: Path, names: tuple[str, ...]
-                ) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
+def load_arrays(
+    path: Path, names: tuple[str, ...]
+) -> tuple[dict[str, Any], dict[str, np.ndarray]] | None:
     """``(meta, arrays)`` from a file :func:`save_arrays` wrote; None when it is missing, not
     to be trusted, damaged (a member's CRC differs) or lacks one of ``names``."""
     data = read_cache(path)

@@ -135,8 +135,9 @@ class DatasetSource(Source):
         try:  # sample_rng() works in the probe too; the user's global RNGs are left as they are
             first = self._call(0, np.random.default_rng(0))
         except Exception as exc:
-            add_note(exc, "stoker: raised by the dataset's __getitem__(0), read to learn its "
-                     "fields")
+            add_note(
+                exc, "stoker: raised by the dataset's __getitem__(0), read to learn its fields"
+            )
             raise
         self.sample_form, values = _structure(first)
         declared = parse_spec(spec) if spec is not None else None

@@ -42,8 +42,10 @@ def describe() -> str:
     if _readfiles is not None:
         return "Python threads (turned off by STOKER_NATIVE_READS=0)"
     why = STALE or "stoker.sources._readfiles is not built (no C compiler at install?)"
-    return (f"Python threads: {why}; the window then costs each decode more CPU. Fix: rebuild "
-            "(pip install -e . in a clone, or python setup.py build_ext --inplace)")
+    return (
+        f"Python threads: {why}; the window then costs each decode more CPU. Fix: rebuild "
+        "(pip install -e . in a clone, or python setup.py build_ext --inplace)"
+    )
 
 
 class Late(Exception):
@@ -122,8 +124,16 @@ class Deferred:
 class NativeRead:
     """One sample's read in flight; ``result`` waits for it."""
 
-    def __init__(self, reader: Any, index: int, path: str, mask: str | None,
-                 length: int = -1, name: str = "", dropped: bool = False) -> None:
+    def __init__(
+        self,
+        reader: Any,
+        index: int,
+        path: str,
+        mask: str | None,
+        length: int = -1,
+        name: str = "",
+        dropped: bool = False,
+    ) -> None:
         self._reader, self.index, self.path, self.mask = reader, index, path, mask
         self.length, self.name = length, name  # a byte range: its length, the sample's name
         self.dropped = dropped  # its pages leave the page cache as it is read

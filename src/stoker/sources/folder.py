@@ -72,13 +72,23 @@ def _real_dir(path: str, stamps: dict[str, Stamp] | None = None) -> tuple[int, i
     the walk lists it)."""
     st = os.stat(path)
     if stamps is not None:
-        stamps[path] = [st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_nlink,
-                        st.st_size]
+        stamps[path] = [
+            st.st_dev,
+            st.st_ino,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            st.st_nlink,
+            st.st_size,
+        ]
     return (st.st_dev, st.st_ino)
 
 
-def _scan_class(folder: Path, dirs: list[str], seen: set[tuple[int, int]],
-                stamps: dict[str, Stamp] | None = None) -> list[str]:
+def _scan_class(
+    folder: Path,
+    dirs: list[str],
+    seen: set[tuple[int, int]],
+    stamps: dict[str, Stamp] | None = None,
+) -> list[str]:
     """Relative paths (``class/…/file``) of the image files under one class folder, sorted.
 
     Links are followed, but every real directory is walked once: a link back up the tree (a
@@ -220,7 +230,8 @@ class FolderSource(FileListSource):
         return (
             meta.get("version") == CACHE_VERSION
             and meta["root"] == str(self.root.resolve())
-            and isinstance(dirs, list) and isinstance(stamps, list)
+            and isinstance(dirs, list)
+            and isinstance(stamps, list)
             and len(dirs) == len(stamps) > 0
             and dirs[0] == root
             and all(stamps)

@@ -331,8 +331,7 @@ class ReadAhead:
         if not (self.auto and self.counters.reads >= 8 and self._decode_s > 0):
             return
         share = self._latency_s / self._decode_s
-        self.window = auto_window(self.window, share, self._native_kind == "files",
-                                  self.max_window)
+        self.window = auto_window(self.window, share, self._native_kind == "files", self.max_window)
 
     # ------------------------------------------------------------------ reading threads
 
@@ -394,8 +393,9 @@ class ReadAhead:
             if self.settings.page_cache == "auto" and c.reads <= SIZE_AFTER:
                 self._early.append(index)
                 if c.reads == SIZE_AFTER:
-                    self._drop = larger_than_ram(c.nbytes, c.reads, len(self.source),
-                                                 memory_bytes())
+                    self._drop = larger_than_ram(
+                        c.nbytes, c.reads, len(self.source), memory_bytes()
+                    )
                     early, self._early = (self._early if self._drop else []), []
         if early:  # larger than RAM: what was read while undecided leaves the cache, and the
             self._drop_pages(early)  # reads go around it from now on

@@ -79,8 +79,10 @@ class RemoteShardSource(ShardSource):
         self.url = url.rstrip("/")
         self.protocol = self.url.split("://", 1)[0].lower()
         self.storage_options = dict(storage_options or {})
-        if isinstance(read_ahead_max, bool) or not isinstance(read_ahead_max, int) or (
-            read_ahead_max < 1
+        if (
+            isinstance(read_ahead_max, bool)
+            or not isinstance(read_ahead_max, int)
+            or (read_ahead_max < 1)
         ):
             raise SourceError(
                 f"read_ahead_max={read_ahead_max!r}: give the most requests in flight per "
@@ -121,8 +123,9 @@ class RemoteShardSource(ShardSource):
         self._sizes.append(actual)
         return pf
 
-    def _shard_index(self, k: int, url: str, pf: pq.ParquetFile,
-                     manifest: dict | None) -> str | None:
+    def _shard_index(
+        self, k: int, url: str, pf: pq.ParquetFile, manifest: dict | None
+    ) -> str | None:
         """Shard ``k``'s cached offset index (built if missing or stale), or None."""
         return self._remote_index(url, pf, self._sizes[k], self._entries[k][2])
 

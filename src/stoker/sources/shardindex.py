@@ -71,7 +71,7 @@ def local_index(
     # this user's alone (and writable): the index may go there
     own = cachefile.folder_problem(folder) is None and _writable(folder)
     trusted: str | Path | None
-    for candidate in ([beside, cached] if own else [cached, beside]):
+    for candidate in [beside, cached] if own else [cached, beside]:
         if candidate == beside:
             trusted = _trusted_beside(beside, st.st_uid)
         else:
@@ -205,8 +205,9 @@ def _prefixes_match(shard: str, present: np.ndarray) -> bool:
     return True
 
 
-def write_index(path: str | os.PathLike, header: Header, offsets: np.ndarray,
-                mode: int = cachefile.FILE_MODE) -> None:
+def write_index(
+    path: str | os.PathLike, header: Header, offsets: np.ndarray, mode: int = cachefile.FILE_MODE
+) -> None:
     """Store ``offsets`` (one ``[offset, length]`` per row) under ``header`` at ``path``,
     atomically and exclusively (:func:`.cachefile.write_atomic`); OSError if it cannot."""
     cachefile.write_atomic(path, lambda f: _save(f, header, offsets), mode)

@@ -120,8 +120,9 @@ class ShardSource(Source):
             )
         return pf
 
-    def _shard_index(self, k: int, path: str, pf: pq.ParquetFile,
-                     manifest: dict | None) -> str | None:
+    def _shard_index(
+        self, k: int, path: str, pf: pq.ParquetFile, manifest: dict | None
+    ) -> str | None:
         """Shard ``k``'s offset index file (None: its images are not stored verbatim); also
         notes its rows whose image is a file named by a path."""
         sha = (manifest["shards"][k] if manifest else {}).get("sha256")

@@ -40,6 +40,7 @@ def _exists(path: Path) -> bool:
     except (OSError, ValueError):
         return False
 
+
 class _Cells:
     """One column's cells, streamed: ``int64`` while every cell is an integer (no Python object
     per row), the text of every cell once one is not."""

@@ -60,8 +60,11 @@ class TarSource(Source):
 
     read_ahead = True
 
-    def __init__(self, tars: str | os.PathLike | list[str | os.PathLike],
-                 cache_dir: str | os.PathLike | None = None) -> None:
+    def __init__(
+        self,
+        tars: str | os.PathLike | list[str | os.PathLike],
+        cache_dir: str | os.PathLike | None = None,
+    ) -> None:
         self.tars = _list_tars(tars)
         cache = cache_folder(cache_dir, "tar")
         members: list[str] = []
@@ -220,8 +223,10 @@ def _load_scan(where: Path, stamp: list[Any]) -> tuple[list[Sample], list[str]] 
         meta = json.loads(data)
         if meta["version"] != CACHE_VERSION or meta["stamp"] != stamp:
             return None
-        samples = [(str(n), int(o), int(z), None if y is None else str(y))
-                   for n, o, z, y in meta["samples"]]
+        samples = [
+            (str(n), int(o), int(z), None if y is None else str(y))
+            for n, o, z, y in meta["samples"]
+        ]
         return samples, [str(r) for r in meta["refused"]]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -82,16 +82,28 @@ def error_json(payload: dict[str, Any]) -> dict[str, Any]:
             bad = list(getattr(pickle.loads(payload["blob"]), "bad", []))
         except Exception:  # noqa: BLE001 - the text and traceback still travel
             bad = []
-    return {"type": payload["type"], "text": payload["text"], "tb": payload["tb"],
-            "wid": payload["wid"], "sample": payload["sample"], "bad": bad}
+    return {
+        "type": payload["type"],
+        "text": payload["text"],
+        "tb": payload["tb"],
+        "wid": payload["wid"],
+        "sample": payload["sample"],
+        "bad": bad,
+    }
 
 
 class NodeRing:
     """The node's pool, its slots, and the trainer's tasks; a thread hands tasks to the
     workers and calls ``done(ticket, key, slot, result)`` as each finishes."""
 
-    def __init__(self, settings: dict[str, Any], cores: int, capacity: int,
-                 timeout: float, threads: int | None = 1) -> None:
+    def __init__(
+        self,
+        settings: dict[str, Any],
+        cores: int,
+        capacity: int,
+        timeout: float,
+        threads: int | None = 1,
+    ) -> None:
         clean_stale()
         self.layout: SlotLayout = settings["layout"]
         self.pool = WorkerPool(cores, settings, timeout, threads)
@@ -196,8 +208,15 @@ class Decoder:
     ``capacity`` batches at a time. ``claimed_version`` is the test suite's hook to
     impersonate another stoker version (see :func:`identity`)."""
 
-    def __init__(self, settings: bytes, cores: int, capacity: int, timeout: float,
-                 threads: int | None = 1, claimed_version: str | None = None) -> None:
+    def __init__(
+        self,
+        settings: bytes,
+        cores: int,
+        capacity: int,
+        timeout: float,
+        threads: int | None = 1,
+        claimed_version: str | None = None,
+    ) -> None:
         self.settings = pickle.loads(settings)
         self.cores, self.capacity, self.timeout, self.threads = cores, capacity, timeout, threads
         self.claimed = claimed_version
@@ -219,9 +238,14 @@ class Decoder:
             readable = ""
         except Exception as exc:  # noqa: BLE001 - the trainer names the node and the path
             readable = f"{type(exc).__name__}: {exc}"
-        return {"identity": identity(self.claimed), "pid": os.getpid(),
-                "host": socket.gethostname(), "name": source.name(index), "unreadable": readable,
-                "python": sys.version.split()[0]}
+        return {
+            "identity": identity(self.claimed),
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "name": source.name(index),
+            "unreadable": readable,
+            "python": sys.version.split()[0],
+        }
 
     def start(self) -> dict[str, Any]:
         """Start the node's worker pool; this actor's pid and its workers'."""
@@ -286,8 +310,9 @@ class Decoder:
                     raise StokerError(value)
                 if kind == "ok":
                     parts = field_parts(self.ring.layout, self.ring.segments[slot], value.count)
-                    wire.send_frame(self.sock, wire.DATA, ticket, key, wire.report_bytes(value),
-                                    parts)
+                    wire.send_frame(
+                        self.sock, wire.DATA, ticket, key, wire.report_bytes(value), parts
+                    )
                 else:
                     wire.send_frame(self.sock, wire.ERROR, ticket, key, _json(value), [])
                 del parts
@@ -332,8 +357,11 @@ class Decoder:
         slot, (kind, value) = future.result(timeout=max(self.timeout, 60.0))
         if kind == "fatal":
             raise WorkerDied(value)
-        parts = field_parts(self.ring.layout, self.ring.segments[slot], value.count) \
-            if kind == "ok" else []
+        parts = (
+            field_parts(self.ring.layout, self.ring.segments[slot], value.count)
+            if kind == "ok"
+            else []
+        )
         if kind == "ok":
             return kind, value, (slot, parts)
         self.ring.release(slot)
@@ -344,15 +372,17 @@ class Decoder:
         and the field bytes in one array."""
         kind, value, (slot, parts) = self._fill_now(ticket, (epoch, batch))
         if kind != "ok":
-            return wire.pack_header(wire.ERROR, ticket, (epoch, batch), _json(value), ()) + \
-                _json(value), np.zeros(0, np.uint8)
+            return wire.pack_header(wire.ERROR, ticket, (epoch, batch), _json(value), ()) + _json(
+                value
+            ), np.zeros(0, np.uint8)
         report = wire.report_bytes(value)
-        head = wire.pack_header(wire.DATA, ticket, (epoch, batch), report,
-                                [p.nbytes for p in parts])
+        head = wire.pack_header(
+            wire.DATA, ticket, (epoch, batch), report, [p.nbytes for p in parts]
+        )
         out = np.empty(sum(p.nbytes for p in parts), np.uint8)
         at = 0
         for part in parts:
-            out[at: at + part.nbytes] = np.frombuffer(part, np.uint8)
+            out[at : at + part.nbytes] = np.frombuffer(part, np.uint8)
             at += part.nbytes
         del parts
         assert self.ring is not None

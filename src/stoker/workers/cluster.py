@@ -35,8 +35,15 @@ from .nodes import Node, Nodes
 from .pool import WorkerPool
 from .slots import Segment, SlotLayout
 
-__all__ = ["ClusterEngine", "ClusterOptions", "MixedPool", "Node", "Nodes", "options",
-           "probe_digest"]
+__all__ = [
+    "ClusterEngine",
+    "ClusterOptions",
+    "MixedPool",
+    "Node",
+    "Nodes",
+    "options",
+    "probe_digest",
+]
 
 TRANSPORTS = ("tcp", "object_store")
 STRIKES = 3  # a batch in flight on this many nodes that died is the cause, not bad luck
@@ -57,25 +64,40 @@ def options(cluster: Any, cores: Any, transport: Any, listen: Any) -> ClusterOpt
     """Validate the cluster arguments (nothing is started or imported)."""
     if cluster is None:
         if cores != "auto" or transport != "tcp" or listen is not None:
-            raise ConfigError("cluster_workers, cluster_transport and cluster_listen need "
-                              "cluster='ray' (or a Ray address)")
+            raise ConfigError(
+                "cluster_workers, cluster_transport and cluster_listen need "
+                "cluster='ray' (or a Ray address)"
+            )
         return None
     if not isinstance(cluster, str) or not cluster:
-        raise ConfigError(f"cluster={cluster!r}: use 'ray' (the Ray cluster this process joined, "
-                          "else address='auto') or a Ray address ('ray://head:10001', 'host:6379')")
-    if isinstance(cores, bool) or not (cores == "auto" or isinstance(cores, int | np.integer)
-                                       and cores > 0):
-        raise ConfigError(f"cluster_workers={cores!r}: give a number of CPU cores on other nodes "
-                          "(> 0), or 'auto' for all of them")
+        raise ConfigError(
+            f"cluster={cluster!r}: use 'ray' (the Ray cluster this process joined, "
+            "else address='auto') or a Ray address ('ray://head:10001', 'host:6379')"
+        )
+    if isinstance(cores, bool) or not (
+        cores == "auto" or isinstance(cores, int | np.integer) and cores > 0
+    ):
+        raise ConfigError(
+            f"cluster_workers={cores!r}: give a number of CPU cores on other nodes "
+            "(> 0), or 'auto' for all of them"
+        )
     if transport not in TRANSPORTS:
-        raise ConfigError(f"cluster_transport={transport!r}: use 'tcp' (batches stream straight "
-                          "into the ring) or 'object_store' (through Ray, where only Ray's ports "
-                          "are open)")
+        raise ConfigError(
+            f"cluster_transport={transport!r}: use 'tcp' (batches stream straight "
+            "into the ring) or 'object_store' (through Ray, where only Ray's ports "
+            "are open)"
+        )
     if listen is not None and (not isinstance(listen, str) or not listen):
-        raise ConfigError(f"cluster_listen={listen!r}: give this trainer's IP address that the "
-                          "nodes can reach, or None for its Ray node IP")
-    return ClusterOptions("auto" if cluster == "ray" else cluster,
-                          None if cores == "auto" else int(cores), str(transport), listen)
+        raise ConfigError(
+            f"cluster_listen={listen!r}: give this trainer's IP address that the "
+            "nodes can reach, or None for its Ray node IP"
+        )
+    return ClusterOptions(
+        "auto" if cluster == "ray" else cluster,
+        None if cores == "auto" else int(cores),
+        str(transport),
+        listen,
+    )
 
 
 def probe_digest(assembler: Assembler, layout: SlotLayout, key: Key) -> dict[str, Any]:
@@ -149,11 +171,30 @@ class MixedPool:
 class ClusterEngine(Engine):
     """The prefetch engine over a MixedPool: dead nodes' batches go to the others."""
 
-    def __init__(self, pool: MixedPool, layout: SlotLayout, slots: int, per_worker: int,
-                 batches: int, folder: str, timeout: float, name: Callable[[int], str],
-                 deepest: int | None, samples: Callable[[Key], list[str]]) -> None:
-        super().__init__(pool, layout, slots, per_worker, batches, folder, timeout, name,  # type: ignore[arg-type]
-                         deepest)
+    def __init__(
+        self,
+        pool: MixedPool,
+        layout: SlotLayout,
+        slots: int,
+        per_worker: int,
+        batches: int,
+        folder: str,
+        timeout: float,
+        name: Callable[[int], str],
+        deepest: int | None,
+        samples: Callable[[Key], list[str]],
+    ) -> None:
+        super().__init__(
+            pool,  # type: ignore[arg-type]
+            layout,
+            slots,
+            per_worker,
+            batches,
+            folder,
+            timeout,
+            name,
+            deepest,
+        )
         self.mixed, self.samples = pool, samples
         pool.segment_of = lambda slot: self.segments[slot]
         self.dead: set[int] = set()
@@ -175,7 +216,8 @@ class ClusterEngine(Engine):
             raise ClusterError(
                 "every cluster node is gone and this loader has no local workers (workers=0) "
                 "to carry on; see the warnings above for why each node left. Pass workers=N "
-                "as well to keep training on this machine when the cluster fails")
+                "as well to keep training on this machine when the cluster fails"
+            )
         return live
 
     def _fill_window(self) -> None:
@@ -215,7 +257,10 @@ class ClusterEngine(Engine):
         warnings.warn(
             f"stoker: cluster node {node.ip} left ({why}); its {len(keys)} batch(es) in "
             f"flight go to the others ({nodes.live_cores()} remote core(s) and "
-            f"{self.mixed.n_local} local worker(s) left)", StokerWarning, stacklevel=2)
+            f"{self.mixed.n_local} local worker(s) left)",
+            StokerWarning,
+            stacklevel=2,
+        )
         for key in keys:
             w, slot = self.inflight.pop(key)
             self.load[w] -= 1
@@ -229,7 +274,8 @@ class ClusterEngine(Engine):
                 raise ClusterError(
                     f"batch {key[1]} of epoch {key[0]} was on {STRIKES} cluster nodes that died "
                     f"(the last: {node.ip}, {why}); one of its samples likely crashes the "
-                    f"decoder:\n{listed}\nremove or fix the culprit")
+                    f"decoder:\n{listed}\nremove or fix the culprit"
+                )
             live = self._live()
             new = min(live, key=lambda w: self.load[w] / self._cap(w))
             self.pool.send(new, (key[0], key[1], slot, self.segments[slot].handle()))
@@ -240,6 +286,9 @@ class ClusterEngine(Engine):
     def report(self) -> dict[str, Any]:
         """The cluster's part of ``stats()``, with the ring's back-pressure figures."""
         out = self.mixed.nodes.report()
-        out.update(ring_slots=len(self.segments), max_in_flight=self.max_ahead,
-                   local_workers=self.mixed.n_local)
+        out.update(
+            ring_slots=len(self.segments),
+            max_in_flight=self.max_ahead,
+            local_workers=self.mixed.n_local,
+        )
         return out

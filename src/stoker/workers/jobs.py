@@ -24,8 +24,12 @@ POLL_S = 0.25
 __all__ = ["map_jobs"]
 
 
-def map_jobs(fn: Callable[..., Any], jobs: Sequence[Any], processes: int,
-             on_tick: Callable[[int], None] | None = None) -> Iterator[tuple[int, Any]]:
+def map_jobs(
+    fn: Callable[..., Any],
+    jobs: Sequence[Any],
+    processes: int,
+    on_tick: Callable[[int], None] | None = None,
+) -> Iterator[tuple[int, Any]]:
     """``(index, fn(job))`` for every job, computed in ``processes`` workers, as each completes.
 
     With ``on_tick``, ``fn`` is called as ``fn(job, tick)`` and every ``tick(count)`` it makes
@@ -48,8 +52,12 @@ def map_jobs(fn: Callable[..., Any], jobs: Sequence[Any], processes: int,
         stop_workers(procs, conns)
 
 
-def _serve(procs: list[Process], conns: list[Connection], queue: list[tuple[int, Any]],
-           on_tick: Callable[[int], None] | None) -> Iterator[tuple[int, Any]]:
+def _serve(
+    procs: list[Process],
+    conns: list[Connection],
+    queue: list[tuple[int, Any]],
+    on_tick: Callable[[int], None] | None,
+) -> Iterator[tuple[int, Any]]:
     busy: dict[int, int] = {}
 
     def give(wid: int) -> None:
@@ -82,8 +90,9 @@ def _serve(procs: list[Process], conns: list[Connection], queue: list[tuple[int,
 
 def _died(wid: int, proc: Process, index: int) -> None:
     proc.join(2.0)
-    raise WorkerDied(f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)} during "
-                     f"job {index}")
+    raise WorkerDied(
+        f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)} during job {index}"
+    )
 
 
 def _job_loop(wid: int, conn: Connection, fn: Callable[..., Any], ticks: bool) -> None:

@@ -42,14 +42,29 @@ from .slots import Segment, pick_folder
 # A worker's command: ``python -c BOOT N PATH_1 .. PATH_N ARGS..``. Its first statement sets
 # sys.path (only the builtin sys is imported before), so no folder the trainer does not import
 # from can supply stoker or anything it imports; it must stay free of any import before that.
-BOOT = ("import sys; n = int(sys.argv[1]); sys.path[:] = sys.argv[2:2 + n]; "
-        "del sys.argv[1:2 + n]; from stoker.workers.launch import main; main(sys.argv[1:])")
+BOOT = (
+    "import sys; n = int(sys.argv[1]); sys.path[:] = sys.argv[2:2 + n]; "
+    "del sys.argv[1:2 + n]; from stoker.workers.launch import main; main(sys.argv[1:])"
+)
 POLL_S = 0.1
 START_TIMEOUT_S = 120.0  # a worker alive but not started by then is hung (a death shows at once)
 SLOW_START_S = 2.0  # a start-up longer than this gets its reason in stats()
 SLOW_PART_S = 1.0  # a part of it that took this long is named as a reason
-_HEAVY = ("tensorflow", "keras", "torch", "jax", "flax", "transformers", "ray", "sklearn",
-          "datasets", "pyarrow", "pandas", "scipy", "PIL")
+_HEAVY = (
+    "tensorflow",
+    "keras",
+    "torch",
+    "jax",
+    "flax",
+    "transformers",
+    "ray",
+    "sklearn",
+    "datasets",
+    "pyarrow",
+    "pandas",
+    "scipy",
+    "PIL",
+)
 _STOKER_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -162,16 +177,17 @@ CAUSES = {
 }
 _FIXES = {
     "dataset": "the workers start when the Loader is made, so set-up done after Loader() (building "
-               "the model) overlaps it; a module that defines the dataset and imports less "
-               "starts faster",
+    "the model) overlaps it; a module that defines the dataset and imports less "
+    "starts faster",
     "augment": "define it in your script or notebook (it then travels by value) or in a module "
-               "that imports less",
+    "that imports less",
     "settings": "a module your source or options come from imports that much",
 }
 
 
-def describe(reports: list[StartReport], cause: str = "settings", waited_s: float | None = None
-             ) -> tuple[float, str]:
+def describe(
+    reports: list[StartReport], cause: str = "settings", waited_s: float | None = None
+) -> tuple[float, str]:
     """``(seconds, text)``: how long the slowest worker took to start, its parts, and, when it
     was slow, why. ``cause`` says what loading the settings imported the user's modules for
     (a key of :data:`CAUSES`); ``waited_s``, for workers started ahead of the first batch, how
@@ -179,8 +195,10 @@ def describe(reports: list[StartReport], cause: str = "settings", waited_s: floa
     if not reports:
         return 0.0, ""
     slow = max(reports, key=lambda r: r.total_s)
-    text = (f"workers started in {slow.total_s:.2f} s (Python + stoker {slow.python_s:.2f} s, "
-            f"{CAUSES[cause]} {slow.settings_s:.2f} s)")
+    text = (
+        f"workers started in {slow.total_s:.2f} s (Python + stoker {slow.python_s:.2f} s, "
+        f"{CAUSES[cause]} {slow.settings_s:.2f} s)"
+    )
     if waited_s is not None:
         text += f", from Loader(); the first batch waited {waited_s:.2f} s for them"
         if waited_s < 0.9 * slow.total_s:
@@ -192,13 +210,16 @@ def describe(reports: list[StartReport], cause: str = "settings", waited_s: floa
     heavy = [m for m in public if m in _HEAVY] or public[:5]
     if slow.settings_s >= SLOW_PART_S:
         what = f" ({', '.join(heavy)})" if heavy else ""
-        why.append(f"{CAUSES[cause]}{what} in each worker: {slow.settings_s:.1f} s; "
-                   f"{_FIXES[cause]}")
+        why.append(
+            f"{CAUSES[cause]}{what} in each worker: {slow.settings_s:.1f} s; {_FIXES[cause]}"
+        )
     if slow.python_s >= SLOW_PART_S or not why:
         cores, load = os.cpu_count() or 1, os.getloadavg()[0]
-        why.append(f"starting Python and importing stoker took {slow.python_s:.1f} s: the "
-                   f"machine is busy (load average {load:.1f} on {cores} cores) or its disk is "
-                   "slow")
+        why.append(
+            f"starting Python and importing stoker took {slow.python_s:.1f} s: the "
+            f"machine is busy (load average {load:.1f} on {cores} cores) or its disk is "
+            "slow"
+        )
     return slow.total_s, f"{text}; slow because " + "; and ".join(why)
 
 
@@ -281,17 +302,30 @@ class Launch:
 
     def _start(self, wid: int) -> tuple[Process, Connection]:
         if not sys.executable:
-            raise ConfigError("cannot start worker processes: this Python does not know its own "
-                              "executable (sys.executable is empty); use workers=0")
+            raise ConfigError(
+                "cannot start worker processes: this Python does not know its own "
+                "executable (sys.executable is empty); use workers=0"
+            )
         ours, theirs = Pipe(duplex=True)
         fd = theirs.fileno()
         path = worker_path()
-        argv = [sys.executable, *SAFE_PATH, "-c", BOOT, str(len(path)), *path, str(fd),
-                self.segment.path, str(self.size), str(wid), repr(time.time()), str(self.threads)]
+        argv = [
+            sys.executable,
+            *SAFE_PATH,
+            "-c",
+            BOOT,
+            str(len(path)),
+            *path,
+            str(fd),
+            self.segment.path,
+            str(self.size),
+            str(wid),
+            repr(time.time()),
+            str(self.threads),
+        ]
         try:
             env = threads_mod.environment(self.threads, worker_env())
-            popen = subprocess.Popen(argv, pass_fds=(fd,), env=env,
-                                     stdin=subprocess.DEVNULL)
+            popen = subprocess.Popen(argv, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
         except BaseException:
             ours.close()
             raise
@@ -299,8 +333,9 @@ class Launch:
             theirs.close()
         return Process(popen, f"stoker-worker-{wid}"), ours
 
-    def wait_started(self, procs: list[Process], conns: list[Connection], timeout: float
-                     ) -> list[StartReport]:
+    def wait_started(
+        self, procs: list[Process], conns: list[Connection], timeout: float
+    ) -> list[StartReport]:
         """Wait until every worker said ``started``; raise if one failed, died or hung."""
         reports: dict[int, StartReport] = {}
         deadline = time.monotonic() + timeout
@@ -371,9 +406,17 @@ def main(argv: list[str]) -> None:
     except BaseException as exc:  # noqa: BLE001 - every start failure goes to the parent
         conn.send(("failed", pack_exception(exc, wid, None)))
         sys.exit(1)
-    conn.send(("started", {"python_s": max(0.0, started - float(launched)),
-                           "settings_s": settings_s, "imported": imported,
-                           "total_s": max(0.0, time.time() - float(launched))}))
+    conn.send(
+        (
+            "started",
+            {
+                "python_s": max(0.0, started - float(launched)),
+                "settings_s": settings_s,
+                "imported": imported,
+                "total_s": max(0.0, time.time() - float(launched)),
+            },
+        )
+    )
     target(wid, conn, *args)
 
 

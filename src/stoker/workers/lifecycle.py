@@ -19,8 +19,9 @@ def start_worker(launch: Launch, wid: int) -> tuple[Process, Connection]:
     return proc, conn
 
 
-def stop_workers(procs: Sequence[Process], conns: Sequence[Connection],
-                 timeout: float = 5.0) -> None:
+def stop_workers(
+    procs: Sequence[Process], conns: Sequence[Connection], timeout: float = 5.0
+) -> None:
     """Ask every worker to stop (``None`` on its pipe), wait up to ``timeout`` seconds for all
     of them together, then terminate and at last kill the ones still running; untrack each one
     that has ended and close the pipes. Never waits longer than needed."""

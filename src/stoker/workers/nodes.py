@@ -73,13 +73,24 @@ class Node:
     def row(self) -> dict[str, Any]:
         """This node's line in ``stats()``."""
         span = self.last_at - self.first_at
-        return {"node": self.ip, "id": self.node_id[:12], "cores": self.cores,
-                "transport": self.transport, "alive": self.alive, "batches": self.batches,
-                "images": self.images, "img_s": self.images / span if span > 0 else 0.0,
-                "wire_mb_s": self.bytes / 1e6 / span if span > 0 else 0.0,
-                "wire_bytes": self.bytes, "reissued": self.reissued, "bad": self.bad,
-                "in_flight": self.in_flight, "pid": self.pid, "workers": list(self.workers),
-                **({"why": self.why} if self.why else {})}
+        return {
+            "node": self.ip,
+            "id": self.node_id[:12],
+            "cores": self.cores,
+            "transport": self.transport,
+            "alive": self.alive,
+            "batches": self.batches,
+            "images": self.images,
+            "img_s": self.images / span if span > 0 else 0.0,
+            "wire_mb_s": self.bytes / 1e6 / span if span > 0 else 0.0,
+            "wire_bytes": self.bytes,
+            "reissued": self.reissued,
+            "bad": self.bad,
+            "in_flight": self.in_flight,
+            "pid": self.pid,
+            "workers": list(self.workers),
+            **({"why": self.why} if self.why else {}),
+        }
 
 
 @dataclass
@@ -96,9 +107,15 @@ class Ticket:
 class Nodes:
     """Every node's actor, the data connections, and the receiving threads."""
 
-    def __init__(self, opts: ClusterOptions, settings: dict[str, Any], first_wid: int,
-                 timeout: float, probe: Callable[[], dict[str, Any]],
-                 threads: int | None = 1) -> None:
+    def __init__(
+        self,
+        opts: ClusterOptions,
+        settings: dict[str, Any],
+        first_wid: int,
+        timeout: float,
+        probe: Callable[[], dict[str, Any]],
+        threads: int | None = 1,
+    ) -> None:
         import ray
 
         self.ray, self.opts, self.timeout = ray, opts, timeout
@@ -146,8 +163,11 @@ class Nodes:
         """Which nodes decode, with how many cores each."""
         here = self.ray.get_runtime_context().get_node_id()
         others = sorted(
-            (n for n in self.ray.nodes()
-             if n.get("Alive") and n["NodeID"] != here and n["Resources"].get("CPU", 0) >= 1),
+            (
+                n
+                for n in self.ray.nodes()
+                if n.get("Alive") and n["NodeID"] != here and n["Resources"].get("CPU", 0) >= 1
+            ),
             key=lambda n: n["NodeID"],
         )
         have = sum(int(n["Resources"]["CPU"]) for n in others)
@@ -194,8 +214,10 @@ class Nodes:
             try:
                 out.append(self.ray.get(ref, timeout=max(self.timeout, START_TIMEOUT_S)))
             except self.ray.exceptions.GetTimeoutError as exc:
-                raise ClusterError(f"node {node.ip} did not answer {what} within "
-                                   f"{max(self.timeout, START_TIMEOUT_S):.0f} s") from exc
+                raise ClusterError(
+                    f"node {node.ip} did not answer {what} within "
+                    f"{max(self.timeout, START_TIMEOUT_S):.0f} s"
+                ) from exc
             except self.ray.exceptions.RayError as exc:
                 raise ClusterError(f"node {node.ip} failed {what}: {_cause(exc)}") from exc
         return out
@@ -214,12 +236,14 @@ class Nodes:
                     raise ClusterError(
                         f"node {node.ip} ({hello['host']}) runs {what} {theirs}, this trainer "
                         f"{mine}: every node must run the same stoker and decoders (pip install "
-                        "the same stoker version, and its extension built, on every node)")
+                        "the same stoker version, and its extension built, on every node)"
+                    )
             if hello["unreadable"] and trainer_reads:
                 raise ClusterError(
                     f"node {node.ip} ({hello['host']}) cannot read {hello['name']}: "
                     f"{hello['unreadable']}; every node must reach the data at the same path (a "
-                    "shared file system mounted alike) or use s3:// / gs:// / https:// shards")
+                    "shared file system mounted alike) or use s3:// / gs:// / https:// shards"
+                )
         started = self._get([n.actor.start.remote() for n in self.nodes], "starting its workers")
         for node, pids in zip(self.nodes, started, strict=True):
             node.pid, node.workers = pids["pid"], pids["workers"]
@@ -234,7 +258,8 @@ class Nodes:
                     f"node {node.ip} made probe batch (epoch 0, batch 0) differently from this "
                     f"trainer ({theirs.get('error') or 'other bytes'}): its CPU or libraries "
                     "round differently (OpenCV, libjpeg SIMD). Use nodes of the same kind, "
-                    "with the same packages, as the trainer")
+                    "with the same packages, as the trainer"
+                )
 
     def _connect(self) -> None:
         """The data connections (TCP), or the object-store path where asked or where one
@@ -269,8 +294,7 @@ class Nodes:
             if why or node.sock is None:
                 node.transport, node.why = "object_store", why or "no connection arrived"
             else:
-                self._spawn(functools.partial(self._receive, node),
-                            f"stoker-cluster-{node.index}")
+                self._spawn(functools.partial(self._receive, node), f"stoker-cluster-{node.index}")
 
     def _accept_one(self) -> None:
         """Accept one connection and run the challenge; a peer without the secret is refused."""
@@ -346,7 +370,7 @@ class Nodes:
                 if head.kind == wire.DATA:
                     self._check_lengths(node, head.lengths)
                     for (offset, _), length in zip(self.offsets, head.lengths, strict=True):
-                        wire.recv_into_exact(node.sock, ticket.view[offset: offset + length])
+                        wire.recv_into_exact(node.sock, ticket.view[offset : offset + length])
                 self._deliver(node, head, report, sum(head.lengths))
                 node.receive_cpu_s = time.thread_time() - start
         except (OSError, EOFError, wire.WireError, ClusterError) as exc:
@@ -381,14 +405,15 @@ class Nodes:
             if not self.closed:
                 self._lost(node, _why_lost(exc))
             return
-        head = wire.parse_header(frame[: wire.HEAD.size],
-                                 lambda n: frame[wire.HEAD.size: wire.HEAD.size + n])
-        body = frame[wire.HEAD.size + len(head.lengths) * wire.LENGTH.size:]
+        head = wire.parse_header(
+            frame[: wire.HEAD.size], lambda n: frame[wire.HEAD.size : wire.HEAD.size + n]
+        )
+        body = frame[wire.HEAD.size + len(head.lengths) * wire.LENGTH.size :]
         at = 0
         if head.kind == wire.DATA:
             self._check_lengths(node, head.lengths)
             for (offset, _), length in zip(self.offsets, head.lengths, strict=True):
-                ticket.view[offset: offset + length] = payload[at: at + length].data
+                ticket.view[offset : offset + length] = payload[at : at + length].data
                 at += length
         self._deliver(node, head, bytes(body), at)
 
@@ -396,8 +421,10 @@ class Nodes:
         if len(lengths) != len(self.offsets) or any(
             n > most for n, (_, most) in zip(lengths, self.offsets, strict=True)
         ):
-            raise ClusterError(f"node {node.ip} sent a batch of another layout "
-                               f"({len(lengths)} fields): it runs other settings")
+            raise ClusterError(
+                f"node {node.ip} sent a batch of another layout "
+                f"({len(lengths)} fields): it runs other settings"
+            )
 
     def _deliver(self, node: Node, head: wire.Header, report: bytes, nbytes: int) -> None:
         """Hand a received batch to the engine (through the event queue)."""
@@ -483,12 +510,16 @@ class Nodes:
         images = sum(n.images for n in self.nodes)
         cpu = sum(n.receive_cpu_s for n in self.nodes)
         kinds = sorted({n.transport for n in self.nodes})
-        return {"transport": " + ".join(kinds), "listen": self.listen, "nodes": rows,
-                "cores": sum(n.cores for n in self.nodes if n.alive),
-                "refused": self.refused, "duplicates_dropped": self.duplicates,
-                "receive_ms_per_image": cpu * 1e3 / images if images else 0.0,
-                "wire_bytes_per_image": sum(n.bytes for n in self.nodes) / images
-                if images else 0.0}
+        return {
+            "transport": " + ".join(kinds),
+            "listen": self.listen,
+            "nodes": rows,
+            "cores": sum(n.cores for n in self.nodes if n.alive),
+            "refused": self.refused,
+            "duplicates_dropped": self.duplicates,
+            "receive_ms_per_image": cpu * 1e3 / images if images else 0.0,
+            "wire_bytes_per_image": sum(n.bytes for n in self.nodes) / images if images else 0.0,
+        }
 
     def close(self) -> None:
         """Stop every node's pool, close the connections and kill every actor."""
@@ -544,14 +575,23 @@ def _error(data: bytes, node: Node) -> dict[str, Any]:
     cls = getattr(errors_mod, info["type"], None) or getattr(builtins, info["type"], None)
     exc: BaseException
     try:
-        exc = cls(info["text"]) if isinstance(cls, type) and issubclass(cls, Exception) \
+        exc = (
+            cls(info["text"])
+            if isinstance(cls, type) and issubclass(cls, Exception)
             else StokerError(f"{info['type']}: {info['text']}")
+        )
     except Exception:  # noqa: BLE001 - a constructor with other arguments
         exc = StokerError(f"{info['type']}: {info['text']}")
     if info.get("bad"):
         exc.bad = [(i, n, f"{w} [node {node.ip}]") for i, n, w in info["bad"]]  # type: ignore
-    return {"blob": pickle.dumps(exc), "type": info["type"], "text": info["text"],
-            "tb": info["tb"], "wid": f"{info['wid']} on node {node.ip}", "sample": info["sample"]}
+    return {
+        "blob": pickle.dumps(exc),
+        "type": info["type"],
+        "text": info["text"],
+        "tb": info["tb"],
+        "wid": f"{info['wid']} on node {node.ip}",
+        "sample": info["sample"],
+    }
 
 
 def _cause(exc: BaseException) -> str:

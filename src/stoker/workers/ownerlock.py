@@ -114,8 +114,10 @@ def _acquire(folder: str) -> int:
             pass  # taken (or removed) by a cleaner between our create and our lock
         os.close(fd)
         time.sleep(0.01)
-    raise StokerError(f"cannot create the lock file {path} for this process's shared-memory "
-                      "segments: another process keeps removing it")
+    raise StokerError(
+        f"cannot create the lock file {path} for this process's shared-memory "
+        "segments: another process keeps removing it"
+    )
 
 
 def forget_after_fork() -> None:

@@ -190,8 +190,9 @@ class WorkerPool:
     ``threads`` sizes each worker's thread pools (see :mod:`.threads`). The workers are
     launched when the pool is made and waited for by :meth:`wait_started`."""
 
-    def __init__(self, count: int, spec_args: dict[str, Any], timeout: float,
-                 threads: int | None = 1) -> None:
+    def __init__(
+        self, count: int, spec_args: dict[str, Any], timeout: float, threads: int | None = 1
+    ) -> None:
         self.status_seg = Segment.create(count * STATUS_FIELDS * 8, "status")
         self.status = self.status_seg.array(np.int64, (count, STATUS_FIELDS))
         self.status[:] = -1

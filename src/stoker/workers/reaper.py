@@ -168,8 +168,11 @@ class _Client:
         finally:
             os.close(read)
         self.fd, self.owner = write, os.getpid()
-        lines = ([f"+S {p}" for p in self.paths] + [f"+L {p}" for p in self.locks]
-                 + [f"+P {k} {v}" for k, v in self.procs.items()])
+        lines = (
+            [f"+S {p}" for p in self.paths]
+            + [f"+L {p}" for p in self.locks]
+            + [f"+P {k} {v}" for k, v in self.procs.items()]
+        )
         if lines:
             self._write("\n".join(lines))
 

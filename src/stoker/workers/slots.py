@@ -210,7 +210,12 @@ def _load_libc() -> Any:
         return None
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [
-        ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
     ]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     return libc

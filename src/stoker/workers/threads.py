@@ -49,11 +49,15 @@ def environment(threads: int | None, env: dict[str, str]) -> dict[str, str]:
 def describe(threads: int | None) -> str:
     """The line ``stats()`` prints about the workers' thread pools."""
     if threads is None:
-        return ("worker threads: left to each library (worker_threads=None): torch, OpenMP/BLAS "
-                "and OpenCV may start one thread per core in every worker")
+        return (
+            "worker threads: left to each library (worker_threads=None): torch, OpenMP/BLAS "
+            "and OpenCV may start one thread per core in every worker"
+        )
     each = "1 per pool" if threads == 1 else f"{threads} per pool"
-    return (f"worker threads: {each} (torch intra/inter-op, OpenMP/BLAS, OpenCV, TensorFlow"
-            f"{', XLA' if threads == 1 else ''}); Loader(worker_threads=) changes it")
+    return (
+        f"worker threads: {each} (torch intra/inter-op, OpenMP/BLAS, OpenCV, TensorFlow"
+        f"{', XLA' if threads == 1 else ''}); Loader(worker_threads=) changes it"
+    )
 
 
 def limit(threads: int | None) -> None:

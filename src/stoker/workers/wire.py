@@ -64,8 +64,9 @@ def new_secret() -> bytes:
     return os.urandom(32)
 
 
-def pack_header(kind: int, ticket: int, key: tuple[int, int], report: bytes,
-                lengths: Sequence[int]) -> bytes:
+def pack_header(
+    kind: int, ticket: int, key: tuple[int, int], report: bytes, lengths: Sequence[int]
+) -> bytes:
     """The header and field lengths of a frame (its report and field bytes follow)."""
     head = HEAD.pack(MAGIC, PROTOCOL, kind, ticket, key[0], key[1], len(report), len(lengths))
     return head + b"".join(LENGTH.pack(n) for n in lengths)
@@ -108,11 +109,14 @@ def parse_header(head: bytes, more: Any) -> Header:
     if magic != MAGIC:
         raise WireError(f"not a stoker frame (magic {magic!r})")
     if protocol != PROTOCOL:
-        raise WireError(f"stoker wire protocol {protocol}, this stoker speaks {PROTOCOL}: "
-                        "install the same stoker version on every node")
+        raise WireError(
+            f"stoker wire protocol {protocol}, this stoker speaks {PROTOCOL}: "
+            "install the same stoker version on every node"
+        )
     if kind not in (DATA, ERROR, REQUEST) or nfields > MAX_FIELDS or report_len > MAX_REPORT_BYTES:
-        raise WireError(f"malformed stoker frame (kind {kind}, {nfields} fields, "
-                        f"report {report_len} bytes)")
+        raise WireError(
+            f"malformed stoker frame (kind {kind}, {nfields} fields, report {report_len} bytes)"
+        )
     raw = more(nfields * LENGTH.size) if nfields else b""
     lengths = tuple(LENGTH.unpack_from(raw, k * LENGTH.size)[0] for k in range(nfields))
     return Header(kind, ticket, epoch, batch, report_len, lengths)
@@ -123,8 +127,14 @@ def send_request(sock: socket.socket, ticket: int, key: tuple[int, int]) -> None
     sock.sendall(pack_header(REQUEST, ticket, key, b"", ()))
 
 
-def send_frame(sock: socket.socket, kind: int, ticket: int, key: tuple[int, int],
-               report: bytes, parts: Sequence[memoryview]) -> None:
+def send_frame(
+    sock: socket.socket,
+    kind: int,
+    ticket: int,
+    key: tuple[int, int],
+    report: bytes,
+    parts: Sequence[memoryview],
+) -> None:
     """A data or error frame: header, report, then each part straight from its memory."""
     sock.sendall(pack_header(kind, ticket, key, report, [p.nbytes for p in parts]) + report)
     for part in parts:
@@ -163,7 +173,7 @@ def prove(sock: socket.socket, secret: bytes, ours: bytes, theirs: bytes) -> Non
     got = recv_exact(sock, len(MAGIC) + CHALLENGE_BYTES)
     if got[: len(MAGIC)] != MAGIC:
         raise WireError("the peer is not a stoker cluster node")
-    sock.sendall(_digest(secret, got[len(MAGIC):], ours))
+    sock.sendall(_digest(secret, got[len(MAGIC) :], ours))
     answer = recv_exact(sock, DIGEST_BYTES)
     if not hmac.compare_digest(answer, _digest(secret, challenge, theirs)):
         raise WireError("the peer does not hold this job's secret")
