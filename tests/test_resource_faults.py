@@ -216,7 +216,8 @@ print("READY", reaper.reaper_pid(), *pids, flush=True)
 time.sleep(600)
 """
 
-ORCHESTRATE = """
+# what both orchestrators start with: a process is gone, wait for a test, the segments
+WATCH = """
 import os, signal, subprocess, sys, time
 
 def gone(pid):
@@ -234,7 +235,9 @@ def until(test, limit):
 
 def segments():
     return sorted(n for n in os.listdir("/dev/shm") if n.startswith("stoker_"))
+"""
 
+ORCHESTRATE = """
 trainer = subprocess.Popen([sys.executable, "-c", TRAINER], stdout=subprocess.PIPE, text=True)
 _, reaper_pid, *workers = trainer.stdout.readline().split()
 print("HAD", len(segments()) > 0)
@@ -252,7 +255,7 @@ print("LEFT", segments())
 def test_sigkill_of_the_reaper_then_of_the_trainer_leaves_no_segment(needs_namespace):
     """The workers see their parent's pipe close and remove its segments before they exit,
     so a reaper killed first (it would have removed them) changes nothing."""
-    code = f"TRAINER = {TRAINER!r}\n" + textwrap.dedent(ORCHESTRATE)
+    code = f"TRAINER = {TRAINER!r}\n" + textwrap.dedent(WATCH + ORCHESTRATE)
     out = chaos_env.run_in_namespace(chaos_env.python(code), shm="256m", timeout=150)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "HAD True" in out.stdout and "REAPER GONE True" in out.stdout, out.stdout
@@ -275,24 +278,6 @@ time.sleep(600)
 """
 
 ORCHESTRATE_GROUP = """
-import os, signal, subprocess, sys, time
-
-def gone(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[-1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-def until(test, limit):
-    deadline = time.monotonic() + limit
-    while not test() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return test()
-
-def segments():
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith("stoker_"))
-
 trainer = subprocess.Popen([sys.executable, "-c", TRAINER_NEXT], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True, start_new_session=True)
 first = int(trainer.stdout.readline().split()[1])
@@ -313,7 +298,7 @@ print("LEFT", segments())
 def test_a_killed_reaper_is_replaced_between_batches(needs_namespace):
     """The reaper is killed; at the next batch the trainer starts a new one, told every
     segment and worker, so the trainer and its workers killed together still leave nothing."""
-    code = f"TRAINER_NEXT = {TRAINER_NEXT!r}\n" + textwrap.dedent(ORCHESTRATE_GROUP)
+    code = f"TRAINER_NEXT = {TRAINER_NEXT!r}\n" + textwrap.dedent(WATCH + ORCHESTRATE_GROUP)
     out = chaos_env.run_in_namespace(chaos_env.python(code), shm="256m", timeout=150)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "REAPER GONE True" in out.stdout and "REPLACED True" in out.stdout, out.stdout
