@@ -92,6 +92,7 @@ def removed(path: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(lock)
         reaper.release_lock(lock)
+        reaper.untrack_segment(lock)
         os.close(held[1])
 
 
@@ -99,6 +100,9 @@ def _acquire(folder: str) -> int:
     """Create this process's lock file in ``folder`` and hold it shared; its descriptor."""
     path = lock_path(folder, tag())
     flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    # announced before it exists, as a segment is: a death between the create and the hold
+    # below still leaves the reaper the file to remove
+    reaper.track_segment(path)
     for _ in range(_TRIES):
         try:
             fd = os.open(path, flags, 0o600)
@@ -114,6 +118,7 @@ def _acquire(folder: str) -> int:
             pass  # taken (or removed) by a cleaner between our create and our lock
         os.close(fd)
         time.sleep(0.01)
+    reaper.untrack_segment(path)
     raise StokerError(
         f"cannot create the lock file {path} for this process's shared-memory "
         "segments: another process keeps removing it"
