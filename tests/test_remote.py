@@ -391,3 +391,30 @@ def test_loader_makes_one_request_per_sample(server, shard_dir):
     assert len({(r[1], r[2]) for r in gets}) == 36
     assert len(gets) >= 36
     assert server.max_inflight >= 3  # a batch's reads overlap (read-ahead at work)
+
+
+@pytest.mark.timeout(120)
+def test_a_remote_parquet_with_path_only_rows_is_refused_at_construction(server, tmp_path):
+    """Rows that ``Dataset.to_parquet()`` writes from local files hold only a path: remote,
+    that path names a file on the writer's machine, so the loader refuses it before any
+    batch, saying how to embed the bytes (never every row failing at the first batch)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    (tmp_path / "imgs").mkdir()
+    cells = []
+    for i in range(4):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((6, 6, 3), 20 * i, np.uint8)).save(buf, format="PNG")
+        (tmp_path / "imgs" / f"{i}.png").write_bytes(buf.getvalue())  # readable here, too
+        cells.append({"bytes": None if i == 2 else buf.getvalue(), "path": f"imgs/{i}.png"})
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"image": pa.array(cells, type=kind), "label": pa.array(range(4))})
+    pq.write_table(table, os.path.join(server.root, "train.parquet"), row_group_size=2)
+    with pytest.raises(
+        stoker.SourceError, match=r"(?s)train\.parquet.*1 rows.*row 2: imgs/2.*embed"
+    ):
+        stoker.Loader(f"{server.url}/train.parquet", batch_size=2, image_size=6)

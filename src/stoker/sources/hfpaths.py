@@ -53,26 +53,53 @@ class PathRows:
 def path_rows(pf: pq.ParquetFile, shard: str, column: str) -> PathRows | None:
     """The path-only rows of ``shard``'s image ``column`` (None when it has none), each path
     resolved and its file checked; an error names the first rows whose file is missing."""
-    kind = pf.schema_arrow.field(column).type
-    if not pa.types.is_struct(kind) or kind.get_field_index("path") < 0:
+    if not _has_paths(pf, column):
         return None
     folder = os.path.dirname(os.path.abspath(shard))
-    rows: list[int] = []
-    paths: list[str] = []
+    named = _named_rows(pf, column)
+    rows = [r for r, _ in named]
+    paths = [_resolve(stored, folder, shard, r) for r, stored in named]
+    if not rows:
+        return None
+    _check_exist(rows, paths, shard)
+    return PathRows(np.asarray(rows, dtype=np.int64), PathIndex(Path("/"), paths))
+
+
+def refuse_remote_path_rows(pf: pq.ParquetFile, url: str, column: str) -> None:
+    """A remote shard's rows must hold their image bytes: a path stored in a file that came
+    over the network names a file on the machine that wrote it, never one to open here."""
+    if not _has_paths(pf, column):
+        return
+    named = _named_rows(pf, column)
+    if not named:
+        return
+    listed = "\n".join(f"  row {r}: {p}" for r, p in named[:3])
+    raise SourceError(
+        f"{url}: {len(named)} rows hold no image bytes, only a path (as Dataset.to_parquet() "
+        f"writes for images loaded from local files):\n{listed}\nstoker reads the paths of "
+        f"local Parquet files only; a remote file's paths name files on the machine that "
+        f"wrote it: {EMBED_FIX}"
+    )
+
+
+def _has_paths(pf: pq.ParquetFile, column: str) -> bool:
+    """Whether ``column`` is an image struct with a ``path`` field."""
+    kind = pf.schema_arrow.field(column).type
+    return pa.types.is_struct(kind) and kind.get_field_index("path") >= 0
+
+
+def _named_rows(pf: pq.ParquetFile, column: str) -> list[tuple[int, str]]:
+    """``(row, stored path)`` of every row of ``column`` whose bytes are null and whose path
+    is set; only the row groups whose statistics allow a null are read."""
+    out: list[tuple[int, str]] = []
     sizes = [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)]
     for g in _groups_with_nulls(pf, column):
         start = sum(sizes[:g])
         values = pf.read_row_group(g, columns=[column]).column(0).combine_chunks()
         empty = values.field("bytes").is_null().to_numpy(zero_copy_only=False)
-        named = values.field("path").to_pylist()
-        for r in np.flatnonzero(empty):
-            if named[r] is not None:
-                rows.append(start + int(r))
-                paths.append(_resolve(named[r], folder, shard, start + int(r)))
-    if not rows:
-        return None
-    _check_exist(rows, paths, shard)
-    return PathRows(np.asarray(rows, dtype=np.int64), PathIndex(Path("/"), paths))
+        stored = values.field("path").to_pylist()
+        out += [(start + int(r), stored[r]) for r in np.flatnonzero(empty) if stored[r] is not None]
+    return out
 
 
 def _groups_with_nulls(pf: pq.ParquetFile, column: str) -> list[int]:

@@ -39,6 +39,7 @@ import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError, one_line
 from .base import cache_folder
+from .hfpaths import refuse_remote_path_rows
 from .shardindex import (
     HEADER_ROWS,
     cache_index,
@@ -127,6 +128,7 @@ class RemoteShardSource(ShardSource):
         self, k: int, url: str, pf: pq.ParquetFile, manifest: dict | None
     ) -> str | None:
         """Shard ``k``'s cached offset index (built if missing or stale), or None."""
+        refuse_remote_path_rows(pf, url, self.image_column)
         return self._remote_index(url, pf, self._sizes[k], self._entries[k][2])
 
     def _list(self) -> tuple[list[tuple[str, int, str]], dict | None]:
