@@ -12,8 +12,11 @@ over ``--rounds`` rounds, each timed over ``--batches`` batches after a warm-up:
 - ``remote_store``: the same through Ray's object store (``cluster_transport="object_store"``);
 - ``local+remote``: one local worker on core 0 beside the trainer, plus the Ray node.
 
-Then the node throttled to 25/50/75/100 % of its core with ``cpulimit`` (its actor and its
-worker process, each limited), for the linearity of rate against CPU (R²). Reported: img/s, the
+Then the node throttled to 25/50/75/100 % of its core, for the linearity of rate against CPU
+(R², over the median of each limit's rounds): where the CPU cgroup controller can be written
+(root), the node's actor and worker share one CFS quota (limit % of every 100 ms period, the
+kernel's own scheduler accounting); elsewhere each is held to the limit by ``cpulimit``, whose
+stop/continue duty cycle is coarser. Reported: img/s, the
 trainer process's CPU per image (all its threads: receiving, the consumer loop), the receiver
 threads' own CPU per image (``stats()``), and bytes on the wire per image.
 """
@@ -21,6 +24,7 @@ threads' own CPU per image (``stats()``), and bytes on the wire per image.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -29,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,10 +89,59 @@ def loader_for(kind: str, data: Path, args: argparse.Namespace) -> stoker.Loader
     )
 
 
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller (cfs quota)
+
+
+def cgroup_throttle_ok() -> bool:
+    """Whether a CPU cgroup with a CFS quota can be made here (root, cgroup v1 cpu)."""
+    return (CGROUP_CPU / "cpu.cfs_quota_us").exists() and os.access(CGROUP_CPU, os.W_OK)
+
+
+@contextlib.contextmanager
+def throttled_to(pids: list[int], limit: int) -> Iterator[None]:
+    """``pids`` held to ``limit`` % of one core together while the block runs."""
+    if limit >= 100:
+        yield
+        return
+    if not cgroup_throttle_ok():
+        yield from _cpulimit(pids, limit)
+        return
+    group = CGROUP_CPU / f"stoker_bench_{os.getpid()}"
+    group.mkdir(exist_ok=True)
+    try:
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(limit * 1000))
+        for pid in pids:
+            (group / "cgroup.procs").write_text(str(pid))
+        yield
+    finally:
+        for pid in (group / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (CGROUP_CPU / "cgroup.procs").write_text(pid)
+        group.rmdir()
+
+
+def _cpulimit(pids: list[int], limit: int) -> Iterator[None]:
+    """The fallback: one ``cpulimit`` per process."""
+    throttles = [
+        subprocess.Popen(
+            ["cpulimit", "-l", str(limit), "-p", str(pid)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for pid in pids
+    ]
+    try:
+        yield
+    finally:
+        for throttle in throttles:
+            throttle.send_signal(signal.SIGINT)  # cpulimit lets its process run on as it goes
+            throttle.wait(10)
+
+
 def measure(kind: str, data: Path, args: argparse.Namespace, limit: int = 100) -> dict[str, Any]:
     """One timed run of peer ``kind`` (the node held to ``limit`` % of its core)."""
     me = psutil.Process()
-    throttles: list[subprocess.Popen] = []
     with loader_for(kind, data, args) as loader:
         stream = loader.stream()
         next(stream)  # start-up
@@ -95,26 +149,15 @@ def measure(kind: str, data: Path, args: argparse.Namespace, limit: int = 100) -
         if kind == "local":
             for proc in loader._run.pool.procs:  # type: ignore[union-attr]
                 pin_threads(proc.pid, NODE_CORE)
-        if limit < 100:  # each of the node's processes: its actor and its worker
-            node = loader.stats().cluster["nodes"][0]
-            throttles = [
-                subprocess.Popen(
-                    ["cpulimit", "-l", str(limit), "-p", str(pid)],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                for pid in (node["pid"], *node["workers"])
-            ]
-        for _ in range(args.warmup):
-            next(stream)
-        cpu0, t0, images = sum(me.cpu_times()[:2]), time.perf_counter(), 0
-        for _ in range(args.batches):
-            images += len(next(stream)[1])
-        seconds = time.perf_counter() - t0
-        cpu = sum(me.cpu_times()[:2]) - cpu0
-        for throttle in throttles:
-            throttle.send_signal(signal.SIGINT)  # cpulimit lets its process run on as it goes
-            throttle.wait(10)
+        node = loader.stats().cluster["nodes"][0] if kind != "local" else {}
+        with throttled_to([node["pid"], *node["workers"]] if node else [], limit):
+            for _ in range(args.warmup):
+                next(stream)
+            cpu0, t0, images = sum(me.cpu_times()[:2]), time.perf_counter(), 0
+            for _ in range(args.batches):
+                images += len(next(stream)[1])
+            seconds = time.perf_counter() - t0
+            cpu = sum(me.cpu_times()[:2]) - cpu0
         cluster = loader.stats().cluster
     return {
         "kind": kind,
@@ -148,8 +191,8 @@ def main() -> int:
     )
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    if len(os.sched_getaffinity(0)) < 2 or shutil.which("cpulimit") is None:
-        print("needs 2 cores and cpulimit (apt-get install -y cpulimit)")
+    if len(os.sched_getaffinity(0)) < 2 or not (cgroup_throttle_ok() or shutil.which("cpulimit")):
+        print("needs 2 cores, and root (a CPU cgroup) or cpulimit (apt-get install -y cpulimit)")
         return 2
     facts = print_facts()
     tmp = Path(tempfile.mkdtemp(prefix="stoker_cluster_bench_"))
@@ -167,9 +210,10 @@ def main() -> int:
                 runs.append({**measure(kind, data, args), "round": r})
                 print(runs[-1], flush=True)
         throttled = []
-        for limit in (25, 50, 75, 100):
-            throttled.append(measure("remote", data, args, limit))
-            print(throttled[-1], flush=True)
+        for r in range(args.rounds):
+            for limit in (25, 50, 75, 100):
+                throttled.append({**measure("remote", data, args, limit), "round": r})
+                print(throttled[-1], flush=True)
         report(runs, throttled)
         write_json(
             args.json, {"facts": facts, "runs": runs, "throttled": throttled, "args": vars(args)}
@@ -218,8 +262,9 @@ def report(runs: list[dict[str, Any]], throttled: list[dict[str, Any]]) -> None:
     print(f"remote / local: {med['remote'] / med['local']:.2f} (goal >= 0.9)")
     print(f"local+remote / local: {med['local+remote'] / med['local']:.2f} (goal >= 1.8)")
     print(f"object store / tcp: {med['remote_store'] / med['remote']:.2f}")
-    x = [float(t["limit"]) for t in throttled]
-    y = [t["img_s"] for t in throttled]
+    limits = sorted({t["limit"] for t in throttled})
+    x = [float(limit) for limit in limits]
+    y = [statistics.median(t["img_s"] for t in throttled if t["limit"] == lim) for lim in limits]
     print(
         "throttled node: "
         + ", ".join(f"{int(a)} % {b:,.0f} img/s" for a, b in zip(x, y, strict=True))
