@@ -26,12 +26,12 @@ LEAK_GRACE_S = 5.0
 # Persistent helpers the standard library starts once per process and keeps until exit
 # (observed: spawn/forkserver pools start them). Allowed only as *direct* children of this
 # process: workers forked by the forkserver inherit its command line but are its children.
-# stoker's own reaper (workers/reaper.py) is the same kind of helper: one per process, started
+# stoker's own reaper (shm/reaper.py) is the same kind of helper: one per process, started
 # before its first segment, ending when the process does.
 STDLIB_HELPERS = (
     "from multiprocessing.resource_tracker import main",
     "from multiprocessing.forkserver import main",
-    "stoker/workers/reaper.py",
+    "stoker/shm/reaper.py",
 )
 _OTHER_PID = re.compile(r"stoker_(\d+)_")  # segments that name their creating process
 

@@ -296,7 +296,7 @@ def test_a_removed_node_loses_and_repeats_nothing(ray_cluster, dataset):
         _until_gone(extra.node_id)
     # A removed node's processes die with it, before its actor can unlink its segments: on a
     # real cluster they go with the machine, or at that node's next stoker start, as here.
-    from stoker.workers.slots import clean_stale
+    from stoker.shm.stale import clean_stale
 
     clean_stale()
     assert got == want
@@ -433,7 +433,7 @@ def test_a_trainer_killed_mid_epoch_leaves_no_actor_and_no_process(ray_cluster, 
     # but Ray may kill it (and its reaper) first; the next stoker start on the node removes
     # what a dead process left, as stoker does on one machine.
     # (an owner is a tag, pid and token, and only a provably gone one's segments go)
-    from stoker.workers.slots import clean_stale
+    from stoker.shm.stale import clean_stale
 
     clean_stale()
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from stoker.errors import ClusterError
+from stoker.schema import SlotLayout
 from stoker.workers.cluster import ClusterEngine, MixedPool, Node
-from stoker.workers.slots import SlotLayout
 
 LAYOUT = SlotLayout(2, (("image", "|u1", (4, 4, 3)), ("index", "<i8", ())))
 

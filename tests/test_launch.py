@@ -159,7 +159,7 @@ def test_jobs_run_in_launched_workers_and_report_errors_and_deaths():
 
 @pytest.mark.timeout(60)
 def test_job_workers_are_registered_with_the_reaper_while_they_run_and_untracked_after():
-    from stoker.workers import reaper
+    from stoker.shm import reaper
     from stoker.workers.jobs import map_jobs
 
     results = map_jobs(lambda job: os.getpid(), [0, 1], 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from stoker.workers import ownerlock, reaper
+from stoker.shm import ownerlock, reaper
 
 
 def test_the_reaper_knows_a_lock_file_before_it_is_created(tmp_path, monkeypatch):

@@ -10,8 +10,9 @@ import textwrap
 import pytest
 
 import chaos_env
-from stoker.workers import slots
-from stoker.workers.slots import ShmFullError, pick_folder
+from stoker.shm import folder as shm_folder
+from stoker.shm.folder import pick_folder
+from stoker.shm.segments import ShmFullError
 
 MiB = 1 << 20
 
@@ -80,7 +81,9 @@ def test_deepening_into_a_full_dev_shm_and_tmp_stays_at_its_depth_and_says_why(
 
 
 def _rooms(monkeypatch, shm: tuple[int, int], tmp: tuple[int, int]) -> None:
-    monkeypatch.setattr(slots, "folder_room", lambda f: shm if f == slots.SHM_DIR else tmp)
+    monkeypatch.setattr(
+        shm_folder, "folder_room", lambda f: shm if f == shm_folder.SHM_DIR else tmp
+    )
 
 
 def test_a_ring_that_fits_dev_shm_is_not_sent_to_a_smaller_tmp(monkeypatch, recwarn):
@@ -206,7 +209,7 @@ def test_each_os_limit_is_named_with_its_fix(code, says):
 TRAINER = """
 import sys, time
 import numpy as np, stoker
-from stoker.workers import reaper
+from stoker.shm import reaper
 images = np.zeros((64, 32, 32, 3), np.uint8)
 loader = stoker.Loader(images, batch_size=4, workers=2, augment=None)
 it = iter(loader)
@@ -265,7 +268,7 @@ def test_sigkill_of_the_reaper_then_of_the_trainer_leaves_no_segment(needs_names
 TRAINER_NEXT = """
 import sys, time
 import numpy as np, stoker
-from stoker.workers import reaper
+from stoker.shm import reaper
 images = np.zeros((64, 32, 32, 3), np.uint8)
 loader = stoker.Loader(images, batch_size=4, workers=2, augment=None)
 it = iter(loader)

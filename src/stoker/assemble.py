@@ -15,10 +15,10 @@ from ._compat import add_note
 from .batchfn import BatchTransform, batch_rng
 from .errors import DATA_ERRORS, TooManyErrors, one_line
 from .order import Plan
+from .shm.segments import SharedArrays
 from .sources.base import Source
 from .sources.readahead import ReadAhead, ReadSettings, size_of
 from .transforms import Pipeline, ResizePipeline
-from .workers.slots import SharedArrays
 
 MAX_REPLACEMENT_TRIES = 64
 SHARE_COLUMNS_BYTES = 1 << 20  # columns larger than this travel to workers in shared memory

@@ -26,8 +26,8 @@ import numpy as np
 
 from ._compat import add_note
 from .errors import ConfigError
+from .schema import FieldSpec
 from .seeding import seeded, user_states_kept
-from .workers.slots import FieldSpec
 
 #: Fields a batch transform may change in place but never replace with another dtype or shape.
 FIXED = ("image", "mask")

@@ -71,8 +71,9 @@ open(f"{folder}/b-done", "w").close()
 
 KILLED = """
 import os, signal, sys
-from stoker.workers import reaper, slots
-segment = slots.Segment.create(4096, "left")
+from stoker.shm import reaper
+from stoker.shm.segments import Segment
+segment = Segment.create(4096, "left")
 open(sys.argv[1] + "/left", "w").write(segment.path)
 pid = reaper.reaper_pid()
 os.kill(pid, signal.SIGKILL)
@@ -82,7 +83,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 CLEANER = """
 import json
-from stoker.workers.slots import clean_stale
+from stoker.shm.stale import clean_stale
 print("REMOVED", json.dumps(clean_stale()))
 """
 

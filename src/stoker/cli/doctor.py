@@ -7,8 +7,9 @@ import os
 
 from ..decode import decoder_name, jpegcrop
 from ..loader import config
+from ..shm.folder import SHM_DIR, shm_free_bytes
+from ..shm.stale import clean_stale, stale_segments
 from ..sources import filereads
-from ..workers import slots
 
 
 def _version(package: str) -> str:
@@ -20,13 +21,13 @@ def _version(package: str) -> str:
 
 def doctor(clean: bool = False) -> str:
     """A readable report; with ``clean``, remove segments left by dead processes."""
-    free = slots.shm_free_bytes()
+    free = shm_free_bytes()
     try:
-        st = os.statvfs(slots.SHM_DIR)
+        st = os.statvfs(SHM_DIR)
         total = st.f_blocks * st.f_frsize
     except OSError:
         total = 0
-    stale = slots.stale_segments()
+    stale = stale_segments()
     lines = [
         f"/dev/shm: {total / 2**20:,.0f} MiB, {free / 2**20:,.0f} MiB free"
         + ("  (small: stoker will fall back to file-backed memory)" if total < 256 << 20 else ""),
@@ -44,6 +45,6 @@ def doctor(clean: bool = False) -> str:
         + ", ".join(f"{p} {_version(p)}" for p in ("keras", "tensorflow-cpu", "torch", "jax")),
     ]
     if clean:
-        removed = slots.clean_stale()
+        removed = clean_stale()
         lines.append(f"removed {len(removed)} stale segment(s)")
     return "\n".join(lines)

@@ -17,11 +17,13 @@ from .. import order as order_mod
 from ..assemble import Assembler, Report
 from ..decode import jpegcrop
 from ..errors import StokerWarning
+from ..schema import SlotLayout
+from ..shm.folder import pick_folder
+from ..shm.stale import clean_stale
 from ..workers import shutdown
 from ..workers.engine import COPY_BYTES, HELD, Engine
 from ..workers.launch import StartReport
 from ..workers.pool import WorkerPool
-from ..workers.slots import SlotLayout, clean_stale, pick_folder
 from . import config
 
 Fields = dict[str, np.ndarray]

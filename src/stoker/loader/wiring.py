@@ -17,10 +17,10 @@ from ..batchfn import BatchTransform
 from ..decode.masks import MaskMap
 from ..errors import ConfigError
 from ..order import Plan
+from ..schema import FieldSpec, SlotLayout
 from ..sources import open_source
 from ..sources.base import Source
 from ..transforms import CustomPipeline, check_mask_ops, make_pipeline
-from ..workers.slots import FieldSpec, SlotLayout
 from . import config
 from .selection import check_split, select
 

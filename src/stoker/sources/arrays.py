@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from ..workers.slots import SharedArrays
+from ..shm.segments import SharedArrays
 from .base import Source, drop_pages, file_fingerprint
 from .targets import as_targets
 

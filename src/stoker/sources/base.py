@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..workers.slots import SharedArrays
+from ..shm.segments import SharedArrays
 
 
 class Source:

@@ -31,9 +31,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import StokerError, WorkerDied
+from ..schema import SlotLayout
+from ..shm.segments import Segment
+from ..shm.stale import clean_stale
 from . import wire
 from .pool import WorkerPool
-from .slots import Segment, SlotLayout, clean_stale
 
 PER_WORKER = 2  # tasks queued on each of the node's worker processes
 POLL_S = 0.2

@@ -29,11 +29,12 @@ import numpy as np
 
 from ..assemble import Assembler, Report
 from ..errors import ClusterError, ConfigError, StokerWarning
+from ..schema import SlotLayout
+from ..shm.segments import Segment
 from . import actor as actor_mod
 from .engine import Engine, Key
 from .nodes import Node, Nodes
 from .pool import WorkerPool
-from .slots import Segment, SlotLayout
 
 __all__ = [
     "ClusterEngine",

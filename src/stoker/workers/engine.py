@@ -25,10 +25,11 @@ import numpy as np
 
 from ..assemble import Report
 from ..errors import WorkerHung, one_line
-from . import reaper
+from ..schema import SlotLayout
+from ..shm import reaper
+from ..shm.segments import Segment, ShmFullError
 from .errors import unpack_exception
 from .pool import WorkerPool
-from .slots import Segment, ShmFullError, SlotLayout
 
 Key = tuple[int, int]
 POLL_S = 0.2

@@ -35,9 +35,10 @@ from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any, NoReturn
 
 from ..errors import ConfigError, WorkerDied, WorkerHung, limit_error
+from ..shm.folder import pick_folder
+from ..shm.segments import Segment
 from . import threads as threads_mod
 from .errors import describe_exit, pack_exception, unpack_exception
-from .slots import Segment, pick_folder
 
 # A worker's command: ``python -c BOOT N PATH_1 .. PATH_N ARGS..``. Its first statement sets
 # sys.path (only the builtin sys is imported before), so no folder the trainer does not import

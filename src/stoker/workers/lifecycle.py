@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
 
-from . import reaper
+from ..shm import reaper
 from .launch import Launch, Process
 
 

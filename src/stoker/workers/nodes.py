@@ -21,11 +21,12 @@ from typing import TYPE_CHECKING, Any
 from .. import errors as errors_mod
 from ..assemble import Report
 from ..errors import ClusterError, StokerError
+from ..schema import SlotLayout
+from ..shm.segments import Segment, by_value
 from . import actor as actor_mod
 from . import wire
 from .engine import Key
 from .launch import pack
-from .slots import Segment, SlotLayout, by_value
 
 if TYPE_CHECKING:
     from .cluster import ClusterOptions

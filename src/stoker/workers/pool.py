@@ -20,14 +20,16 @@ from ..assemble import Assembler, Columns
 from ..batchfn import BatchTransform
 from ..errors import WorkerDied
 from ..order import Plan
+from ..schema import SlotLayout
+from ..shm import ownerlock
+from ..shm.segments import Segment
+from ..shm.stale import clean_stale
 from ..sources.base import Source
 from ..sources.readahead import ReadSettings
 from ..transforms import Pipeline
-from . import ownerlock
 from .errors import describe_exit, pack_exception
 from .launch import START_TIMEOUT_S, Launch, Process, StartReport, payload_bytes
 from .lifecycle import start_worker, stop_workers
-from .slots import Segment, SlotLayout, clean_stale
 
 STATUS_FIELDS = 2  # current sample index, batches done
 

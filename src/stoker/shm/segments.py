@@ -1,10 +1,9 @@
-"""Shared-memory segments and the batch ring; the parent process owns and unlinks every one.
+"""Shared-memory segments and shared arrays; the process that creates one owns and unlinks it.
 
 Segments are plain files in ``/dev/shm`` (or a temporary folder when ``/dev/shm`` is too small)
 named ``stoker_<owner pid>_<token>_<n>_<tag>``, created exclusively with mode 0600. Segments left
-by a dead process are removed at the next start, but only when their owner is provably gone:
-its lock file is free (:mod:`.ownerlock`), never because its pid is missing here (it may run in
-another PID namespace that shares ``/dev/shm``). Space is reserved with ``posix_fallocate`` when
+by a dead process are removed at the next start (:mod:`.stale`), but only when their owner is
+provably gone. Space is reserved with ``posix_fallocate`` when
 a segment is created: a full tmpfs gives a clear error then, never a bus error later.
 """
 
@@ -15,100 +14,21 @@ import errno
 import mmap
 import os
 import sys
-import tempfile
 import threading
-import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import ResourceLimitError, StokerError
 from . import ownerlock, reaper
+from .folder import human_size, pick_folder, room_fix, segment_dirs
 
-SHM_DIR = "/dev/shm"
 PREFIX = "stoker_"
 ALIGN = 64
 _counter = [0]
-
-
-def segment_dirs() -> list[str]:
-    """Folders where stoker may place segments: ``/dev/shm`` first, then the temp folder."""
-    dirs = [SHM_DIR] if os.path.isdir(SHM_DIR) else []
-    return dirs + [tempfile.gettempdir()]
-
-
-def shm_free_bytes() -> int:
-    """Free bytes in ``/dev/shm`` (0 when it does not exist)."""
-    try:
-        st = os.statvfs(SHM_DIR)
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
-
-
-def stale_segments(owner: str | None = None) -> list[str]:
-    """Paths of stoker segments whose owner is provably gone (its lock is free), or, given
-    ``owner`` (a tag, ``<pid>_<token>``), all of that owner's."""
-    return _stale(owner, remove=False)
-
-
-def clean_stale(owner: str | None = None) -> list[str]:
-    """Remove the segments (and lock files) of owners provably gone, or all of ``owner``'s;
-    return the segments' paths."""
-    return _stale(owner, remove=True)
-
-
-def _stale(owner: str | None, remove: bool) -> list[str]:
-    found = []
-    for folder in segment_dirs():
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            continue
-        groups: dict[str, list[str]] = {}
-        for name in names:
-            who = ownerlock.owner_of(name)
-            if who is not None and (owner is None or who == owner):
-                groups.setdefault(who, [])
-                if not ownerlock.is_lock(name):
-                    groups[who].append(os.path.join(folder, name))
-        for who, paths in groups.items():
-            if who == owner:
-                found += _remove(folder, who, paths) if remove else paths
-                continue
-            with ownerlock.gone(folder, who, _uid(paths, folder, who)) as dead:
-                if dead:
-                    found += _remove(folder, who, paths) if remove else paths
-    return found
-
-
-def _uid(paths: list[str], folder: str, who: str) -> int:
-    """The user whose segments these are (whose lock file alone may vouch for them)."""
-    for path in [*paths, ownerlock.lock_path(folder, who)]:
-        try:
-            return os.lstat(path).st_uid
-        except OSError:
-            continue
-    return -1
-
-
-def _remove(folder: str, who: str, paths: list[str]) -> list[str]:
-    removed = []
-    for path in paths:
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:
-            pass
-    try:
-        os.unlink(ownerlock.lock_path(folder, who))
-    except OSError:
-        pass
-    return removed
 
 
 def _reserve(fd: int, size: int, path: str) -> None:
@@ -141,27 +61,9 @@ class ShmFullError(StokerError, OSError):
     def __init__(self, path: str, size: int, fix: str | None = None) -> None:
         folder = os.path.dirname(path)
         super().__init__(
-            f"no room for a {_size(size)} shared-memory segment in {folder}: "
+            f"no room for a {human_size(size)} shared-memory segment in {folder}: "
             f"{fix or room_fix(folder)}"
         )
-
-
-def room_fix(folder: str) -> str:
-    """How to make room for the batch ring in ``folder``: a smaller ring, or a bigger folder
-    (Docker's ``--shm-size`` only for ``/dev/shm``, which it sizes)."""
-    if folder == SHM_DIR:
-        return (
-            "lower batch_size or prefetch, or enlarge /dev/shm (docker run --shm-size=2g; "
-            "on a host: mount -o remount,size=8g /dev/shm)"
-        )
-    return (
-        f"lower batch_size or prefetch, free space in {folder}, or point TMPDIR at a folder "
-        "with room (file-backed memory is used there because /dev/shm is too small)"
-    )
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.1f} KiB"
 
 
 def _limit_error(exc: OSError, path: str) -> OSError:
@@ -374,96 +276,3 @@ class SharedArrays:
         """Remove the segment (owner only; views already made stay valid)."""
         if self.segment.owner:
             self.segment.unlink()
-
-
-#: One field of a batch: ``(name, dtype string, per-sample shape)``.
-FieldSpec = tuple[str, str, tuple[int, ...]]
-
-
-@dataclass(frozen=True)
-class SlotLayout:
-    """Byte layout of one batch slot: each field (images, labels of any dtype and shape,
-    masks, weights, sample indices, a dataset's own fields) is a ``(batch_size, *shape)``
-    array of its dtype, at a 64-byte aligned offset, in the order given."""
-
-    batch_size: int
-    fields: tuple[FieldSpec, ...]
-
-    def field_bytes(self, spec: FieldSpec) -> int:
-        """Bytes one field takes in a slot, rounded up to the alignment."""
-        size = self.batch_size * int(np.prod(spec[2], dtype=np.int64)) * np.dtype(spec[1]).itemsize
-        return -(-size // ALIGN) * ALIGN
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of one whole slot."""
-        return max(1, sum(self.field_bytes(f) for f in self.fields))
-
-    def field(self, name: str) -> FieldSpec | None:
-        """The spec of field ``name``, None if the batch has no such field."""
-        return next((f for f in self.fields if f[0] == name), None)
-
-    def views(self, seg: Segment) -> dict[str, np.ndarray]:
-        """Every field as a numpy array over the slot's segment (no copy)."""
-        out, offset = {}, 0
-        for spec in self.fields:
-            name, dtype, shape = spec
-            out[name] = seg.array(np.dtype(dtype), (self.batch_size, *shape), offset)
-            offset += self.field_bytes(spec)
-        return out
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        """Fresh process-memory arrays for one batch (``workers=0``)."""
-        return {n: np.empty((self.batch_size, *s), np.dtype(d)) for n, d, s in self.fields}
-
-
-#: Room a folder keeps for others when stoker picks it (the shared memory of other programs,
-#: segments stoker makes later): the smaller of this and ``MARGIN_SHARE`` of its size.
-MARGIN_BYTES = 64 << 20
-MARGIN_SHARE = 1 / 8
-GROWTH = 1.25  # room asked beyond the segments made now: deepening, slots of kept batches
-
-
-def folder_room(folder: str) -> tuple[int, int]:
-    """``(free bytes, total bytes)`` of the file system holding ``folder`` (0, 0 if none)."""
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return 0, 0
-    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-
-
-def margin(total: int) -> int:
-    """The room left for others in a file system of ``total`` bytes."""
-    return int(min(MARGIN_BYTES, total * MARGIN_SHARE))
-
-
-def pick_folder(total_bytes: int, what: str = "the batch ring") -> str:
-    """``/dev/shm`` when it has room for ``total_bytes`` (with growth and a margin), else the
-    temp folder when that has the room (with a warning naming ``what`` needs it); when neither
-    has, the one where ``total_bytes`` fits at all (``/dev/shm`` first), else the one with more
-    free room: a failure there then names that folder and its fix."""
-    tmp = tempfile.gettempdir()
-    if not os.path.isdir(tmp):
-        return SHM_DIR
-    want = int(total_bytes * GROWTH)
-    (shm_free, shm_total), (tmp_free, tmp_total) = folder_room(SHM_DIR), folder_room(tmp)
-    if shm_free >= want + margin(shm_total):
-        return SHM_DIR
-    if tmp_free >= want + margin(tmp_total):
-        _warn_file_backed(what, want, shm_free, margin(shm_total), tmp, tmp_free)
-        return tmp
-    if shm_free >= total_bytes or shm_free >= tmp_free:
-        return SHM_DIR
-    _warn_file_backed(what, want, shm_free, margin(shm_total), tmp, tmp_free)
-    return tmp
-
-
-def _warn_file_backed(what: str, want: int, free: int, kept: int, tmp: str, tmp_free: int) -> None:
-    warnings.warn(
-        f"/dev/shm has {_size(free)} free but {what} needs {_size(want)} (with room to grow) "
-        f"and {_size(kept)} is left for other programs; using file-backed memory in {tmp} "
-        f"({_size(tmp_free)} free) instead (slower to start). Enlarge /dev/shm (docker run "
-        "--shm-size=2g) to avoid this.",
-        stacklevel=4,
-    )
