@@ -15,48 +15,12 @@ from ._compat import add_note
 from .batchfn import BatchTransform, batch_rng
 from .errors import DATA_ERRORS, TooManyErrors, one_line
 from .order import Plan
-from .shm.segments import SharedArrays
+from .schema import Columns
 from .sources.base import Source
 from .sources.readahead import ReadAhead, ReadSettings, size_of
 from .transforms import Pipeline, ResizePipeline
 
 MAX_REPLACEMENT_TRIES = 64
-SHARE_COLUMNS_BYTES = 1 << 20  # columns larger than this travel to workers in shared memory
-
-
-class Columns:
-    """Per-sample numeric fields carried with each sample (``label`` of any dtype and shape,
-    ``weight``, ...): ``batch[name][slot] = column[index]``, dtype and shape kept exactly.
-
-    Sent to a worker, large columns move into one shared segment (made once) that every worker
-    maps, instead of a pickled copy each."""
-
-    def __init__(self, arrays: dict[str, np.ndarray]) -> None:
-        self.arrays = dict(arrays)
-        self._shared: SharedArrays | None = None
-
-    def items(self) -> list[tuple[str, np.ndarray]]:
-        """``(name, column)`` pairs."""
-        return list(self.arrays.items())
-
-    def __getstate__(self) -> dict[str, Any]:
-        if sum(a.nbytes for a in self.arrays.values()) <= SHARE_COLUMNS_BYTES:
-            return {"arrays": {k: np.ascontiguousarray(v) for k, v in self.arrays.items()}}
-        if self._shared is None or not self._shared.alive:
-            self._shared = SharedArrays(self.arrays, "cols")
-        return {"names": list(self.arrays), "shared": self._shared}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._shared = state.get("shared")
-        if self._shared is None:
-            self.arrays = state["arrays"]
-        else:
-            self.arrays = {n: self._shared[n] for n in state["names"]}
-
-    def close(self) -> None:
-        """Unlink the shared copy (parent only)."""
-        if self._shared is not None:
-            self._shared.unlink()
 
 
 @dataclass

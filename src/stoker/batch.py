@@ -1,102 +1,16 @@
-"""What a batch looks like to the user: its fields (``image``, ``label``, ``mask``, ``weight``,
-``index``, ``path`` or a dataset's own names) arranged in the structure ``Loader(batch=...)``
-asks for: the default tuple, ``"dict"``, or any nesting of tuples and dicts of field names
-(the forms Keras takes: ``(x, y)``, ``(x, y, sample_weight)``, dicts of inputs/outputs).
-
-The structure is a *form*: a pytree whose leaves are field names. Adapters walk the form and
-the batch together (``map_form``) so each leaf is converted by what it is (an image is
-permuted or scaled, a label never)."""
+"""A batch's per-sample columns from ``Loader``'s arguments: ``label`` (per ``label_mode``),
+``weight`` from ``sample_weight`` and the user's ``fields``, each validated and cut along with
+the selection. What a batch is (its fields, layout and form) is :mod:`stoker.schema`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from .errors import ConfigError
+from .schema import DERIVED
 from .sources import targets
-
-#: Fields computed in the parent from the sample indices, not carried in shared memory.
-DERIVED = ("path",)
-
-Form = Any  # a field name, or a tuple / dict of forms
-
-
-def default_form(names: Sequence[str]) -> Form:
-    """The structure a plain loader yields: ``(image, label)``, ``(image, mask)`` for a
-    segmentation source, ``(image, label, weight)`` with sample weights."""
-    if "mask" in names:
-        return ("image", "mask", "weight") if "weight" in names else ("image", "mask")
-    if "label" not in names:  # label_mode=None: images only, as Keras gives them
-        return "image"
-    return ("image", "label", "weight") if "weight" in names else ("image", "label")
-
-
-def resolve_form(value: Any, names: Sequence[str], default: Form | None = None) -> Form:
-    """Check ``Loader(batch=...)`` against the batch's field names; return the form.
-
-    ``None``: the default tuple; ``"dict"``: every field (and ``path``) by name; a field name,
-    or a tuple/list/dict nesting field names."""
-    available = [*names, *DERIVED]
-    if value is None:
-        return default if default is not None else default_form(names)
-    if value == "dict":
-        return {n: n for n in available}
-    return _check(value, available)
-
-
-def _check(value: Any, available: list[str]) -> Form:
-    if isinstance(value, str):
-        if value not in available:
-            raise ConfigError(
-                f"batch=: no field {value!r}; this loader's fields are {', '.join(available)}"
-            )
-        return value
-    if isinstance(value, (tuple, list)) and value:
-        return tuple(_check(v, available) for v in value)
-    if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
-        return {k: _check(v, available) for k, v in value.items()}
-    raise ConfigError(
-        f"batch={value!r}: use None (the default tuple), 'dict', a field name, or a tuple/dict "
-        "of field names such as ('image', 'label', 'weight') or ({'pixels': 'image'}, 'label')"
-    )
-
-
-def leaves(form: Form) -> list[str]:
-    """The field names a form uses, in order."""
-    if isinstance(form, str):
-        return [form]
-    values = form.values() if isinstance(form, dict) else form
-    return [name for v in values for name in leaves(v)]
-
-
-def apply_form(form: Form, fields: dict[str, Any]) -> Any:
-    """Arrange a batch's fields (a dict by name) in ``form``."""
-    if isinstance(form, str):
-        return fields[form]
-    if isinstance(form, dict):
-        return {k: apply_form(v, fields) for k, v in form.items()}
-    return tuple(apply_form(v, fields) for v in form)
-
-
-def map_form(form: Form, batch: Any, fn: Callable[..., Any], *others: Any) -> Any:
-    """``batch`` (arranged in ``form``) with each leaf replaced by ``fn(field name, leaf)``;
-    with ``others`` (batches of the same structure), ``fn(name, leaf, other leaves...)``."""
-    if isinstance(form, str):
-        return fn(form, batch, *others)
-    if isinstance(form, dict):
-        return {k: map_form(v, batch[k], fn, *(o[k] for o in others)) for k, v in form.items()}
-    return tuple(
-        map_form(v, b, fn, *(o[k] for o in others))
-        for k, (v, b) in enumerate(zip(form, batch, strict=True))
-    )
-
-
-def paths(name: Callable[[int], str], indices: np.ndarray) -> np.ndarray:
-    """The ``path`` field: each sample's file path (or ``array[i]``), a numpy string array."""
-    return np.asarray([name(int(i)) for i in indices], dtype=np.str_)
-
 
 RESERVED = ("image", "mask", "label", "weight", "index", *DERIVED)
 

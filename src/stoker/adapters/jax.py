@@ -22,7 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ..batch import DERIVED, leaves, map_form
+from ..schema import DERIVED, leaves, map_form
 from .base import LoaderView, look_ahead, owned_batch
 from .scaling import CAST, PIXELS, ImageOptions, leaf_kinds, pixel_channels
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import keras
 
-from ..batch import map_form
+from ..schema import map_form
 from .base import owned_batch
 from .scaling import CAST, PIXELS, ImageOptions, leaf_kinds, pixel_channels
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..batch import map_form
+from ..schema import map_form
 from .base import owned_batch
 from .scaling import CAST, PIXELS, ImageOptions, is_channels_first, leaf_kinds, pixel_channels
 

@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ..batch import map_form
 from ..errors import ConfigError, StokerError
+from ..schema import map_form
 from .base import LoaderView, look_ahead
 from .cuda import (
     CudaRuntime,

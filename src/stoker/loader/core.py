@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import batch as batch_mod
 from .. import order as order_mod
 from ..assemble import Assembler, Report
 from ..decode import decoder_name
 from ..errors import ConfigError, StokerError, StokerWarning, TooManyErrors
+from ..schema import Columns, SlotLayout
 from ..seeding import user_states_kept
 from ..sources.targets import class_ids
 from ..stats import Stats, StatsReport, WaitMeter
@@ -123,12 +123,7 @@ class Loader:
             parts.drop_last,
             parts.max_errors,
         )
-        self.plan, self.columns, self.slot_layout, self.form = (
-            parts.plan,
-            parts.columns,
-            parts.slot_layout,
-            parts.form,
-        )
+        self.plan, self.schema = parts.plan, parts.schema
         self._batch_fn = parts.batch_fn
         self._peeker: Assembler | None = None  # fills peek()'s batches in this process
         self._batches = self.plan.batches()
@@ -159,6 +154,21 @@ class Loader:
             return tuple(cls(*args, subset=half, **halves[half]) for half in config.HALVES)
         config.no_per_half(kwargs)
         return super().__new__(cls)
+
+    @property
+    def slot_layout(self) -> SlotLayout:
+        """The fields of one batch as they sit in a slot: names, dtypes, shapes."""
+        return self.schema.slot_layout
+
+    @property
+    def columns(self) -> Columns:
+        """The per-sample fields carried with each sample (``label``, ``weight``, ...)."""
+        return self.schema.columns
+
+    @property
+    def form(self) -> Any:
+        """The structure batches are handed out in (``batch=``): field names in tuples/dicts."""
+        return self.schema.form
 
     @property
     def layout(self) -> Any:
@@ -257,9 +267,7 @@ class Loader:
         arranged in the ``batch=`` structure."""
         if count < self.batch_size:
             fields = {name: arr[:count] for name, arr in fields.items()}
-        if "path" in batch_mod.leaves(self.form):
-            fields["path"] = batch_mod.paths(self.source.origin().name, fields["index"])
-        return batch_mod.apply_form(self.form, fields)
+        return self.schema.arrange(fields, self.source.origin().name)
 
     def peek(self, batch: int | None = None) -> Batch:
         """A batch exactly as iteration gives it (augmented, ``batch_transform`` applied, the

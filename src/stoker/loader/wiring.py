@@ -1,5 +1,5 @@
 """From ``Loader``'s arguments to the parts it wires together: the source (opened, split, its
-classes picked), the decode pipeline, the epoch plan, the batch's columns and slot layout.
+classes picked), the decode pipeline, the epoch plan, the batch's schema.
 
 Each step validates its own arguments with a message that says the fix; nothing is started
 here (no worker, no shared memory), so a wrong argument costs nothing.
@@ -12,12 +12,11 @@ from typing import Any
 
 from .. import batch as batch_mod
 from .. import pixels as pixels_mod
-from ..assemble import Columns
 from ..batchfn import BatchTransform
 from ..decode.masks import MaskMap
 from ..errors import ConfigError
 from ..order import Plan
-from ..schema import FieldSpec, SlotLayout
+from ..schema import BatchSchema, Columns, SlotLayout, field_specs, resolve_form
 from ..sources import open_source
 from ..sources.base import Source
 from ..transforms import CustomPipeline, check_mask_ops, make_pipeline
@@ -37,9 +36,7 @@ class Parts:
     drop_last: bool
     max_errors: int
     plan: Plan
-    columns: Columns
-    slot_layout: SlotLayout
-    form: Any
+    schema: BatchSchema
     batch_fn: BatchTransform | None
 
 
@@ -69,13 +66,13 @@ def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Pa
     plan = _plan(args, source, batch_size, seed, shuffle, drop_last)
     weight, fields = args["sample_weight"], args["fields"]
     columns = Columns(batch_mod.columns(source, weight, fields, args["label_mode"]))
-    specs = field_specs(source, image_size, pipeline.channels, has_masks, columns)
+    specs = field_specs(image_size, pipeline.channels, has_masks, columns, source.sample_fields)
     batch_fn = None
     if args["batch_transform"] is not None:  # probed here: the fields it leaves make the slot
         batch_fn = BatchTransform(args["batch_transform"], specs, batch_size)
         specs = batch_fn.outputs
     layout = SlotLayout(batch_size, specs)
-    names = [f[0] for f in layout.fields]
+    form = resolve_form(args["batch"], [f[0] for f in layout.fields], source.sample_form)
     return Parts(
         source=source,
         image_size=image_size,
@@ -85,9 +82,7 @@ def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Pa
         drop_last=drop_last,
         max_errors=max_errors,
         plan=plan,
-        columns=columns,
-        slot_layout=layout,
-        form=batch_mod.resolve_form(args["batch"], names, source.sample_form),
+        schema=BatchSchema(layout, columns, form),
         batch_fn=batch_fn,
     )
 
@@ -174,23 +169,3 @@ def _plan(
             "drop_last=True: lower batch_size or pass drop_last=False"
         )
     return plan
-
-
-def field_specs(
-    source: Source,
-    image_size: tuple[int, int],
-    channels: int,
-    has_masks: bool,
-    columns: Columns,
-) -> tuple[FieldSpec, ...]:
-    """The batch's fields: image, mask (segmentation), every column, the sample index."""
-    height, width = image_size
-    specs: list[FieldSpec] = [("image", "|u1", (height, width, channels))]
-    if source.sample_fields is not None:  # a per-sample dataset: its own fields
-        specs = list(source.sample_fields)
-    if has_masks:
-        specs.append(("mask", "|u1", (height, width)))
-    for name, column in columns.items():
-        specs.append((name, column.dtype.str, tuple(column.shape[1:])))
-    specs.append(("index", "<i8", ()))
-    return tuple(specs)
