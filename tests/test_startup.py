@@ -5,7 +5,10 @@ leaves nothing behind, and ``stats()`` names the true cause of a slow start."""
 from __future__ import annotations
 
 import gc
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psutil
@@ -42,7 +45,8 @@ def test_a_datasets_workers_are_launched_by_the_constructor_before_any_batch():
         batch = next(iter(loader))
         assert batch["label"].tolist() == [0, 1, 2, 3]
         assert {p.pid for p in _workers()} - before == set(launched)  # none more at the batch
-        assert "from Loader(); the first batch waited" in loader.stats().startup
+        startup = loader.stats().startup  # made here while they start, or by them once started
+        assert "made in this process" in startup or "the first batch waited" in startup
 
 
 @pytest.mark.timeout(120)
@@ -76,9 +80,102 @@ def test_stats_names_the_datasets_modules_as_the_cause_not_an_augment(tmp_path, 
     import slow_dataset_mod  # noqa: E402 - imported here, by the test, from tmp_path
 
     with stoker.Loader(slow_dataset_mod.Slow(), batch_size=4, workers=2) as loader:
-        next(iter(loader))
+        stream = loader.stream()
+        while "workers started in" not in loader.stats().startup:  # until they took over
+            next(stream)
         report = loader.stats()
     assert report.startup_s >= 2.5  # the sleep is a floor, not a bound on the machine
     assert "importing the dataset's modules (slow_dataset_mod) in each worker" in report.startup
     assert "augment" not in report.startup
     sys.modules.pop("slow_dataset_mod", None)
+
+
+# A dataset module that, in a worker (never in the test's process), is still importing until
+# the test creates FLAG: a worker "slow to import torch" held by a handshake, not a sleep. The
+# cap only keeps a broken run from hanging; FAIL makes the import fail once released.
+GATED = """
+import os, time
+import numpy as np
+PARENT, FLAG, LOG, FAIL = {parent}, {flag!r}, {log!r}, {fail!r}
+if os.getpid() != PARENT:
+    cap = time.monotonic() + 30
+    while not os.path.exists(FLAG) and time.monotonic() < cap:
+        time.sleep(0.02)
+    if FAIL:
+        raise RuntimeError(FAIL)
+class Gated:
+    def __len__(self):
+        return 24
+    def __getitem__(self, i):
+        with open(LOG, "a") as f:
+            f.write(f"{{i}} {{os.getpid()}}\\n")
+        rng = np.random.default_rng(i)
+        return {{"x": rng.random(3) + np.random.random(3), "label": np.int64(i % 3)}}
+"""
+
+
+def _gated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail: str = "") -> tuple[Any, Path]:
+    """``(Gated(), FLAG)``: the module written and imported here (its workers wait for FLAG)."""
+    name = f"gated_mod_{len(fail)}"
+    flag, log = tmp_path / "go", tmp_path / "loads.log"
+    text = GATED.format(parent=os.getpid(), flag=str(flag), log=str(log), fail=fail)
+    (tmp_path / f"{name}.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(name, None)
+    module = __import__(name)
+    return module.Gated(), flag
+
+
+def _loaders(log: Path) -> dict[int, int]:
+    """sample -> the pid that last ran its ``__getitem__``."""
+    rows = [line.split() for line in log.read_text().splitlines()]
+    return {int(i): int(pid) for i, pid in rows}
+
+
+def _plain(dataset: Any, batches: int) -> list[dict[str, np.ndarray]]:
+    with stoker.Loader(dataset, batch_size=4, workers=0, seed=5) as loader:
+        stream = loader.stream()
+        return [{k: v.copy() for k, v in next(stream).items()} for _ in range(batches)]
+
+
+@pytest.mark.timeout(180)
+def test_the_first_batches_are_made_here_while_the_workers_start_then_the_workers_take_over(
+    tmp_path, monkeypatch
+):
+    dataset, flag = _gated(tmp_path, monkeypatch)
+    log = tmp_path / "loads.log"
+    got = []
+    with stoker.Loader(dataset, batch_size=4, workers=2, seed=5) as loader:
+        stream = loader.stream()
+        got.append({k: v.copy() for k, v in next(stream).items()})
+        first = _loaders(log)
+        assert set(first.values()) == {os.getpid()}  # the workers are still importing
+        assert "first batch was made in this process" in loader.stats().startup
+        assert "not all started yet" in loader.stats().startup
+        flag.touch()
+        while "workers started in" not in loader.stats().startup:  # until they took over
+            got.append({k: v.copy() for k, v in next(stream).items()})
+        mine = len(got)
+        for _ in range(8):  # two epochs' worth more, from the workers
+            got.append({k: v.copy() for k, v in next(stream).items()})
+        startup = loader.stats().startup
+        workers = {p.pid for p in loader._run.pool.procs}
+    here = "first batch was" if mine == 2 else f"first {mine - 1} batches were"  # the last: ring
+    assert f"the {here} made in this process" in startup and "did not wait" in startup
+    assert "importing stoker" in startup and "importing the dataset's modules" in startup
+    assert set(_loaders(log).values()) & workers  # the later samples ran in the workers
+    want = _plain(dataset, len(got))
+    for a, b in zip(got, want, strict=True):
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_fails_to_start_while_batches_are_made_here_is_raised(tmp_path, monkeypatch):
+    dataset, flag = _gated(tmp_path, monkeypatch, fail="no GPU in a worker")
+    with stoker.Loader(dataset, batch_size=4, workers=2) as loader:
+        stream = loader.stream()
+        next(stream)  # made here: the workers are still importing
+        flag.touch()
+        with pytest.raises(RuntimeError, match="no GPU in a worker"):
+            for _ in stream:
+                pass

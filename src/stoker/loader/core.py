@@ -399,6 +399,7 @@ class Loader:
             self.timeout,
             self.source.name,
             self.worker_threads,
+            here=assembler,  # workers launched ahead and still starting: fill batches here
         )
 
     def _samples(self, key: tuple[int, int]) -> list[str]:
@@ -468,7 +469,7 @@ class Loader:
         """Throughput, time the consumer waited for data and its share, stage times, bad files."""
         engine = self._run.engine
         startup_s, startup = describe_start(
-            self._run.started, self._start_cause(), self._run.waited_s
+            self._run.started, self._start_cause(), self._run.waited_s, self._run.here()
         )
         return self._stats.report(
             workers=self.workers,

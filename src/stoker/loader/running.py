@@ -9,6 +9,7 @@ import os
 import time
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -149,6 +150,34 @@ class Inline:
         self.blocks = []
 
 
+class Warming(Inline):
+    """Workers launched ahead (``Loader(dataset)``) that have not all started yet: each batch
+    asked for meanwhile is filled here, as with ``workers=0`` (the same bytes: batch ``k`` is
+    a pure function of the seed, whoever fills it), and the ring takes over at the first batch
+    asked for once every worker has started. So the first batch costs one batch's loading
+    here, not the workers' interpreters and imports. Which batches ran here is counted for
+    ``stats()``: a ``__getitem__`` that ends its process (``os._exit``, a crash in C) ends this
+    one while it runs here, as with ``workers=0``."""
+
+    def __init__(
+        self, assembler: Assembler, layout: SlotLayout, take_over: Callable[[], Engine | None]
+    ) -> None:
+        super().__init__(assembler, layout)
+        self.take_over = take_over
+        self.batches, self.seconds = 0, 0.0
+
+    def get(self, key: tuple[int, int]) -> tuple[Fields, Report]:
+        """Batch ``key`` from the ring once every worker has started, else filled here."""
+        engine = self.take_over()
+        if engine is not None:
+            return engine.get(key)
+        t0 = time.perf_counter()
+        out = super().get(key)
+        self.batches += 1
+        self.seconds += time.perf_counter() - t0
+        return out
+
+
 class Running:
     """What a started loader owns: pool and engine; closed by close() or the finalizer.
 
@@ -162,6 +191,7 @@ class Running:
         self.started: list[StartReport] = []
         self._cluster: dict[str, Any] = {}
         self.waited_s: float | None = None  # the first batch's wait for workers launched ahead
+        self.warmed: tuple[int, float] = (0, 0.0)  # batches (and seconds) filled here meanwhile
         self._depth: tuple[int, int, int, str] = (1, 1, 1, "")
 
     def start_inline(self, assembler: Assembler, layout: SlotLayout) -> None:
@@ -200,33 +230,49 @@ class Running:
         timeout: float,
         name: Any,
         threads: int | None = 1,
+        here: Assembler | None = None,
     ) -> None:
-        """Wait for the workers (launched here unless :meth:`launch_pool` already did) and
-        start the prefetch engine over a ring in shared memory; a failed start leaves no
-        worker and no segment. ``waited_s`` is set when the workers were launched ahead."""
+        """Start the prefetch engine over a ring in shared memory once the workers have
+        started (launched here unless :meth:`launch_pool` already did); a failed start leaves
+        no worker and no segment. Workers launched ahead that are still starting: with
+        ``here`` (this process's filler), batches are filled here until they have
+        (:class:`Warming`); without, waited for, and ``waited_s`` is set."""
         ahead = self.pool is not None
         if not ahead:
             self.launch_pool(worker_args, workers, prefetch, timeout, threads)
         assert self.pool is not None
-        per_worker, deepest, slots, _ = self._depth
-        t0 = time.perf_counter()
+        ring = (worker_args["layout"], batches, timeout, name)
         try:
+            if ahead and here is not None and not self.pool.poll_started():
+                self.engine = Warming(here, worker_args["layout"], lambda: self._take_over(ring))
+                return
+            t0 = time.perf_counter()
             self.started = self.pool.wait_started()
             self.waited_s = time.perf_counter() - t0 if ahead else None
-            self.engine = Engine(
-                self.pool,
-                worker_args["layout"],
-                slots,
-                per_worker,
-                batches,
-                self.folder,
-                timeout,
-                name,
-                deepest,
-            )
+            self.engine = self._ring(*ring)
         except BaseException:
             self.close(fast=True)
             raise
+
+    def _take_over(self, ring: tuple[SlotLayout, int, float, Any]) -> Engine | None:
+        """For :class:`Warming`: the ring, made now that every worker has started, or None
+        while one is still starting; a worker that failed to start is raised here."""
+        warming = self.engine
+        assert self.pool is not None and isinstance(warming, Warming)
+        if not self.pool.poll_started():
+            return None
+        self.started = self.pool.wait_started()
+        self.warmed, self.waited_s = (warming.batches, warming.seconds), 0.0
+        self.engine = self._ring(*ring)
+        return self.engine
+
+    def _ring(self, layout: SlotLayout, batches: int, timeout: float, name: Any) -> Engine:
+        """The prefetch engine over the started pool."""
+        assert self.pool is not None
+        per_worker, deepest, slots, _ = self._depth
+        return Engine(
+            self.pool, layout, slots, per_worker, batches, self.folder, timeout, name, deepest
+        )
 
     def start_cluster(
         self,
@@ -280,6 +326,14 @@ class Running:
                 nodes.close()
             self.close(fast=True)
             raise
+
+    def here(self) -> tuple[int, float, bool]:
+        """``(batches, seconds, still starting)``: the batches filled in this process while the
+        workers launched ahead were starting (:class:`Warming`), and whether they still are."""
+        engine = self.engine
+        if isinstance(engine, Warming):
+            return engine.batches, engine.seconds, True
+        return (*self.warmed, False)
 
     def cluster_stats(self) -> dict[str, Any]:
         """The cluster's figures for ``stats()`` (kept after a close); {} without a cluster."""

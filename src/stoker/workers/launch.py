@@ -45,7 +45,8 @@ from .errors import describe_exit, pack_exception, unpack_exception
 # from can supply stoker or anything it imports; it must stay free of any import before that.
 BOOT = (
     "import sys; n = int(sys.argv[1]); sys.path[:] = sys.argv[2:2 + n]; "
-    "del sys.argv[1:2 + n]; from stoker.workers.launch import main; main(sys.argv[1:])"
+    "del sys.argv[1:2 + n]; import time; sys.argv.append(repr(time.time())); "
+    "from stoker.workers.launch import main; main(sys.argv[1:])"
 )
 POLL_S = 0.1
 START_TIMEOUT_S = 120.0  # a worker alive but not started by then is hung (a death shows at once)
@@ -166,6 +167,7 @@ class StartReport:
 
     total_s: float = 0.0  # by the worker's clock: not when the parent got round to reading it
     python_s: float = 0.0  # the interpreter starting and importing stoker
+    stoker_s: float = 0.0  # of which importing stoker (numpy, the decoders)
     settings_s: float = 0.0  # loading the pickled settings (imports the user's modules)
     imported: list[str] = field(default_factory=list)  # top-level modules that load imported
 
@@ -187,24 +189,41 @@ _FIXES = {
 
 
 def describe(
-    reports: list[StartReport], cause: str = "settings", waited_s: float | None = None
+    reports: list[StartReport],
+    cause: str = "settings",
+    waited_s: float | None = None,
+    here: tuple[int, float, bool] = (0, 0.0, False),
 ) -> tuple[float, str]:
     """``(seconds, text)``: how long the slowest worker took to start, its parts, and, when it
     was slow, why. ``cause`` says what loading the settings imported the user's modules for
     (a key of :data:`CAUSES`); ``waited_s``, for workers started ahead of the first batch, how
-    much of the start the first batch still waited for."""
+    much of the start the first batch still waited for; ``here``, ``(batches, seconds, still
+    starting)``: the batches the calling process filled itself while the workers started."""
+    batches, seconds, starting = here
+    which = f"first {batches} batches were" if batches > 1 else "first batch was"
+    made_here = (
+        f"the {which} made in this process ({seconds:.2f} s) while the workers started"
+        if batches
+        else ""
+    )
+    if starting:
+        return 0.0, f"{made_here}; they have not all started yet" if made_here else ""
     if not reports:
         return 0.0, ""
     slow = max(reports, key=lambda r: r.total_s)
     text = (
-        f"workers started in {slow.total_s:.2f} s (Python + stoker {slow.python_s:.2f} s, "
-        f"{CAUSES[cause]} {slow.settings_s:.2f} s)"
+        f"workers started in {slow.total_s:.2f} s (Python {slow.python_s - slow.stoker_s:.2f} "
+        f"s, importing stoker {slow.stoker_s:.2f} s, {CAUSES[cause]} {slow.settings_s:.2f} s)"
     )
-    if waited_s is not None:
+    if made_here:
+        text += f", from Loader(); {made_here}, so the first batch did not wait for them"
+    elif waited_s is not None:
         text += f", from Loader(); the first batch waited {waited_s:.2f} s for them"
         if waited_s < 0.9 * slow.total_s:
             text += " (the rest overlapped your own code)"
-    if slow.total_s < SLOW_START_S or (waited_s is not None and waited_s < SLOW_PART_S):
+    if slow.total_s < SLOW_START_S or (
+        not made_here and waited_s is not None and waited_s < SLOW_PART_S
+    ):
         return slow.total_s, text
     why = []
     public = [m for m in slow.imported if not m.startswith("_")]
@@ -288,6 +307,7 @@ class Launch:
         self.segment = Segment.create(len(blob), "launch", folder)
         self.segment.map[: len(blob)] = blob
         self.size, self.threads = len(blob), threads
+        self.reports: dict[int, StartReport] = {}
 
     def start(self, wid: int) -> tuple[Process, Connection]:
         """Start worker ``wid``; it loads the payload and then calls ``target(wid, conn, ...)``.
@@ -338,25 +358,33 @@ class Launch:
         self, procs: list[Process], conns: list[Connection], timeout: float
     ) -> list[StartReport]:
         """Wait until every worker said ``started``; raise if one failed, died or hung."""
-        reports: dict[int, StartReport] = {}
         deadline = time.monotonic() + timeout
-        while len(reports) < len(procs):
-            pending = [c for w, c in enumerate(conns) if w not in reports]
-            for ready in wait(pending, POLL_S):
-                wid = conns.index(ready)  # type: ignore[arg-type]
-                reports[wid] = self._reply(wid, procs[wid], conns[wid])
-            for wid, proc in enumerate(procs):
-                if wid not in reports and proc.exitcode is not None:
-                    self._raise_died(wid, proc)
-            if len(reports) < len(procs) and time.monotonic() > deadline:
-                late = [w for w in range(len(procs)) if w not in reports]
+        while not self._collect(procs, conns, POLL_S):
+            if time.monotonic() > deadline:
+                late = [w for w in range(len(procs)) if w not in self.reports]
                 raise WorkerHung(
                     f"worker(s) {late} did not start within {timeout:.0f} s (still starting Python "
                     "or loading the loader's settings: a module your augment comes from may "
                     "import something slow); raise Loader(timeout=...) if that is expected"
                 )
         self.close()
-        return [reports[w] for w in range(len(procs))]
+        return [self.reports[w] for w in range(len(procs))]
+
+    def poll(self, procs: list[Process], conns: list[Connection]) -> bool:
+        """Without waiting: True once every worker has said ``started``; raise if one failed
+        or died (the reports that arrived are kept for :meth:`wait_started`)."""
+        return self._collect(procs, conns, 0.0)
+
+    def _collect(self, procs: list[Process], conns: list[Connection], timeout: float) -> bool:
+        """Take the start reports that arrive within ``timeout``; True once all are in."""
+        pending = [c for w, c in enumerate(conns) if w not in self.reports]
+        for ready in wait(pending, timeout) if pending else ():
+            wid = conns.index(ready)  # type: ignore[arg-type]
+            self.reports[wid] = self._reply(wid, procs[wid], conns[wid])
+        for wid, proc in enumerate(procs):
+            if wid not in self.reports and proc.exitcode is not None:
+                self._raise_died(wid, proc)
+        return len(self.reports) == len(procs)
 
     def _reply(self, wid: int, proc: Process, conn: Connection) -> StartReport:
         """The ``started`` report of worker ``wid``, or its start-up exception raised here."""
@@ -400,6 +428,7 @@ def main(argv: list[str]) -> None:
     """Entry point of a worker process: load the payload, say ``started``, run the target."""
     started = time.time()
     fd, path, size, wid, launched = int(argv[0]), argv[1], int(argv[2]), int(argv[3]), argv[4]
+    booted = float(argv[6])  # when BOOT began importing stoker
     conn = Connection(fd)
     try:
         threads_mod.limit(None if argv[5] == "None" else int(argv[5]))  # before any user code
@@ -412,6 +441,7 @@ def main(argv: list[str]) -> None:
             "started",
             {
                 "python_s": max(0.0, started - float(launched)),
+                "stoker_s": max(0.0, started - booted),
                 "settings_s": settings_s,
                 "imported": imported,
                 "total_s": max(0.0, time.time() - float(launched)),

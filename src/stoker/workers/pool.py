@@ -229,6 +229,20 @@ class WorkerPool:
                 raise
         return self.started
 
+    def poll_started(self) -> bool:
+        """Without waiting: True once every worker has started (then :meth:`wait_started`
+        returns at once); a worker that failed or died is raised here, the pool closed."""
+        launch = self.launch
+        if launch is None:
+            return True
+        try:
+            return launch.poll(self.procs, self.conns)
+        except BaseException:
+            self.launch = None
+            launch.close()
+            self.close(0.5)
+            raise
+
     def send(self, wid: int, task: tuple) -> None:
         """Give worker ``wid`` a task."""
         try:
