@@ -16,10 +16,13 @@ model being built: a numpy loop on one core), then takes the first batch. Report
     constructor + first the two together: the start-up the trainer sees on top of its own work
 
 stoker's workers are fresh interpreters (never forked from the trainer), so each imports the
-dataset's modules itself; they are launched by the constructor, so a set-up between the
-constructor and the first batch hides that. The DataLoader forks its workers at the first
-``iter()`` from a trainer that already imported everything. Medians of --repeats, the
-pipelines interleaved.
+dataset's modules itself; they are launched by the constructor, and the batches asked for while
+they are still starting are made in the trainer's process (which has the modules loaded), so
+neither the imports nor a set-up between the constructor and the first batch delay the first
+batch. The DataLoader forks its workers at the first ``iter()`` from a trainer that already
+imported everything. Medians of --repeats, the pipelines interleaved. The last stats() line of
+each says who made the first batches and what the workers' start cost (Python, importing
+stoker, importing the dataset's modules).
 
 Usage
     python /work/shared/make_dataset.py --out /tmp/stoker-bench/jpeg2k --classes 10 --per-class 200
