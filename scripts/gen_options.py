@@ -1,4 +1,4 @@
-"""Write docs/options.md from src/stoker/loader/options.py (and Loader's signature).
+"""Write docs/options.md from the option groups in src/stoker/loader/options.py.
 
 python scripts/gen_options.py           # rewrite the page
 python scripts/gen_options.py --check   # exit 1 if the committed page is out of date
@@ -15,11 +15,11 @@ PAGE = ROOT / "docs" / "options.md"
 
 
 def page() -> str:
-    """The page's text, generated from the options table and ``Loader.__init__``."""
+    """The page's text, generated from the option groups."""
     sys.path.insert(0, str(ROOT / "src"))
-    from stoker.loader import Loader, options
+    from stoker.loader import options
 
-    return options.markdown_page(Loader.__init__)
+    return options.markdown_page()
 
 
 def main() -> int:

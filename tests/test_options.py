@@ -1,53 +1,107 @@
-"""Every Loader argument is documented once (loader/options.py), and help(), inspect.signature
-and docs/options.md all show it; every public object of the curated API has a docstring."""
+"""Every Loader argument is declared once, as a field of an option group (loader/options.py),
+and help(), inspect.signature and docs/options.md are all generated from the groups; every
+public object of the curated API has a docstring."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import importlib.util
 import inspect
 import pathlib
+import pickle
 import pydoc
 import sys
 
+import numpy as np
 import pytest
 
 import stoker
-from stoker.loader import Loader, options
+from stoker.errors import ConfigError
+from stoker.loader import options
+from stoker.loader.options import Options
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _init_arguments() -> list[str]:
-    return [p.name for p in options.arguments(Loader.__init__)]
+def _fields() -> list[dataclasses.Field]:
+    return [f for _, f in options.entries()]
 
 
-def test_every_loader_argument_has_one_entry_and_every_entry_an_argument() -> None:
-    names = [o.name for o in options.OPTIONS]
-    assert len(names) == len(set(names)), "an argument is documented twice in loader/options.py"
-    args = _init_arguments()
-    missing = [a for a in args if a not in names]
-    extra = [n for n in names if n not in args]
-    assert not missing, (
-        f"Loader arguments with no entry in src/stoker/loader/options.py: {missing}; add one "
-        "Option(name, type, doc) line each, then run python scripts/gen_options.py"
-    )
-    assert not extra, f"entries in loader/options.py that name no Loader argument: {extra}"
+def test_every_argument_is_one_field_of_one_group_with_a_type_and_a_one_line_doc() -> None:
+    names = [f.name for f in _fields()]
+    assert len(names) == len(set(names)), "an argument is declared in two groups"
+    assert [key for key, _ in options.GROUPS] == [f.name for f in dataclasses.fields(Options)]
+    for f in _fields():
+        meta = f.metadata
+        assert meta["type"].strip() and meta["doc"].strip(), f.name
+        assert "\n" not in meta["doc"] and meta["doc"].rstrip().endswith((".", ")")), f.name
 
 
-def test_entries_are_one_plain_line_with_a_type() -> None:
-    for o in options.OPTIONS:
-        assert o.type.strip() and o.doc.strip(), o.name
-        assert "\n" not in o.doc and o.doc.rstrip().endswith((".", ")")), o.name
+def test_the_groups_and_the_whole_are_frozen() -> None:
+    opts = Options.from_kwargs(source="data/train")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.image.color_mode = "rgb"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.image = opts.image  # type: ignore[misc]
 
 
-def test_the_signature_shows_the_real_arguments() -> None:
+def test_parse_checks_every_argument_and_keeps_the_typed_values() -> None:
+    opts = options.parse(source="x", batch_size=np.int64(8), seed=np.int64(3), timeout=5)
+    assert opts.batch.batch_size == 8 and type(opts.batch.batch_size) is int
+    assert opts.order.seed == 3 and type(opts.order.seed) is int
+    assert opts.run.timeout == 5.0 and type(opts.run.timeout) is float
+    assert opts.image.color_mode is None and opts.run.workers == "auto"
+    assert Options.from_kwargs(**opts.kwargs()) == opts
+    with pytest.raises(TypeError, match="unexpected keyword argument 'batch_sise'"):
+        options.parse(batch_sise=8)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "batch_size=0: must be a positive integer"),
+        ({"color_mode": "cmyk"}, "color_mode='cmyk': use 'grayscale', 'rgb', 'rgba' or None"),
+        ({"interpolation": "fancy"}, "interpolation='fancy': use 'auto'"),
+        ({"fast_decode": "yes"}, "fast_decode='yes': use True, False or 'auto'"),
+        ({"max_errors": -1}, "max_errors=-1: give a count (10) or a fraction"),
+        ({"image_size": 0}, "image_size=0: give a positive int"),
+        ({"stratify": 1}, "stratify=1: give True or False"),
+        ({"drop_last": "no"}, "drop_last='no': give True, False or None"),
+        ({"rank": 0}, "give both rank= and world_size=, or neither"),
+        ({"rank_split": "even"}, "rank_split='even': use 'pad'"),
+        ({"subset": "training"}, "subset='training' needs validation_split="),
+        ({"read_ahead": -1}, "read_ahead=-1: give 'auto'"),
+        ({"page_cache": "evict"}, "page_cache='evict': give 'auto'"),
+        ({"cluster_workers": 4}, "cluster_workers, cluster_transport and cluster_listen need"),
+        (
+            {"crop_to_aspect_ratio": True, "pad_to_aspect_ratio": True},
+            "pass crop_to_aspect_ratio=True or pad_to_aspect_ratio=True, not both",
+        ),
+    ],
+)
+def test_a_wrong_argument_is_refused_before_the_source_is_opened(kwargs, message) -> None:
+    # the source does not exist: the argument's own message comes first
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        stoker.Loader("no/such/folder", **kwargs)
+
+
+def test_a_warning_about_an_argument_points_at_the_callers_line() -> None:
+    cpus = stoker.loader.config.usable_cpus()
+    images = np.zeros((8, 8, 8, 3), np.uint8)
+    with pytest.warns(stoker.StokerWarning, match="usable CPU cores") as caught:
+        stoker.Loader(images, batch_size=2, workers=cpus + 1).close()
+    assert [w.filename for w in caught] == [__file__]
+
+
+def test_the_signature_is_the_groups_with_their_defaults() -> None:
     sig = inspect.signature(stoker.Loader)
     params = list(sig.parameters.values())
-    assert [p.name for p in params] == _init_arguments()
-    init = inspect.signature(Loader.__init__).parameters
-    for p in params:
-        assert p.default == init[p.name].default and p.kind == init[p.name].kind, p.name
+    assert [p.name for p in params] == [f.name for f in _fields()]
+    for p, f in zip(params, _fields(), strict=True):
+        assert p.default == f.default and p.annotation == f.metadata["type"], p.name
     assert params[0].name == "source" and params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:])
     assert sig.parameters["batch_size"].default == 64
     # the signature binds what Loader accepts, and refuses what it does not
     sig.bind("data/train", batch_size=8, subset="both", validation_split=0.2)
@@ -55,24 +109,34 @@ def test_the_signature_shows_the_real_arguments() -> None:
         sig.bind("data/train", batch_sise=8)
 
 
+def test_a_loader_keeps_its_options_through_copy_and_pickle() -> None:
+    images = np.zeros((8, 8, 8, 3), np.uint8)
+    with stoker.Loader(images, batch_size=4, workers=0, seed=5) as loader:
+        for clone in (copy.copy(loader), pickle.loads(pickle.dumps(loader))):
+            with clone:
+                assert clone.options.order.seed == 5 and clone.options.batch.batch_size == 4
+                assert clone.options.image == loader.options.image
+
+
 def test_help_documents_every_argument_with_its_type_and_default() -> None:
     text = pydoc.render_doc(stoker.Loader, renderer=pydoc.plaintext)
-    init = inspect.signature(Loader.__init__).parameters
-    for o in options.OPTIONS:
-        entry = f"{o.name} ({o.type}):"
-        assert entry in text, f"help(stoker.Loader) does not document {o.name}"
+    for f in _fields():
+        entry = f"{f.name} ({f.metadata['type']}):"
+        assert entry in text, f"help(stoker.Loader) does not document {f.name}"
     flat = " ".join(text.split())
-    assert f"Default: `{options.default_text(init['batch_size'])}`." in flat
+    assert "batch_size (int): Samples per batch. Default: `64`." in flat
     assert "Default: `'auto'`." in flat
 
 
-def test_docs_options_page_is_generated_from_the_table() -> None:
+def test_docs_options_page_is_generated_from_the_groups() -> None:
     page = (ROOT / "docs" / "options.md").read_text()
-    assert page == options.markdown_page(Loader.__init__), (
+    assert page == options.markdown_page(), (
         "docs/options.md is out of date: run python scripts/gen_options.py"
     )
-    for name in _init_arguments():
-        assert f"| `{name}` |" in page
+    for key, _ in options.GROUPS:
+        assert f"\n## {key}\n" in page
+    for f in _fields():
+        assert f"| `{f.name}` | `{f.metadata['type'].replace('|', chr(92) + '|')}` | " in page
 
 
 def test_gen_options_check_mode_agrees(tmp_path: pathlib.Path) -> None:

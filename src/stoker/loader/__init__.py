@@ -1,9 +1,10 @@
 """The Loader and what it owns: ``core`` (the ``Loader`` class: iteration, state, stats, close),
-``config`` (its keyword arguments, validated with the fix in each message), ``wiring`` (the
-arguments turned into the parts: source, pipeline, plan, columns, slot layout), ``selection``
-(Keras' ``validation_split``/``subset``/``class_names``), ``running`` (what a started loader
-owns: the in-process filler or the worker pool and its prefetch engine), ``state`` (the saved
-position) and ``consumer`` (one consumer per loader, fork safety)."""
+``options`` (its keyword arguments, each declared once in a frozen group with its default, type,
+doc and check), ``config`` (the checks, with the fix in each message, and the sized choices),
+``wiring`` (the options turned into the parts: source, pipeline, plan, columns, slot layout),
+``selection`` (Keras' ``validation_split``/``subset``/``class_names``), ``running`` (what a
+started loader owns: the in-process filler or the worker pool and its prefetch engine),
+``state`` (the saved position) and ``consumer`` (one consumer per loader, fork safety)."""
 
 from .core import Loader
 

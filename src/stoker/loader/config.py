@@ -151,10 +151,16 @@ def auto_count(cpus: int) -> tuple[int, str]:
 
 
 def workers(value: Any) -> tuple[int, str]:
-    """Worker count and the reason for it."""
+    """Worker count and the reason for it (``check_workers``, then ``worker_count``)."""
+    return worker_count(check_workers(value, stacklevel=3))
+
+
+def check_workers(value: Any, stacklevel: int = 7) -> Any:
+    """``workers``: "auto" or a count up to ``MAX_WORKERS_PER_CORE`` per usable core (warned
+    past one per core); returned as given. ``stacklevel`` points the warning at the caller of
+    ``Loader(...)``."""
     if value == "auto":
-        count, why = auto_count(usable_cpus())
-        return count, f"auto: {why}"
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ConfigError(f"workers={value!r}: use 'auto', 0 (load in this process) or a count")
     value, cpus = int(value), usable_cpus()
@@ -172,9 +178,17 @@ def workers(value: Any) -> tuple[int, str]:
             f"memory each ({(value - cpus) * WORKER_MIB} MiB) and a slower start; use "
             "workers='auto' unless your samples wait on slow storage",
             StokerWarning,
-            stacklevel=3,
+            stacklevel=stacklevel,
         )
-    return value, "set by you" if value else "in the calling process (workers=0)"
+    return value
+
+
+def worker_count(value: Any) -> tuple[int, str]:
+    """The count a checked ``workers`` value starts, and the reason for it."""
+    if value == "auto":
+        count, why = auto_count(usable_cpus())
+        return count, f"auto: {why}"
+    return int(value), "set by you" if value else "in the calling process (workers=0)"
 
 
 def worker_threads(value: Any) -> int | None:
@@ -300,22 +314,34 @@ def prefetch(value: Any, count: int, held: int, slot_bytes: int) -> tuple[int, i
 
 
 def read_settings(read_ahead: Any, page_cache: Any, timeout: float) -> ReadSettings:
-    """Validate ``read_ahead`` ("auto", or reads in flight per worker, 0 = off) and
-    ``page_cache`` ("auto", "keep", "drop"); each read's deadline is a quarter of ``timeout``
-    (at most 60 s), so a file that never answers is a bad sample, not a hung worker."""
-    if read_ahead != "auto" and (
-        isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 0
-    ):
+    """The read settings of checked ``read_ahead`` and ``page_cache``; each read's deadline is a
+    quarter of ``timeout`` (at most 60 s), so a file that never answers is a bad sample, not a
+    hung worker."""
+    return ReadSettings(
+        window=check_read_ahead(read_ahead),
+        timeout=min(60.0, timeout / 4),
+        page_cache=check_page_cache(page_cache),
+    )
+
+
+def check_read_ahead(value: Any) -> Any:
+    """``read_ahead``: "auto", or reads in flight per worker (0 = off)."""
+    if value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ConfigError(
-            f"read_ahead={read_ahead!r}: give 'auto', a number of reads in flight per worker "
+            f"read_ahead={value!r}: give 'auto', a number of reads in flight per worker "
             "(8), or 0 to read each sample only when it is decoded"
         )
-    if page_cache not in PAGE_CACHE:
+    return value
+
+
+def check_page_cache(value: Any) -> Any:
+    """``page_cache``: "auto", "keep" or "drop"."""
+    if value not in PAGE_CACHE:
         raise ConfigError(
-            f"page_cache={page_cache!r}: give 'auto' (drop the pages of files already read "
+            f"page_cache={value!r}: give 'auto' (drop the pages of files already read "
             "when the dataset does not fit in RAM), 'keep' or 'drop'"
         )
-    return ReadSettings(window=read_ahead, timeout=min(60.0, timeout / 4), page_cache=page_cache)
+    return value
 
 
 def start_method(value: Any) -> str:

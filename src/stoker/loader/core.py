@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import textwrap
 import warnings
 import weakref
@@ -27,6 +26,7 @@ from ..workers.threads import describe as describe_threads
 from . import config, options, wiring
 from .compat import EpochSampler, Samples
 from .consumer import Guard
+from .options import Options
 from .running import Inline, Running, auto_workers, warn_if_slow_decoder
 from .state import advance_state, check_state, make_state
 
@@ -51,68 +51,31 @@ class Loader:
     saying the fix; ``subset="both"`` returns a ``(training, validation)`` pair of loaders.
     """
 
-    def __init__(
-        self,
-        source: Any = None,
-        *,
-        paths: Any = None,
-        labels: Any = None,
-        masks: Any = None,
-        mask_map: Any = None,
-        label_column: Any = None,
-        sample_weight: Any = None,
-        fields: Any = None,
-        validation_split: float | None = None,
-        subset: str | None = None,
-        stratify: bool = False,
-        label_mode: Any = "auto",
-        class_names: Any = None,
-        color_mode: str | None = None,
-        interpolation: str = "auto",
-        crop_to_aspect_ratio: bool = False,
-        pad_to_aspect_ratio: bool = False,
-        batch_size: int = 64,
-        image_size: Any = None,
-        augment: Any = "auto",
-        shuffle: bool = True,
-        seed: int = 0,
-        workers: Any = "auto",
-        worker_threads: int | None = 1,
-        drop_last: bool | None = None,
-        prefetch: Any = "auto",
-        max_errors: Any = 0.001,
-        max_pixels: int = config.DEFAULT_MAX_PIXELS,
-        fast_decode: bool | str = "auto",
-        strict_decode: bool = False,
-        timeout: float = 300.0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        rank_split: str = "pad",
-        start_method: str = "spawn",
-        batch: Any = None,
-        batch_transform: Any = None,
-        read_ahead: Any = "auto",
-        page_cache: str = "auto",
-        spec: Any = None,
-        cluster: str | None = None,
-        cluster_workers: Any = "auto",
-        cluster_transport: str = "tcp",
-        cluster_listen: str | None = None,
-    ) -> None:
-        self._args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        # the plain arguments first, before a source is opened or anything is started
-        self.batch_size = config.positive_int("batch_size", batch_size)
-        self.seed, self.timeout = config.seed(seed), config.timeout(timeout)
-        self.shuffle = config.flag("shuffle", shuffle)
-        self.workers, self._workers_reason = config.workers(workers)
-        self._auto_workers = isinstance(workers, str) and workers == "auto"
-        self.worker_threads = config.worker_threads(worker_threads)
-        self._prefetch_arg = config.prefetch_arg(prefetch)
-        self.start_method = config.start_method(start_method)
-        self.reads = config.read_settings(read_ahead, page_cache, self.timeout)
-        self.cluster = cluster_options(cluster, cluster_workers, cluster_transport, cluster_listen)
-        parts = wiring.build(self._args, self.batch_size, self.seed, self.shuffle)
-        self.source, self.subset = parts.source, subset
+    def __init__(self, source: Any = None, **kwargs: Any) -> None:
+        # every argument is checked first, before a source is opened or anything is started;
+        # the signature help() and editors show is generated from the groups (``_document``)
+        opts = self.options = Options.from_kwargs(source=source, **kwargs)
+        run = opts.run
+        self.batch_size, self.seed, self.shuffle = (
+            opts.batch.batch_size,
+            opts.order.seed,
+            opts.order.shuffle,
+        )
+        self.timeout, self.worker_threads, self.start_method = (
+            run.timeout,
+            run.worker_threads,
+            run.start_method,
+        )
+        self.workers, self._workers_reason = config.worker_count(run.workers)
+        self._auto_workers = isinstance(run.workers, str) and run.workers == "auto"
+        self._prefetch_arg = run.prefetch
+        self.reads = config.read_settings(run.read_ahead, run.page_cache, run.timeout)
+        ray = opts.ray
+        self.cluster = cluster_options(
+            ray.cluster, ray.cluster_workers, ray.cluster_transport, ray.cluster_listen
+        )
+        parts = wiring.build(opts)
+        self.source, self.subset = parts.source, opts.source.subset
         self.image_size, self.augment, self.pipeline = (
             parts.image_size,
             parts.augment,
@@ -581,7 +544,7 @@ class Loader:
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], dict[str, Any]]]:
         """``copy``, ``deepcopy`` and ``pickle`` give a new, unstarted Loader with the same
         arguments at the same position (workers and memory are never shared or copied)."""
-        return (_rebuild, (self._args, self.state_dict()))
+        return (_rebuild, (self.options.kwargs(), self.state_dict()))
 
     def __enter__(self) -> Loader:
         return self
@@ -604,19 +567,12 @@ def _rebuild(args: dict[str, Any], state: dict[str, Any]) -> Loader:
 
 
 def _document(cls: type[Loader]) -> None:
-    """Give ``Loader`` its "Args" section (from ``options.OPTIONS``) and its real signature
-    (``__new__(*args, **kwargs)`` would otherwise hide the arguments from ``inspect.signature``,
-    ``help()`` and editors)."""
-    args = textwrap.indent(options.args_section(cls.__init__), "    ")
+    """Give ``Loader`` its "Args" section and its real signature, both generated from the
+    option groups (``__init__(source, **kwargs)`` and ``__new__(*args, **kwargs)`` would
+    otherwise hide the arguments from ``inspect.signature``, ``help()``, IPython and Jupyter)."""
+    args = textwrap.indent(options.args_section(), "    ")
     cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n{args}\n    "
-    types = {o.name: o.type for o in options.OPTIONS}
-    params = [
-        p.replace(annotation=types.get(p.name, p.annotation))
-        for p in options.arguments(cls.__init__)
-    ]
-    cls.__signature__ = inspect.signature(cls.__init__).replace(  # type: ignore[attr-defined]
-        parameters=params, return_annotation=inspect.Signature.empty
-    )
+    cls.__signature__ = options.signature()  # type: ignore[attr-defined]
 
 
 _document(Loader)

@@ -1,322 +1,510 @@
-"""The one description of every ``Loader`` argument: its type and meaning, one line each.
+"""The Loader's options: every argument declared once, in a few frozen groups.
 
-``help(stoker.Loader)`` (the "Args" section of ``Loader.__doc__``) and the docs' options page
-(``scripts/gen_options.py`` writes ``docs/options.md``) are both generated from ``OPTIONS``;
-the defaults come from ``Loader.__init__``'s signature, never from here. ``tests/test_options.py``
-fails while an argument has no entry, an entry names no argument, or the page is out of date.
+Each field of a group is one ``Loader`` argument: its default, its type as a user writes it,
+one line of meaning and its check (``option(default, type, doc, check=...)``). ``parse`` checks
+every argument before a file is opened or anything started; ``help(stoker.Loader)``, its
+``inspect.signature`` and the docs' options page (``scripts/gen_options.py`` writes
+``docs/options.md``) are all generated from the groups, and ``tests/test_options.py`` fails while
+they disagree.
 
-Adding an argument: one ``Option(name, type, doc)`` line below, in the signature's order, then
-``python scripts/gen_options.py``.
+The groups follow the data: ``source`` (what to load, which samples: read by the source readers
+and the split), ``image`` (how each image is decoded and shaped: the pipeline), ``batch`` (what a
+batch holds: the slot layout and its structure), ``order`` (which samples each batch of an epoch
+holds: the plan), ``run`` (how the work runs: workers, prefetch, reads, budgets) and ``ray``
+(decoding on other nodes). A group is handed whole to the code that reads it.
+
+Adding an argument: one field in its group (default, type, doc, check), the code that reads it
+(``opts.<group>.<name>``), then ``python scripts/gen_options.py``.
 """
 
 from __future__ import annotations
 
 import inspect
 import textwrap
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import Field, dataclass, field, fields
+from functools import partial
 from typing import Any
+
+from .. import pixels
+from ..errors import ConfigError
+from ..workers.cluster import options as ray_options
+from . import config
+from .config import DEFAULT_MAX_PIXELS
+from .selection import check_split
+
+#: A field's check: ``(name, value) -> the value kept`` (or a ConfigError naming the argument).
+Check = Callable[[str, Any], Any]
+
+
+def option(default: Any, type: str, doc: str, check: Check | None = None) -> Any:
+    """One ``Loader`` argument, as a group's field: ``type`` as a user writes it, ``doc`` one
+    line of meaning, ``check`` run on the value given (or the default) by ``parse``."""
+    return field(default=default, metadata={"type": type, "doc": doc, "check": check})
+
+
+def _value(fn: Callable[[Any], Any]) -> Check:
+    """A check from a function of the value alone."""
+    return lambda name, value: fn(value)
+
+
+def _kept(fn: Callable[[Any], Any]) -> Check:
+    """A check that keeps the value as given (``fn`` only refuses it: the value is resolved
+    later, against the opened source)."""
+
+    def check(name: str, value: Any) -> Any:
+        fn(value)
+        return value
+
+    return check
+
+
+_flag: Check = config.flag
+_flag_or_none: Check = partial(config.flag, allow_none=True)
+
+
+def _color_mode(value: Any) -> None:
+    pixels.channels(value, None)
+
+
+def _fast_decode(value: Any) -> None:
+    config.fast_decode(value, None)
+
+
+def _max_errors(value: Any) -> None:
+    config.max_errors(value, 0)
 
 
 @dataclass(frozen=True)
-class Option:
-    """One ``Loader`` argument: its name, its type as a user writes it, one line of meaning."""
+class SourceOptions:
+    """What to load and which of its samples: read by the source readers and the split."""
 
-    name: str
-    type: str
-    doc: str
-
-
-OPTIONS: tuple[Option, ...] = (
-    # what to load
-    Option(
-        "source",
+    source: Any = option(
+        None,
         "str | PathLike | ndarray | dataset",
-        "Where the samples are: an ImageFolder, a CSV/TSV, a `.npy`, an HDF5 file, a folder "
-        "of Parquet or tar shards, a remote URL, a `(N, H, W, C)` uint8 array, or any object "
-        "with `__len__` and `__getitem__`. Omit it with `paths=`.",
-    ),
-    Option(
-        "paths",
+        "Where the samples are: an ImageFolder, a CSV/TSV, a `.npy`, an HDF5 file, a folder of "
+        "Parquet or tar shards, a remote URL, a `(N, H, W, C)` uint8 array, or any object with "
+        "`__len__` and `__getitem__`. Omit it with `paths=`.",
+    )
+    paths: Any = option(
+        None,
         "list[str] | None",
         "Image file paths, instead of `source`; labels from `labels=`, masks from `masks=`.",
-    ),
-    Option(
-        "labels",
+    )
+    labels: Any = option(
+        None,
         "array | str | list | None",
-        "Targets for arrays, `.npy` and `paths=`: any numeric array `(N, ...)` (kept exactly), "
-        "a `.npy` path, or class names; none gives -1.",
-    ),
-    Option(
-        "masks",
+        "Targets for arrays, `.npy` and `paths=`: any numeric array `(N, ...)` (kept exactly), a "
+        "`.npy` path, or class names; none gives -1.",
+    )
+    masks: Any = option(
+        None,
         "array | list[str] | None",
         "Segmentation masks, one per image (`(N, H, W)` uint8 or mask files): batches become "
         "`(images, masks)`, with the image's crop and flip.",
-    ),
-    Option(
-        "mask_map",
-        "dict[int, int] | int | None",
-        "Remap mask values: a dict `{stored: wanted}` (others kept), or an int offset (`-1`: "
-        "1..3 -> 0..2); a value mapped outside 0-255 makes its mask a bad sample.",
-    ),
-    Option(
-        "label_column",
+    )
+    label_column: Any = option(
+        None,
         "str | list[str] | None",
-        "CSV/TSV and Parquet: the target column(s) by name (a list of numeric columns gives "
-        "`(N, K)`); `None` reads `label`.",
-    ),
-    Option(
-        "sample_weight",
+        "CSV/TSV and Parquet: the target column(s) by name (a list of numeric columns gives `(N, "
+        "K)`); `None` reads `label`.",
+    )
+    sample_weight: Any = option(
+        None,
         "array | str | None",
-        "Per-sample weights (N numbers, or a CSV column name): batches become "
-        "`(x, y, weight)`, weights float32.",
-    ),
-    Option(
-        "fields",
+        "Per-sample weights (N numbers, or a CSV column name): batches become `(x, y, weight)`, "
+        "weights float32.",
+    )
+    fields: Any = option(
+        None,
         "dict[str, array | str] | None",
-        "Extra per-sample arrays `(N, ...)` (or CSV column names) by name, for `batch=`; "
-        "dtype and shape kept.",
-    ),
-    # which samples
-    Option(
-        "validation_split",
+        "Extra per-sample arrays `(N, ...)` (or CSV column names) by name, for `batch=`; dtype "
+        "and shape kept.",
+    )
+    spec: Any = option(
+        None,
+        "dict | None",
+        "For `Loader(dataset)`: the fields' `{name: (shape, dtype)}`, instead of probing "
+        "`dataset[0]`.",
+    )
+    validation_split: float | None = option(
+        None,
         "float | None",
         "The fraction held out for validation, cut from a seeded permutation (needs `subset=`).",
-    ),
-    Option(
-        "subset",
+    )
+    subset: str | None = option(
+        None,
         "str | None",
-        '`"training"`, `"validation"`, or `"both"` (returns a `(training, validation)` '
-        "pair of loaders).",
-    ),
-    Option("stratify", "bool", "With `validation_split`, split each class in the same proportion."),
-    Option(
-        "label_mode",
+        '`"training"`, `"validation"`, or `"both"` (returns a `(training, validation)` pair of '
+        "loaders).",
+    )
+    stratify: bool = option(
+        False,
+        "bool",
+        "With `validation_split`, split each class in the same proportion.",
+        check=_flag,
+    )
+    class_names: Any = option(
+        None,
+        "list[str] | None",
+        "Keep only these classes; class `k` is `class_names[k]`.",
+    )
+
+    def __post_init__(self) -> None:
+        check_split(self.validation_split, self.subset)
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How each image is decoded and shaped: read by the decode + transform pipeline."""
+
+    image_size: Any = option(
+        None,
+        "int | tuple[int, int] | None",
+        "Every batch's `(height, width)` (an int for a square); `None` is the arrays' own size "
+        "for decoded arrays, 224 for image files.",
+        check=_kept(config.image_size),
+    )
+    augment: Any = option(
+        "auto",
+        "str | callable | list | dict | None",
+        '`"train"` (random resized crop + flip: wrong for targets tied to pixel positions), '
+        '`"eval"` (resize, centre crop), `None` (plain resize), a callable `(image, rng) -> '
+        "image` (with masks `(image, mask, rng) -> (image, mask)`), a list of `stoker.ops`, a "
+        'stock name then ops (`["train", stoker.ops.TrivialAugmentWide()]`: the ops run on the '
+        "fused pipeline's output, see [Augmentation ops](augment-ops.md)), or a dict per half "
+        'with `subset="both"`; `"auto"` is `"train"` for image files (`"eval"` for validation), '
+        "`None` for arrays.",
+    )
+    color_mode: str | None = option(
+        None,
         "str | None",
-        '`"int"`, `"categorical"`, `"binary"` or `None`, as in Keras; `"auto"` keeps '
-        "the labels as the source holds them.",
-    ),
-    Option(
-        "class_names", "list[str] | None", "Keep only these classes; class `k` is `class_names[k]`."
-    ),
-    # how images are decoded and shaped
-    Option(
-        "color_mode",
-        "str | None",
-        '`"grayscale"`, `"rgb"` or `"rgba"`: 1, 3 or 4 channels; `None` is 3 for image '
-        "files, and decoded arrays keep their own.",
-    ),
-    Option(
-        "interpolation",
+        '`"grayscale"`, `"rgb"` or `"rgba"`: 1, 3 or 4 channels; `None` is 3 for image files, '
+        "and decoded arrays keep their own.",
+        check=_kept(_color_mode),
+    )
+    interpolation: str = option(
+        "auto",
         "str",
-        'Resize filter: `"bilinear"`, `"area"`, `"bicubic"`, `"nearest"`; `"auto"` '
-        "is bilinear, area past a 2x shrink.",
-    ),
-    Option(
-        "crop_to_aspect_ratio",
+        'Resize filter: `"bilinear"`, `"area"`, `"bicubic"`, `"nearest"`; `"auto"` is bilinear, '
+        "area past a 2x shrink.",
+        check=_value(pixels.interpolation),
+    )
+    crop_to_aspect_ratio: bool = option(
+        False,
         "bool",
         "With `augment=None`: crop the centred window of the target aspect (the only part "
         "decoded) before resizing.",
-    ),
-    Option(
-        "pad_to_aspect_ratio",
+        check=_flag,
+    )
+    pad_to_aspect_ratio: bool = option(
+        False,
         "bool",
         "With `augment=None`: resize the whole image into the middle of the target, black "
         "borders, placed exactly as Keras places it (`tf.image.resize_with_pad`); not with "
         "masks.",
-    ),
-    Option("batch_size", "int", "Samples per batch."),
-    Option(
-        "image_size",
-        "int | tuple[int, int] | None",
-        "Every batch's `(height, width)` (an int for a square); `None` is the arrays' own size "
-        "for decoded arrays, 224 for image files.",
-    ),
-    Option(
-        "augment",
-        "str | callable | list | dict | None",
-        '`"train"` (random resized crop + flip: wrong for targets tied to pixel positions), '
-        '`"eval"` (resize, centre crop), `None` (plain resize), a callable '
-        "`(image, rng) -> image` (with masks `(image, mask, rng) -> (image, mask)`), a list "
-        "of `stoker.ops`, a stock name then ops "
-        '(`["train", stoker.ops.TrivialAugmentWide()]`: the ops run on the fused '
-        "pipeline's output, see [Augmentation ops](augment-ops.md)), or a dict per half with "
-        '`subset="both"`; `"auto"` is `"train"` for image files (`"eval"` for '
-        "validation), `None` for arrays.",
-    ),
-    # order and randomness
-    Option("shuffle", "bool", "Shuffle the order every epoch."),
-    Option(
-        "seed",
+        check=_flag,
+    )
+    mask_map: Any = option(
+        None,
+        "dict[int, int] | int | None",
+        "Remap mask values: a dict `{stored: wanted}` (others kept), or an int offset (`-1`: "
+        "1..3 -> 0..2); a value mapped outside 0-255 makes its mask a bad sample.",
+    )
+    max_pixels: int = option(
+        DEFAULT_MAX_PIXELS,
         "int",
-        "The order, the splits and every random choice are a pure function of "
-        "`(seed, epoch)`, whatever the worker count.",
-    ),
-    # how it runs
-    Option(
-        "workers",
-        "int | str",
-        'Worker processes; 0 loads in the calling process; `"auto"` is one per usable core '
-        "(on a host with more than 8, one core in 8 is left to the training process, and at "
-        "most 32), or 0 when a batch is too little work to pay for processes.",
-    ),
-    Option(
-        "worker_threads",
-        "int | None",
-        "Threads per pool (torch, OpenMP/BLAS, OpenCV, TensorFlow, XLA) in each worker, set "
-        "before your code runs; `None` leaves each library's own default.",
-    ),
-    Option(
-        "drop_last",
-        "bool | None",
-        "Drop the ragged last batch so every batch has one shape; `None` is `shuffle` (False "
-        'for `subset="validation"`).',
-    ),
-    Option(
-        "prefetch",
-        "int | str",
-        'Batches in flight; `"auto"` starts at 1 per worker and deepens to 2 when the '
-        "workers are measured waiting while the training loop waited.",
-    ),
-    Option(
-        "max_errors",
-        "int | float",
-        "Bad samples allowed (a count, or a fraction of the dataset rounded up), each named "
-        "and replaced by the next good one; past it, `TooManyErrors`.",
-    ),
-    Option(
-        "max_pixels", "int", "Larger images are refused from their header (decompression bombs)."
-    ),
-    Option(
-        "fast_decode",
+        "Larger images are refused from their header (decompression bombs).",
+        check=config.positive_int,
+    )
+    fast_decode: Any = option(
+        "auto",
         "bool | str",
         "libjpeg's fast integer IDCT (a level or two off on a few pixels, a little faster); "
         '`"auto"` uses it for `augment="train"` only.',
-    ),
-    Option(
-        "strict_decode",
+        check=_kept(_fast_decode),
+    )
+    strict_decode: bool = option(
+        False,
         "bool",
-        "Count a file that decodes only with libjpeg's warnings (recoverable corrupt data) "
-        "as a bad file, whatever part of it a crop decodes (see [decoding](decoding.md)).",
-    ),
-    Option(
-        "timeout",
-        "float",
-        "Seconds without progress before `WorkerHung`; a single read taking a quarter of it "
-        "(at most 60 s) is a bad sample.",
-    ),
-    # distributed
-    Option(
-        "rank",
+        "Count a file that decodes only with libjpeg's warnings (recoverable corrupt data) as a "
+        "bad file, whatever part of it a crop decodes (see [decoding](decoding.md)).",
+        check=_flag,
+    )
+
+    def __post_init__(self) -> None:
+        if self.crop_to_aspect_ratio and self.pad_to_aspect_ratio:
+            raise ConfigError(
+                "pass crop_to_aspect_ratio=True or pad_to_aspect_ratio=True, not both"
+            )
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """What a batch holds and how it is arranged: the slot layout and the batch's structure."""
+
+    batch_size: int = option(
+        64,
+        "int",
+        "Samples per batch.",
+        check=config.positive_int,
+    )
+    drop_last: bool | None = option(
+        None,
+        "bool | None",
+        "Drop the ragged last batch so every batch has one shape; `None` is `shuffle` (False for "
+        '`subset="validation"`).',
+        check=_flag_or_none,
+    )
+    label_mode: Any = option(
+        "auto",
+        "str | None",
+        '`"int"`, `"categorical"`, `"binary"` or `None`, as in Keras; `"auto"` keeps the labels '
+        "as the source holds them.",
+    )
+    batch: Any = option(
+        None,
+        "str | tuple | dict | None",
+        'The batch\'s structure: `None` the default tuple, `"dict"` every field by name, or a '
+        "tuple/dict of field names (`image`, `label`, `mask`, `weight`, `index`, `path`, your "
+        "`fields`).",
+    )
+    batch_transform: Any = option(
+        None,
+        "callable | dict | None",
+        "A function `(batch, rng)` on the whole batch as a dict of fields, run in the workers "
+        "(mixup, cutmix): it changes the batch in place or returns a dict of fields; `rng` comes "
+        'from `(seed, epoch, rank, batch)`. A dict per half with `subset="both"`.',
+    )
+
+
+@dataclass(frozen=True)
+class OrderOptions:
+    """Which samples each batch of each epoch holds, on this rank: read by the plan."""
+
+    shuffle: bool = option(
+        True,
+        "bool",
+        "Shuffle the order every epoch.",
+        check=_flag,
+    )
+    seed: int = option(
+        0,
+        "int",
+        "The order, the splits and every random choice are a pure function of `(seed, epoch)`, "
+        "whatever the worker count.",
+        check=_value(config.seed),
+    )
+    rank: int | None = option(
+        None,
         "int | None",
         "This process's rank; `None` reads `torch.distributed` when it is initialised, else 0.",
-    ),
-    Option(
-        "world_size", "int | None", "The number of ranks; `None` reads `torch.distributed`, else 1."
-    ),
-    Option(
-        "rank_split",
+    )
+    world_size: int | None = option(
+        None,
+        "int | None",
+        "The number of ranks; `None` reads `torch.distributed`, else 1.",
+    )
+    rank_split: str = option(
+        "pad",
         "str",
         'How ranks split an epoch: `"pad"` or `"drop"` to equal counts (as '
         '`DistributedSampler`), `"once"`: every sample on exactly one rank.',
-    ),
-    Option(
-        "start_method",
+        check=_value(config.check_rank_split),
+    )
+
+    def __post_init__(self) -> None:
+        config.rank_world(self.rank, self.world_size)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How the work runs: worker processes, prefetch, reads, the bad-sample budget, time."""
+
+    workers: Any = option(
+        "auto",
+        "int | str",
+        'Worker processes; 0 loads in the calling process; `"auto"` is one per usable core (on a '
+        "host with more than 8, one core in 8 is left to the training process, and at most 32), "
+        "or 0 when a batch is too little work to pay for processes.",
+        check=_value(config.check_workers),
+    )
+    worker_threads: int | None = option(
+        1,
+        "int | None",
+        "Threads per pool (torch, OpenMP/BLAS, OpenCV, TensorFlow, XLA) in each worker, set "
+        "before your code runs; `None` leaves each library's own default.",
+        check=_value(config.worker_threads),
+    )
+    prefetch: Any = option(
+        "auto",
+        "int | str",
+        'Batches in flight; `"auto"` starts at 1 per worker and deepens to 2 when the workers '
+        "are measured waiting while the training loop waited.",
+        check=_value(config.prefetch_arg),
+    )
+    max_errors: Any = option(
+        0.001,
+        "int | float",
+        "Bad samples allowed (a count, or a fraction of the dataset rounded up), each named and "
+        "replaced by the next good one; past it, `TooManyErrors`.",
+        check=_kept(_max_errors),
+    )
+    timeout: float = option(
+        300.0,
+        "float",
+        "Seconds without progress before `WorkerHung`; a single read taking a quarter of it (at "
+        "most 60 s) is a bad sample.",
+        check=_value(config.timeout),
+    )
+    start_method: str = option(
+        "spawn",
         "str",
         '`"spawn"`, the only one: each worker is a fresh interpreter (no `__main__` guard needed).',
-    ),
-    # what a batch is
-    Option(
-        "batch",
-        "str | tuple | dict | None",
-        'The batch\'s structure: `None` the default tuple, `"dict"` every field by name, or a '
-        "tuple/dict of field names (`image`, `label`, `mask`, `weight`, `index`, `path`, "
-        "your `fields`).",
-    ),
-    Option(
-        "batch_transform",
-        "callable | dict | None",
-        "A function `(batch, rng)` on the whole batch as a dict of fields, run in the workers "
-        "(mixup, cutmix): it changes the batch in place or returns a dict of fields; `rng` "
-        'comes from `(seed, epoch, rank, batch)`. A dict per half with `subset="both"`.',
-    ),
-    # reading
-    Option(
-        "read_ahead",
+        check=_value(config.start_method),
+    )
+    read_ahead: Any = option(
+        "auto",
         "int | str",
-        'Reads in flight per worker ahead of decoding; `"auto"` reads ahead only when reads '
-        "are slow next to decoding; 0 never.",
-    ),
-    Option(
-        "page_cache",
+        'Reads in flight per worker ahead of decoding; `"auto"` reads ahead only when reads are '
+        "slow next to decoding; 0 never.",
+        check=_value(config.check_read_ahead),
+    )
+    page_cache: str = option(
+        "auto",
         "str",
         '`"auto"` reads around the page cache once the dataset is seen not to fit in RAM; '
         '`"keep"` never, `"drop"` always.',
-    ),
-    Option(
-        "spec",
-        "dict | None",
-        "For `Loader(dataset)`: the fields' `{name: (shape, dtype)}`, instead of probing "
-        "`dataset[0]`.",
-    ),
-    # past one machine
-    Option(
-        "cluster",
+        check=_value(config.check_page_cache),
+    )
+
+
+@dataclass(frozen=True)
+class RayOptions:
+    """Decoding on the nodes of a Ray cluster as well as here."""
+
+    cluster: str | None = option(
+        None,
         "str | None",
-        'Decode on the nodes of a Ray cluster as well (see [cluster](cluster.md)): `"ray"` '
-        'joins the cluster this process joined (else `address="auto"`), or give a Ray '
-        "address; batches are the same bytes as on one machine.",
-    ),
-    Option(
-        "cluster_workers",
+        'Decode on the nodes of a Ray cluster as well (see [cluster](cluster.md)): `"ray"` joins '
+        'the cluster this process joined (else `address="auto"`), or give a Ray address; batches '
+        "are the same bytes as on one machine.",
+    )
+    cluster_workers: Any = option(
+        "auto",
         "int | str",
-        'With `cluster`: CPU cores to use on the nodes other than the trainer\'s; `"auto"` '
-        "is all of them.",
-    ),
-    Option(
-        "cluster_transport",
+        'With `cluster`: CPU cores to use on the nodes other than the trainer\'s; `"auto"` is '
+        "all of them.",
+    )
+    cluster_transport: str = option(
+        "tcp",
         "str",
-        'With `cluster`: `"tcp"` streams each batch over an authenticated connection '
-        'straight into the ring, `"object_store"` goes through Ray\'s object store (only '
-        "Ray's ports open); a node whose connection fails uses the object store.",
-    ),
-    Option(
-        "cluster_listen",
+        'With `cluster`: `"tcp"` streams each batch over an authenticated connection straight '
+        "into the ring, `\"object_store\"` goes through Ray's object store (only Ray's ports "
+        "open); a node whose connection fails uses the object store.",
+    )
+    cluster_listen: str | None = option(
+        None,
         "str | None",
-        "With `cluster`: the address this trainer listens on for its nodes' connections; "
-        "`None` is its Ray node IP.",
-    ),
+        "With `cluster`: the address this trainer listens on for its nodes' connections; `None` "
+        "is its Ray node IP.",
+    )
+
+    def __post_init__(self) -> None:
+        ray_options(self.cluster, self.cluster_workers, self.cluster_transport, self.cluster_listen)
+
+
+#: The groups in the order the signature, ``help()`` and the docs page list them.
+GROUPS: tuple[tuple[str, type], ...] = (
+    ("source", SourceOptions),
+    ("image", ImageOptions),
+    ("batch", BatchOptions),
+    ("order", OrderOptions),
+    ("run", RunOptions),
+    ("ray", RayOptions),
 )
 
 
-def by_name() -> dict[str, Option]:
-    """``OPTIONS`` keyed by argument name."""
-    return {o.name: o for o in OPTIONS}
+@dataclass(frozen=True)
+class Options:
+    """Every ``Loader`` argument, checked, in its group: ``opts.image.color_mode``."""
+
+    source: SourceOptions
+    image: ImageOptions
+    batch: BatchOptions
+    order: OrderOptions
+    run: RunOptions
+    ray: RayOptions
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> Options:
+        """Check every argument (before anything is opened) and group them; an unknown name is
+        a TypeError, as for any Python function."""
+        known = {f.name for _, f in entries()}
+        for name in kwargs:
+            if name not in known:
+                raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
+        groups = {key: _group(group, kwargs) for key, group in GROUPS}
+        return cls(**groups)
+
+    def kwargs(self) -> dict[str, Any]:
+        """The arguments as keywords again (``Loader(**opts.kwargs())`` is the same loader)."""
+        return {f.name: getattr(getattr(self, key), f.name) for key, f in entries()}
 
 
-def arguments(init: Callable[..., Any]) -> list[inspect.Parameter]:
-    """The keyword arguments of ``init`` (``Loader.__init__``), ``self`` left out."""
-    return [p for p in inspect.signature(init).parameters.values() if p.name != "self"]
+def parse(**kwargs: Any) -> Options:
+    """``Options.from_kwargs``: every ``Loader`` argument checked and grouped."""
+    return Options.from_kwargs(**kwargs)
 
 
-def default_text(param: inspect.Parameter) -> str:
-    """A parameter's default as a user would write it."""
-    value = param.default
+def _group(group: type, kwargs: dict[str, Any]) -> Any:
+    """One group made from ``kwargs`` (its fields' defaults for the others), each value
+    checked by its field's check, then the group's own checks across fields."""
+    values = {}
+    for f in fields(group):
+        value = kwargs.get(f.name, f.default)
+        check = f.metadata["check"]
+        values[f.name] = value if check is None else check(f.name, value)
+    return group(**values)
+
+
+def entries() -> Iterator[tuple[str, Field[Any]]]:
+    """``(group key, field)`` of every argument, in the signature's order."""
+    for key, group in GROUPS:
+        for f in fields(group):
+            yield key, f
+
+
+def signature() -> inspect.Signature:
+    """``Loader``'s signature, from the groups: ``source`` positional or keyword, the rest
+    keyword-only, each with its default and its type as a user writes it."""
+    params = [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD
+            if f.name == "source"
+            else inspect.Parameter.KEYWORD_ONLY,
+            default=f.default,
+            annotation=f.metadata["type"],
+        )
+        for _, f in entries()
+    ]
+    return inspect.Signature(params)
+
+
+def default_text(value: Any) -> str:
+    """A default as a user would write it."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
         return f"{value:_}"
     return repr(value)
 
 
-def _documented(params: Iterable[inspect.Parameter]) -> list[tuple[inspect.Parameter, Option]]:
-    table = by_name()
-    return [(p, table[p.name]) for p in params if p.name in table]
-
-
-def args_section(init: Callable[..., Any]) -> str:
+def args_section() -> str:
     """The Google-style "Args:" section of ``Loader.__doc__`` (indented for a class body)."""
     lines = ["Args:"]
-    for param, option in _documented(arguments(init)):
-        entry = f"{param.name} ({option.type}): {option.doc} Default: `{default_text(param)}`."
+    for _, f in entries():
+        meta = f.metadata
+        entry = f"{f.name} ({meta['type']}): {meta['doc']} Default: `{default_text(f.default)}`."
         lines.append(
             textwrap.fill(
                 entry,
@@ -329,23 +517,31 @@ def args_section(init: Callable[..., Any]) -> str:
     return "\n".join(lines)
 
 
-def markdown_page(init: Callable[..., Any]) -> str:
-    """``docs/options.md``: every argument with its type, default and meaning."""
-    head = (
+def markdown_page() -> str:
+    """``docs/options.md``: every argument with its type, default and meaning, by group."""
+    parts = [
         "# Options\n\n"
         "<!-- Generated by scripts/gen_options.py from src/stoker/loader/options.py: edit that "
         "file, then run the script. -->\n\n"
         "Every argument of `stoker.Loader` (all keyword-only but `source`), as "
-        "`help(stoker.Loader)` shows them. The pages linked from each topic say more: "
+        "`help(stoker.Loader)` shows them, in the groups the loader reads them in "
+        "(`stoker.loader.options`). The pages linked from each topic say more: "
         "[datasets and batches](batches.md), [performance](performance.md), "
-        "[distributed](distributed.md).\n\n"
-        "| argument | type | default | meaning |\n| --- | --- | --- | --- |\n"
-    )
-    rows = [
-        f"| `{p.name}` | `{_cell(o.type)}` | `{default_text(p)}` | {_cell(o.doc)} |"
-        for p, o in _documented(arguments(init))
+        "[distributed](distributed.md).\n"
     ]
-    return head + "\n".join(rows) + "\n"
+    for key, group in GROUPS:
+        summary = (group.__doc__ or "").strip().splitlines()[0]
+        parts.append(
+            f"\n## {key}\n\n{summary}\n\n"
+            "| argument | type | default | meaning |\n| --- | --- | --- | --- |\n"
+        )
+        for f in fields(group):
+            meta = f.metadata
+            parts.append(
+                f"| `{f.name}` | `{_cell(meta['type'])}` | `{default_text(f.default)}` | "
+                f"{_cell(meta['doc'])} |\n"
+            )
+    return "".join(parts)
 
 
 def _cell(text: str) -> str:

@@ -1,8 +1,11 @@
-"""From ``Loader``'s arguments to the parts it wires together: the source (opened, split, its
-classes picked), the decode pipeline, the epoch plan, the batch's schema.
+"""From ``Loader``'s checked options (``options.Options``) to the parts it wires together: the
+source (opened, split, its classes picked), the decode pipeline, the epoch plan, the batch's
+schema.
 
-Each step validates its own arguments with a message that says the fix; nothing is started
-here (no worker, no shared memory), so a wrong argument costs nothing.
+Every argument was checked on its own before this (``Options.from_kwargs``); what needs the
+opened source is decided here (the image size and ``augment="auto"`` of decoded arrays, masks
+against the aspect fit, the bad-sample budget as a count), each with a message that says the
+fix. Nothing is started here (no worker, no shared memory), so a wrong argument costs nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..sources import open_source
 from ..sources.base import Source
 from ..transforms import CustomPipeline, check_mask_ops, make_pipeline
 from . import config
+from .options import ImageOptions, Options, OrderOptions, SourceOptions
 from .selection import check_split, select
 
 
@@ -40,39 +44,39 @@ class Parts:
     batch_fn: BatchTransform | None
 
 
-def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Parts:
-    """The parts for ``Loader(**args)`` (``batch_size``, ``seed``, ``shuffle`` validated)."""
-    drop_last = config.flag("drop_last", args["drop_last"], allow_none=True)
-    max_pixels = config.positive_int("max_pixels", args["max_pixels"])  # before opening files
-    source = _source(args, seed)
+def build(opts: Options) -> Parts:
+    """The parts for ``Loader(**kwargs)``, from its checked options."""
+    image, batch, subset = opts.image, opts.batch, opts.source.subset
+    source = _source(opts.source, opts.order.seed)
     pixels = source.pixel_size()
-    image_size = config.image_size(args["image_size"], pixels)
-    augment = config.augment(args["augment"], pixels, args["subset"])
-    pipeline = _pipeline(args, source, image_size, augment, max_pixels)
+    image_size = config.image_size(image.image_size, pixels)
+    augment = config.augment(image.augment, pixels, subset)
+    pipeline = _pipeline(image, source, image_size, augment)
     has_masks = bool(source.has_masks)
-    if has_masks and args["pad_to_aspect_ratio"]:
+    if has_masks and image.pad_to_aspect_ratio:
         raise ConfigError(
             "pad_to_aspect_ratio=True with masks: the black border has no class to give the "
             "mask; use crop_to_aspect_ratio=True, or augment=None (a plain resize of both)"
         )
     if has_masks and isinstance(pipeline, CustomPipeline):
         check_mask_ops(pipeline.ops)
-    pipeline.mask_map = _mask_map(args["mask_map"], has_masks)
+    pipeline.mask_map = _mask_map(image.mask_map, has_masks)
     if has_masks and pipeline.post:
         check_mask_ops(pipeline.post)
+    drop_last = batch.drop_last
     if drop_last is None:  # training drops the ragged batch; evaluation sees every sample
-        drop_last = shuffle and args["subset"] != "validation"
-    max_errors = config.max_errors(args["max_errors"], len(source))
-    plan = _plan(args, source, batch_size, seed, shuffle, drop_last)
-    weight, fields = args["sample_weight"], args["fields"]
-    columns = Columns(batch_mod.columns(source, weight, fields, args["label_mode"]))
+        drop_last = opts.order.shuffle and subset != "validation"
+    max_errors = config.max_errors(opts.run.max_errors, len(source))
+    plan = _plan(opts.order, source, batch.batch_size, drop_last)
+    weight, fields = opts.source.sample_weight, opts.source.fields
+    columns = Columns(batch_mod.columns(source, weight, fields, batch.label_mode))
     specs = field_specs(image_size, pipeline.channels, has_masks, columns, source.sample_fields)
     batch_fn = None
-    if args["batch_transform"] is not None:  # probed here: the fields it leaves make the slot
-        batch_fn = BatchTransform(args["batch_transform"], specs, batch_size)
+    if batch.batch_transform is not None:  # probed here: the fields it leaves make the slot
+        batch_fn = BatchTransform(batch.batch_transform, specs, batch.batch_size)
         specs = batch_fn.outputs
-    layout = SlotLayout(batch_size, specs)
-    form = resolve_form(args["batch"], [f[0] for f in layout.fields], source.sample_form)
+    layout = SlotLayout(batch.batch_size, specs)
+    form = resolve_form(batch.batch, [f[0] for f in layout.fields], source.sample_form)
     return Parts(
         source=source,
         image_size=image_size,
@@ -87,45 +91,41 @@ def build(args: dict[str, Any], batch_size: int, seed: int, shuffle: bool) -> Pa
     )
 
 
-def _source(args: dict[str, Any], seed: int) -> Source:
+def _source(opts: SourceOptions, seed: int) -> Source:
     """The opened source, split (``validation_split``/``subset``) and its classes picked."""
-    named = batch_mod.column_names(args["sample_weight"], args["fields"])
-    split = check_split(args["validation_split"], args["subset"])
+    named = batch_mod.column_names(opts.sample_weight, opts.fields)
     opened = open_source(
-        args["source"],
-        paths=args["paths"],
-        labels=args["labels"],
-        masks=args["masks"],
-        label_column=args["label_column"],
+        opts.source,
+        paths=opts.paths,
+        labels=opts.labels,
+        masks=opts.masks,
+        label_column=opts.label_column,
         columns=named,
-        spec=args["spec"],
+        spec=opts.spec,
+        options=opts,
     )
     return select(
         opened,
-        class_names=args["class_names"],
-        validation_split=split,
-        subset=args["subset"],
+        class_names=opts.class_names,
+        validation_split=check_split(opts.validation_split, opts.subset),
+        subset=opts.subset,
         seed=seed,
-        stratify=config.flag("stratify", args["stratify"]),
+        stratify=opts.stratify,
     )
 
 
-def _pipeline(
-    args: dict[str, Any], source: Source, image_size: Any, augment: Any, max_pixels: int
-) -> Any:
+def _pipeline(opts: ImageOptions, source: Source, image_size: Any, augment: Any) -> Any:
     """The decode + transform pipeline: augmentation, size, channels, resize, aspect fit."""
-    crop, pad = args["crop_to_aspect_ratio"], args["pad_to_aspect_ratio"]
-    if crop and pad:
-        raise ConfigError("pass crop_to_aspect_ratio=True or pad_to_aspect_ratio=True, not both")
+    crop, pad = opts.crop_to_aspect_ratio, opts.pad_to_aspect_ratio
     return make_pipeline(
         augment,
         image_size,
-        config.fast_decode(args["fast_decode"], augment),
-        max_pixels,
-        channels=pixels_mod.channels(args["color_mode"], source.pixel_channels()),
-        interpolation=pixels_mod.interpolation(args["interpolation"]),
+        config.fast_decode(opts.fast_decode, augment),
+        opts.max_pixels,
+        channels=pixels_mod.channels(opts.color_mode, source.pixel_channels()),
+        interpolation=opts.interpolation,
         fit="crop" if crop else "pad" if pad else None,
-        strict_decode=config.flag("strict_decode", args.get("strict_decode", False)),
+        strict_decode=opts.strict_decode,
     )
 
 
@@ -141,27 +141,20 @@ def _mask_map(value: Any, has_masks: bool) -> MaskMap | None:
     return MaskMap(value)
 
 
-def _plan(
-    args: dict[str, Any],
-    source: Source,
-    batch_size: int,
-    seed: int,
-    shuffle: bool,
-    drop_last: bool,
-) -> Plan:
+def _plan(opts: OrderOptions, source: Source, batch_size: int, drop_last: bool) -> Plan:
     """Which samples each batch of each epoch holds, for this rank."""
-    rank, world = config.rank_world(args["rank"], args["world_size"])
+    rank, world = config.rank_world(opts.rank, opts.world_size)
     blocks = getattr(source, "block_sizes", None)
     plan = Plan(
         len(source),
         batch_size,
-        seed,
-        shuffle,
+        opts.seed,
+        opts.shuffle,
         drop_last,
         rank,
         world,
         block_sizes=tuple(int(b) for b in blocks) if blocks else None,
-        split=config.check_rank_split(args["rank_split"]),
+        split=opts.rank_split,
     )
     if plan.batches() == 0:
         raise ConfigError(

@@ -17,7 +17,7 @@ from ..errors import SourceError
 from .arrays import ArraySource, NpySource
 from .base import Source
 from .dataset import DatasetSource, is_dataset
-from .folder import FolderSource
+from .folder import FolderSettings, FolderSource
 from .parquet_targets import label_names
 from .table import PathSource, TableSource
 from .tar import TarSource
@@ -62,6 +62,7 @@ def open_source(
     label_column: Any = None,
     columns: tuple[str, ...] = (),
     spec: Any = None,
+    options: FolderSettings | None = None,
 ) -> Source:
     """Recognise what ``source`` is and return the matching Source.
 
@@ -77,6 +78,9 @@ def open_source(
     Segmentation: ``masks=`` pairs each image with a mask, for an array source (a ``(N, H, W)``
     array) or ``paths=`` (a list of mask files); a CSV/TSV with an ``image,mask`` header pairs
     them by itself.
+
+    ``options``: the Loader's source group, handed whole to the reader opened, which reads its
+    own settings from it (``FolderSource``); None is every setting's default.
     """
     if masks is not None:
         if labels is not None:
@@ -122,7 +126,7 @@ def open_source(
 
         return RemoteShardSource(source, label_column=label_column)
     if isinstance(source, (str, os.PathLike)):
-        return _open_path(Path(source), labels, named)
+        return _open_path(Path(source), labels, named, options)
     raise SourceError(
         f"unsupported source of type {type(source).__name__}: pass a folder, a CSV/TSV file, "
         "a .npy file, a numpy array of images, or paths=[...]"
@@ -154,7 +158,9 @@ def _check_path(path: Path) -> None:
         raise SourceError(f"{path}: cannot be opened ({reason}); check the path") from None
 
 
-def _open_path(path: Path, labels: Any, named: dict[str, Any]) -> Source:
+def _open_path(
+    path: Path, labels: Any, named: dict[str, Any], options: FolderSettings | None = None
+) -> Source:
     """Open a source given as a path, by what the path is."""
     _check_path(path)
     if labels is not None and path.suffix.lower() != ".npy":
@@ -170,7 +176,7 @@ def _open_path(path: Path, labels: Any, named: dict[str, Any]) -> Source:
             return ShardSource(path, **named)
         if kind == "tar":
             return TarSource(path)
-        return FolderSource(path)
+        return FolderSource(path, options=options)
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         from .shards import ShardSource

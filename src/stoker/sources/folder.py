@@ -19,6 +19,7 @@ import os
 import time
 import warnings
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -126,10 +127,22 @@ def _scan_class(
     return found
 
 
-class FolderSource(FileListSource):
-    """Images in ``root/<class>/**/<file>``; classes are the sorted subfolder names."""
+class FolderSettings(Protocol):
+    """The Loader options the folder reader reads: the Loader's source group has them, and
+    is handed over whole (``open_source(options=...)``)."""
 
-    def __init__(self, root: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> None:
+
+class FolderSource(FileListSource):
+    """Images in ``root/<class>/**/<file>``; classes are the sorted subfolder names.
+
+    ``options``: the Loader's source group, for the walk's settings (None: the defaults)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        cache_dir: str | os.PathLike | None = None,
+        options: FolderSettings | None = None,
+    ) -> None:
         self.root = Path(root)
         cache = cache_folder(cache_dir, "scan")
         key = hashlib.blake2b(str(self.root.resolve()).encode(), digest_size=10).hexdigest()
