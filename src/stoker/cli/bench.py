@@ -13,7 +13,6 @@ from typing import Any
 
 import psutil
 
-from ..assemble import Assembler
 from ..decode import decoder_name, jpegcrop
 from ..errors import ConfigError
 from ..loader import Loader, config
@@ -64,7 +63,7 @@ def single_core_rate(loader: Loader, seconds: float = 3.0) -> float:
 
 
 def _rate(loader: Loader, seconds: float) -> float:
-    asm = Assembler(loader.source, loader.pipeline, loader.plan, loader.columns)
+    asm = loader.recipe.assembler()
     arrays = loader.slot_layout.arrays()
     asm.fill(0, 0, arrays)  # warm-up
     done, t0, batch = 0, time.perf_counter(), 0

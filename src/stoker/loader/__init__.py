@@ -1,7 +1,8 @@
 """The Loader and what it owns: ``core`` (the ``Loader`` class: iteration, state, stats, close),
 ``options`` (its keyword arguments, each declared once in a frozen group with its default, type,
 doc and check), ``config`` (the checks, with the fix in each message, and the sized choices),
-``wiring`` (the options turned into the parts: source, pipeline, plan, columns, slot layout),
+``wiring`` (the options turned into the parts: source, pipeline, plan, batch schema),
+``recipe`` (the frozen ``Recipe`` made of them once, which every worker and node receives whole),
 ``selection`` (Keras' ``validation_split``/``subset``/``class_names``), ``running`` (what a
 started loader owns: the in-process filler or the worker pool and its prefetch engine),
 ``state`` (the saved position) and ``consumer`` (one consumer per loader, fork safety)."""

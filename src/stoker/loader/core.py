@@ -14,10 +14,14 @@ from .. import order as order_mod
 from ..assemble import Assembler, Report
 from ..decode import decoder_name
 from ..errors import ConfigError, StokerError, StokerWarning, TooManyErrors
-from ..schema import Columns, SlotLayout
+from ..order import Plan
+from ..schema import BatchSchema, Columns, SlotLayout
 from ..seeding import user_states_kept
+from ..sources.base import Source
+from ..sources.readahead import ReadSettings
 from ..sources.targets import class_ids
 from ..stats import Stats, StatsReport, WaitMeter
+from ..transforms import Pipeline
 from ..workers.cluster import options as cluster_options
 from ..workers.cluster import probe_digest
 from ..workers.engine import Engine
@@ -27,6 +31,7 @@ from . import config, options, wiring
 from .compat import EpochSampler, Samples
 from .consumer import Guard
 from .options import Options
+from .recipe import Recipe
 from .running import Inline, Running, auto_workers, warn_if_slow_decoder
 from .state import advance_state, check_state, make_state
 
@@ -69,25 +74,20 @@ class Loader:
         self.workers, self._workers_reason = config.worker_count(run.workers)
         self._auto_workers = isinstance(run.workers, str) and run.workers == "auto"
         self._prefetch_arg = run.prefetch
-        self.reads = config.read_settings(run.read_ahead, run.page_cache, run.timeout)
         ray = opts.ray
         self.cluster = cluster_options(
             ray.cluster, ray.cluster_workers, ray.cluster_transport, ray.cluster_listen
         )
         parts = wiring.build(opts)
-        self.source, self.subset = parts.source, opts.source.subset
-        self.image_size, self.augment, self.pipeline = (
-            parts.image_size,
-            parts.augment,
-            parts.pipeline,
-        )
+        self.subset = opts.source.subset
+        self.image_size, self.augment = parts.image_size, parts.augment
         self.has_masks, self.drop_last, self.max_errors = (
             parts.has_masks,
             parts.drop_last,
             parts.max_errors,
         )
-        self.plan, self.schema = parts.plan, parts.schema
-        self._batch_fn = parts.batch_fn
+        #: what the loader is made of, built once: the workers and nodes receive this object
+        self.recipe: Recipe = parts.recipe
         self._peeker: Assembler | None = None  # fills peek()'s batches in this process
         self._batches = self.plan.batches()
         self.epoch, self.position = 0, 0
@@ -119,19 +119,44 @@ class Loader:
         return super().__new__(cls)
 
     @property
+    def source(self) -> Source:
+        """The opened source (after ``validation_split``/``subset`` and ``class_names``)."""
+        return self.recipe.source
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The decode + transform pipeline every sample goes through."""
+        return self.recipe.pipeline
+
+    @property
+    def plan(self) -> Plan:
+        """Which samples batch k of epoch e holds, for this rank."""
+        return self.recipe.plan
+
+    @property
+    def schema(self) -> BatchSchema:
+        """What a batch is: its slot layout, columns and form."""
+        return self.recipe.schema
+
+    @property
+    def reads(self) -> ReadSettings | None:
+        """The read-ahead settings (``read_ahead``, ``page_cache``)."""
+        return self.recipe.read_ahead
+
+    @property
     def slot_layout(self) -> SlotLayout:
         """The fields of one batch as they sit in a slot: names, dtypes, shapes."""
-        return self.schema.slot_layout
+        return self.recipe.schema.slot_layout
 
     @property
     def columns(self) -> Columns:
         """The per-sample fields carried with each sample (``label``, ``weight``, ...)."""
-        return self.schema.columns
+        return self.recipe.schema.columns
 
     @property
     def form(self) -> Any:
         """The structure batches are handed out in (``batch=``): field names in tuples/dicts."""
-        return self.schema.form
+        return self.recipe.schema.form
 
     @property
     def layout(self) -> Any:
@@ -292,10 +317,8 @@ class Loader:
         return self._run.engine
 
     def _assembler(self) -> Assembler:
-        """A batch filler for this process (workers make their own from the same parts)."""
-        return Assembler(
-            self.source, self.pipeline, self.plan, self.columns, self.reads, self._batch_fn
-        )
+        """A batch filler for this process (workers make their own from the same Recipe)."""
+        return self.recipe.assembler()
 
     def _count_workers(self, assembler: Assembler) -> None:
         """Settle ``workers="auto"`` (once) from the measured cost of a sample."""
@@ -304,18 +327,6 @@ class Loader:
                 assembler, self.slot_layout, self.batch_size
             )
             self._auto_workers = False
-
-    def _worker_args(self) -> dict[str, Any]:
-        """What every worker gets (see ``WorkerSpec``)."""
-        return {
-            "source": self.source,
-            "pipeline": self.pipeline,
-            "plan": self.plan,
-            "layout": self.slot_layout,
-            "columns": self.columns,
-            "reads": self.reads,
-            "batch_fn": self._batch_fn,
-        }
 
     def _launch_ahead(self) -> None:
         """A per-sample dataset's workers are launched now, not at the first batch: each
@@ -327,7 +338,7 @@ class Loader:
         self._count_workers(self._assembler())
         if self.workers:
             self._run.launch_pool(
-                self._worker_args(),
+                self.recipe,
                 self.workers,
                 self._prefetch_arg,
                 self.timeout,
@@ -342,7 +353,7 @@ class Loader:
             return
         if self.cluster is not None:  # the nodes get exactly what the local workers get
             self._run.start_cluster(
-                self._worker_args(),
+                self.recipe,
                 self.workers,
                 self.cluster,
                 self._prefetch_arg,
@@ -355,7 +366,7 @@ class Loader:
             )
             return
         self._run.start_pool(
-            self._worker_args(),
+            self.recipe,
             self.workers,
             self._prefetch_arg,
             self._batches,
@@ -538,8 +549,7 @@ class Loader:
     def close(self) -> None:
         """Stop the workers and free all shared memory; idempotent."""
         self._finalizer()
-        self.columns.close()
-        self.source.close()
+        self.recipe.close()
 
     def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], dict[str, Any]]]:
         """``copy``, ``deepcopy`` and ``pickle`` give a new, unstarted Loader with the same

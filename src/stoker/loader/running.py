@@ -26,6 +26,7 @@ from ..workers.engine import COPY_BYTES, HELD, Engine
 from ..workers.launch import StartReport
 from ..workers.pool import WorkerPool
 from . import config
+from .recipe import Recipe
 
 Fields = dict[str, np.ndarray]
 PROBE_SAMPLES = 8
@@ -201,7 +202,7 @@ class Running:
 
     def launch_pool(
         self,
-        worker_args: dict[str, Any],
+        recipe: Recipe,
         workers: int,
         prefetch: Any,
         timeout: float,
@@ -209,21 +210,21 @@ class Running:
     ) -> None:
         """Launch ``workers`` processes (``threads`` per thread pool in each) without waiting
         for them: they start while the caller goes on; a failed launch leaves nothing."""
-        layout: SlotLayout = worker_args["layout"]
+        layout = recipe.schema.slot_layout
         clean_stale()
         self._depth = config.prefetch(prefetch, workers, HELD, layout.nbytes)
         self._reason = self._depth[3]
         self.folder = pick_folder(self._depth[2] * layout.nbytes)
         shutdown.register(self)
         try:
-            self.pool = WorkerPool(workers, worker_args, timeout, threads)
+            self.pool = WorkerPool(workers, recipe, timeout, threads)
         except BaseException:
             self.close(fast=True)
             raise
 
     def start_pool(
         self,
-        worker_args: dict[str, Any],
+        recipe: Recipe,
         workers: int,
         prefetch: Any,
         batches: int,
@@ -239,12 +240,12 @@ class Running:
         (:class:`Warming`); without, waited for, and ``waited_s`` is set."""
         ahead = self.pool is not None
         if not ahead:
-            self.launch_pool(worker_args, workers, prefetch, timeout, threads)
+            self.launch_pool(recipe, workers, prefetch, timeout, threads)
         assert self.pool is not None
-        ring = (worker_args["layout"], batches, timeout, name)
+        ring = (recipe.schema.slot_layout, batches, timeout, name)
         try:
             if ahead and here is not None and not self.pool.poll_started():
-                self.engine = Warming(here, worker_args["layout"], lambda: self._take_over(ring))
+                self.engine = Warming(here, ring[0], lambda: self._take_over(ring))
                 return
             t0 = time.perf_counter()
             self.started = self.pool.wait_started()
@@ -276,7 +277,7 @@ class Running:
 
     def start_cluster(
         self,
-        worker_args: dict[str, Any],
+        recipe: Recipe,
         workers: int,
         cluster: Any,
         prefetch: Any,
@@ -289,21 +290,21 @@ class Running:
     ) -> None:
         """Start decode actors on the cluster's nodes (``workers.cluster``) beside ``workers``
         local processes, and the prefetch engine over both; a failed start leaves nothing.
-        Each node starts its own ``WorkerPool`` with the same ``worker_args`` and ``threads``."""
+        Each node starts its own ``WorkerPool`` from the same ``recipe`` and ``threads``."""
         from ..workers import cluster as cluster_mod
 
-        layout: SlotLayout = worker_args["layout"]
+        layout = recipe.schema.slot_layout
         clean_stale()
         shutdown.register(self)
         nodes = None
         try:
-            nodes = cluster_mod.Nodes(cluster, worker_args, workers, timeout, probe, threads)
+            nodes = cluster_mod.Nodes(cluster, recipe, workers, timeout, probe, threads)
             per_worker, deepest, slots, self._reason = config.prefetch(
                 prefetch, workers + nodes.cores, HELD, layout.nbytes
             )
             slots += nodes.cores * cluster_mod.REMOTE_EXTRA
             self.folder = pick_folder(slots * layout.nbytes)
-            local = WorkerPool(workers, worker_args, timeout, threads) if workers else None
+            local = WorkerPool(workers, recipe, timeout, threads) if workers else None
             if local is not None:
                 local.wait_started()
             mixed = cluster_mod.MixedPool(local, nodes)

@@ -25,23 +25,21 @@ from ..sources.base import Source
 from ..transforms import CustomPipeline, check_mask_ops, make_pipeline
 from . import config
 from .options import ImageOptions, Options, OrderOptions, SourceOptions
+from .recipe import Recipe
 from .selection import check_split, select
 
 
 @dataclass
 class Parts:
-    """What a Loader is made of, before anything runs."""
+    """What a Loader is made of, before anything runs: the ``recipe`` every worker and node
+    receives, and what the loader itself settled from the source (shown, or used here)."""
 
-    source: Source
+    recipe: Recipe
     image_size: tuple[int, int]
     augment: Any
-    pipeline: Any
     has_masks: bool
     drop_last: bool
     max_errors: int
-    plan: Plan
-    schema: BatchSchema
-    batch_fn: BatchTransform | None
 
 
 def build(opts: Options) -> Parts:
@@ -77,17 +75,16 @@ def build(opts: Options) -> Parts:
         specs = batch_fn.outputs
     layout = SlotLayout(batch.batch_size, specs)
     form = resolve_form(batch.batch, [f[0] for f in layout.fields], source.sample_form)
+    run = opts.run
+    reads = config.read_settings(run.read_ahead, run.page_cache, run.timeout)
+    schema = BatchSchema(layout, columns, form)
     return Parts(
-        source=source,
+        recipe=Recipe(source, pipeline, plan, schema, reads, batch_fn),
         image_size=image_size,
         augment=augment,
-        pipeline=pipeline,
         has_masks=has_masks,
         drop_last=drop_last,
         max_errors=max_errors,
-        plan=plan,
-        schema=BatchSchema(layout, columns, form),
-        batch_fn=batch_fn,
     )
 
 

@@ -1,12 +1,12 @@
 """The node's side of the cluster: one decode actor per Ray node, driving stoker's own worker
 pool on that node's cores.
 
-The actor receives the very worker settings the trainer's local pool gets (the dict the
-loader builds for ``WorkerPool``, sent with its shared arrays by value), starts a
-``WorkerPool`` of its own with them, and fills the batches the trainer asks for into slots of
-its own ring; so the C decode, read-ahead, replacement of bad samples and worker failure
-handling are the local code. A finished batch goes back as one frame (``wire``) over the
-trainer's TCP connection, or, on the object-store path, as the return value of ``fill``.
+The actor receives the loader's Recipe, the very one the trainer's local pool gets (sent with
+its shared arrays by value), starts a ``WorkerPool`` of its own from it, and fills the batches
+the trainer asks for into slots of its own ring; so the C decode, read-ahead, replacement of
+bad samples and worker failure handling are the local code. A finished batch goes back as one
+frame (``wire``) over the trainer's TCP connection, or, on the object-store path, as the return
+value of ``fill``.
 
 This module does not import Ray: ``workers.cluster`` wraps :class:`Decoder` with
 ``ray.remote`` on the trainer. When the trainer's connection ends (its process exited or was
@@ -26,7 +26,7 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from multiprocessing.connection import wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from ..shm.segments import Segment
 from ..shm.stale import clean_stale
 from . import wire
 from .pool import WorkerPool
+
+if TYPE_CHECKING:
+    from ..loader.recipe import Recipe
 
 PER_WORKER = 2  # tasks queued on each of the node's worker processes
 POLL_S = 0.2
@@ -100,15 +103,15 @@ class NodeRing:
 
     def __init__(
         self,
-        settings: dict[str, Any],
+        recipe: Recipe,
         cores: int,
         capacity: int,
         timeout: float,
         threads: int | None = 1,
     ) -> None:
         clean_stale()
-        self.layout: SlotLayout = settings["layout"]
-        self.pool = WorkerPool(cores, settings, timeout, threads)
+        self.layout: SlotLayout = recipe.schema.slot_layout
+        self.pool = WorkerPool(cores, recipe, timeout, threads)
         self.pool.wait_started()
         self.segments = [Segment.create(self.layout.nbytes, f"node{i}") for i in range(capacity)]
         self.free: deque[int] = deque(range(capacity))
@@ -203,12 +206,12 @@ class NodeRing:
 class Decoder:
     """One node's decode actor (wrapped with ``ray.remote`` by the trainer).
 
-    ``settings`` is the cloudpickled worker settings of the trainer's local pool (the
-    ``spec_args`` dict that ``WorkerPool`` turns into each worker's ``WorkerSpec``) and
-    ``threads`` its thread count per worker: this node's ``WorkerPool(cores, settings,
-    timeout, threads)`` is the trainer's own, on ``cores`` processes that fill at most
-    ``capacity`` batches at a time. ``claimed_version`` is the test suite's hook to
-    impersonate another stoker version (see :func:`identity`)."""
+    ``settings`` is the cloudpickled Recipe of the trainer's loader (what its local
+    ``WorkerPool`` hands each worker in its ``WorkerSpec``) and ``threads`` its thread count
+    per worker: this node's ``WorkerPool(cores, recipe, timeout, threads)`` is the trainer's
+    own, on ``cores`` processes that fill at most ``capacity`` batches at a time.
+    ``claimed_version`` is the test suite's hook to impersonate another stoker version (see
+    :func:`identity`)."""
 
     def __init__(
         self,
@@ -219,7 +222,7 @@ class Decoder:
         threads: int | None = 1,
         claimed_version: str | None = None,
     ) -> None:
-        self.settings = pickle.loads(settings)
+        self.recipe: Recipe = pickle.loads(settings)
         self.cores, self.capacity, self.timeout, self.threads = cores, capacity, timeout, threads
         self.claimed = claimed_version
         self.ring: NodeRing | None = None
@@ -233,7 +236,7 @@ class Decoder:
 
     def hello(self, index: int) -> dict[str, Any]:
         """Who this node is, what it runs, and whether it can read sample ``index``."""
-        source = self.settings["source"]
+        source = self.recipe.source
         try:
             source.open_in_worker()
             source.read(index)
@@ -251,7 +254,7 @@ class Decoder:
 
     def start(self) -> dict[str, Any]:
         """Start the node's worker pool; this actor's pid and its workers'."""
-        self.ring = NodeRing(self.settings, self.cores, self.capacity, self.timeout, self.threads)
+        self.ring = NodeRing(self.recipe, self.cores, self.capacity, self.timeout, self.threads)
         self.ring.done = self._done
         self.ring.start()
         return {"pid": os.getpid(), "workers": [p.pid for p in self.ring.pool.procs]}
@@ -400,9 +403,9 @@ class Decoder:
 
     def _release(self) -> None:
         """Unlink the node's copies of the source's and the columns' shared arrays."""
-        for part in ("source", "columns"):
+        for part in (self.recipe.source, self.recipe.schema.columns):
             try:
-                self.settings[part].close()
+                part.close()
             except Exception:  # noqa: BLE001 - closing is best effort on the way out
                 pass
 

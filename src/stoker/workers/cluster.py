@@ -1,7 +1,7 @@
 """Decode on a Ray cluster: the trainer's side.
 
 ``Loader(cluster="ray", cluster_workers=N)`` places one decode actor (``workers.actor``) on
-each Ray node other than the trainer's and gives it the same worker settings the local pool
+each Ray node other than the trainer's and gives it the loader's Recipe, the one the local pool
 gets. The actors' cores join the prefetch engine as extra workers: :class:`MixedPool` puts the
 local worker processes and the remote cores behind the one ``WorkerPool`` interface, and
 :class:`ClusterEngine` (the local ``Engine``) asks for a batch only when a ring slot is free and

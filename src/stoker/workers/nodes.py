@@ -29,6 +29,7 @@ from .engine import Key
 from .launch import pack
 
 if TYPE_CHECKING:
+    from ..loader.recipe import Recipe
     from .cluster import ClusterOptions
 
 NODE_SLOTS_PER_CORE = 4  # a node's own ring: more than the trainer ever asks of one core
@@ -111,7 +112,7 @@ class Nodes:
     def __init__(
         self,
         opts: ClusterOptions,
-        settings: dict[str, Any],
+        recipe: Recipe,
         first_wid: int,
         timeout: float,
         probe: Callable[[], dict[str, Any]],
@@ -120,7 +121,7 @@ class Nodes:
         import ray
 
         self.ray, self.opts, self.timeout = ray, opts, timeout
-        self.layout: SlotLayout = settings["layout"]
+        self.layout: SlotLayout = recipe.schema.slot_layout
         self.offsets = _offsets(self.layout)
         self.secret = wire.new_secret()
         self.tickets: dict[int, Ticket] = {}
@@ -138,8 +139,8 @@ class Nodes:
         self.nodes = self._place(first_wid)
         self.cores = sum(n.cores for n in self.nodes)
         try:
-            self._start_actors(settings, threads)
-            self._check(settings, probe)
+            self._start_actors(recipe, threads)
+            self._check(recipe, probe)
             self._connect()
         except BaseException:
             self.close()
@@ -190,11 +191,11 @@ class Nodes:
             wid += cores
         return nodes
 
-    def _start_actors(self, settings: dict[str, Any], threads: int | None) -> None:
+    def _start_actors(self, recipe: Recipe, threads: int | None) -> None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         with by_value():  # other machines cannot map this one's shared memory
-            blob = pack(settings, {"source": settings["source"]})
+            blob = pack(recipe, {"source": recipe.source})
         remote = self.ray.remote(actor_mod.Decoder)
         job = os.urandom(4).hex()
         for node in self.nodes:
@@ -223,10 +224,10 @@ class Nodes:
                 raise ClusterError(f"node {node.ip} failed {what}: {_cause(exc)}") from exc
         return out
 
-    def _check(self, settings: dict[str, Any], probe: Callable[[], dict[str, Any]]) -> None:
+    def _check(self, recipe: Recipe, probe: Callable[[], dict[str, Any]]) -> None:
         """Same stoker and decoders, the data readable, and a probe batch byte-identical."""
-        source = settings["source"]
-        first = int(settings["plan"].order(0)[0])
+        source = recipe.source
+        first = int(recipe.plan.order(0)[0])
         hellos = self._get([n.actor.hello.remote(first) for n in self.nodes], "its start-up")
         ours = actor_mod.identity()
         trainer_reads = _readable(source, first)

@@ -11,42 +11,33 @@ import threading
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import seeding
-from ..assemble import Assembler, Columns
-from ..batchfn import BatchTransform
 from ..errors import WorkerDied
-from ..order import Plan
-from ..schema import SlotLayout
 from ..shm import ownerlock
 from ..shm.segments import Segment
 from ..shm.stale import clean_stale
-from ..sources.base import Source
-from ..sources.readahead import ReadSettings
-from ..transforms import Pipeline
 from .errors import describe_exit, pack_exception
 from .launch import START_TIMEOUT_S, Launch, Process, StartReport, payload_bytes
 from .lifecycle import start_worker, stop_workers
+
+if TYPE_CHECKING:  # the loader builds the Recipe and imports this module
+    from ..loader.recipe import Recipe
 
 STATUS_FIELDS = 2  # current sample index, batches done
 
 
 @dataclass
 class WorkerSpec:
-    """What every worker needs; pickled once (cloudpickle) for all workers at start."""
+    """What every worker gets, pickled once (cloudpickle) for all workers at start: the
+    loader's ``recipe`` (what batches are made of), the status segment and the worker count."""
 
-    source: Source
-    pipeline: Pipeline
-    plan: Plan
-    layout: SlotLayout
-    columns: Columns
+    recipe: Recipe
     status: tuple[str, int]
     workers: int
-    reads: ReadSettings | None = None
-    batch_fn: BatchTransform | None = None
 
 
 def _parent_alive(parent: int) -> bool:
@@ -107,9 +98,7 @@ class _Worker:
 
     def __init__(self, wid: int, conn: Connection, spec: WorkerSpec, parent: int = -1) -> None:
         self.wid, self.conn, self.spec, self.parent = wid, conn, spec, parent
-        self.assembler = Assembler(
-            spec.source, spec.pipeline, spec.plan, spec.columns, spec.reads, spec.batch_fn
-        )
+        self.assembler = spec.recipe.assembler()
         self.status_seg = Segment.attach(*spec.status)
         self.status = self.status_seg.array(np.int64, (spec.workers, STATUS_FIELDS))[wid]
         self.slots: dict[int, tuple[str, Segment, dict[str, np.ndarray]]] = {}
@@ -123,7 +112,7 @@ class _Worker:
             del self.slots[slot]
             held[1].close()
         seg = Segment.attach(*handle)
-        fields = self.spec.layout.views(seg)
+        fields = self.spec.recipe.schema.slot_layout.views(seg)
         self.slots[slot] = (handle[0], seg, fields)
         return fields
 
@@ -163,7 +152,7 @@ class _Worker:
             return ("ok", epoch, batch, slot, report)
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
             cur = self.assembler.current
-            sample = self.spec.source.name(cur) if cur >= 0 else None
+            sample = self.spec.recipe.source.name(cur) if cur >= 0 else None
             return ("error", epoch, batch, slot, pack_exception(exc, self.wid, sample))
 
 
@@ -176,15 +165,16 @@ def worker_main(wid: int, conn: Connection, spec: WorkerSpec, parent: int) -> No
     # bad files are reported once, by name, in the parent; OpenCV's own stderr lines would not be
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
     seeding.mark_worker()  # the global RNGs are the loader's here: reseeded, never put back
-    spec.source.open_in_worker()
+    spec.recipe.source.open_in_worker()
     _Worker(wid, conn, spec, parent).run()
 
 
 def _parts(spec: WorkerSpec) -> dict[str, Any]:
     """The user-given pieces of ``spec``, by name, for an error saying which cannot be sent."""
-    ops = getattr(spec.pipeline, "ops", None)
+    ops = getattr(spec.recipe.pipeline, "ops", None)
     parts: dict[str, Any] = {"augment": ops[0] if ops and len(ops) == 1 else ops}
-    return {**parts, "source": spec.source} if ops else {"source": spec.source}
+    source = spec.recipe.source
+    return {**parts, "source": source} if ops else {"source": source}
 
 
 class WorkerPool:
@@ -192,14 +182,12 @@ class WorkerPool:
     ``threads`` sizes each worker's thread pools (see :mod:`.threads`). The workers are
     launched when the pool is made and waited for by :meth:`wait_started`."""
 
-    def __init__(
-        self, count: int, spec_args: dict[str, Any], timeout: float, threads: int | None = 1
-    ) -> None:
+    def __init__(self, count: int, recipe: Recipe, timeout: float, threads: int | None = 1) -> None:
         self.status_seg = Segment.create(count * STATUS_FIELDS * 8, "status")
         self.status = self.status_seg.array(np.int64, (count, STATUS_FIELDS))
         self.status[:] = -1
-        spec = WorkerSpec(status=self.status_seg.handle(), workers=count, **spec_args)
-        self.name = spec.source.name
+        spec = WorkerSpec(recipe, self.status_seg.handle(), count)
+        self.name = recipe.source.name
         self.procs: list[Process] = []
         self.conns: list[Connection] = []
         self.started: list[StartReport] = []

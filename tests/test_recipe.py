@@ -1,0 +1,59 @@
+"""The Recipe: what a loader is made of, built once, read-only through the Loader, and sent
+whole to the workers and to a cluster node (which fills the same bytes from it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker.loader.recipe import Recipe
+from stoker.shm.segments import by_value
+from stoker.workers.launch import pack
+from stoker.workers.pool import WorkerSpec
+
+
+def test_the_loader_is_made_of_one_frozen_recipe_it_reads_through(image_folder):
+    with stoker.Loader(image_folder, image_size=32, batch_size=4, workers=0) as loader:
+        recipe = loader.recipe
+        assert isinstance(recipe, Recipe)
+        assert loader.source is recipe.source and loader.pipeline is recipe.pipeline
+        assert loader.plan is recipe.plan and loader.reads is recipe.read_ahead
+        assert loader.slot_layout is recipe.schema.slot_layout
+        assert loader.columns is recipe.schema.columns and loader.form is recipe.schema.form
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            recipe.plan = None  # type: ignore[misc]
+        with pytest.raises(AttributeError):
+            loader.plan = recipe.plan
+        # what each worker process is given: the Recipe, its status segment, the worker count
+        assert [f.name for f in dataclasses.fields(WorkerSpec)] == ["recipe", "status", "workers"]
+
+
+@pytest.mark.timeout(120)
+def test_a_node_receives_the_loaders_recipe_by_value_and_fills_the_same_bytes(image_folder):
+    meta = np.random.default_rng(0).normal(size=(36, 8192))  # > 1 MiB: a shared segment
+    opts = dict(fields={"meta": meta}, batch="dict", image_size=32, batch_size=4, seed=3)
+    with stoker.Loader(image_folder, workers=0, **opts) as loader:
+        with by_value():  # as the trainer packs it for the nodes (workers.nodes)
+            blob = pack(loader.recipe, {"source": loader.recipe.source})
+        received = pickle.loads(blob)  # what the node's actor does with it
+        try:
+            assert isinstance(received, Recipe)
+            assert received.plan == loader.plan
+            assert received.schema.slot_layout == loader.slot_layout
+            assert received.schema.form == loader.form
+            # a copy in a segment of its own, not a handle to the trainer's
+            ours, its = loader.columns._shared, received.schema.columns._shared
+            assert ours is not None and its is not None
+            assert its.segment.path != ours.segment.path and its.segment.owner
+            mine, theirs = loader.slot_layout.arrays(), received.schema.slot_layout.arrays()
+            loader.recipe.assembler().fill(0, 1, mine)
+            received.assembler().fill(0, 1, theirs)
+            assert mine.keys() == theirs.keys()
+            for name in mine:
+                np.testing.assert_array_equal(mine[name], theirs[name], err_msg=name)
+        finally:
+            received.close()  # the node's copies of the shared arrays
