@@ -149,6 +149,14 @@ class SourceOptions:
         "list[str] | None",
         "Keep only these classes; class `k` is `class_names[k]`.",
     )
+    follow_links: bool = option(
+        True,
+        "bool",
+        "Image folders: follow symbolic links to class folders, subfolders and files (each real "
+        "folder walked once, a loop skipped with a warning); `False` skips every link, as "
+        "Keras' `follow_links=False` skips linked folders.",
+        check=_flag,
+    )
 
     def __post_init__(self) -> None:
         check_split(self.validation_split, self.subset)

@@ -89,18 +89,23 @@ def _scan_class(
     dirs: list[str],
     seen: set[tuple[int, int]],
     stamps: dict[str, Stamp] | None = None,
+    follow_links: bool = True,
 ) -> list[str]:
     """Relative paths (``class/…/file``) of the image files under one class folder, sorted.
 
     Links are followed, but every real directory is walked once: a link back up the tree (a
-    loop) or to a folder already walked is skipped with a warning naming it. A folder that
-    cannot be listed is an error naming it, never a silent gap."""
+    loop) or to a folder already walked is skipped with a warning naming it; with
+    ``follow_links=False`` every linked subfolder and linked file is skipped instead. A folder
+    that cannot be listed is an error naming it, never a silent gap."""
 
     def fail(exc: OSError) -> None:
         raise _unreadable(exc.filename or str(folder), exc)
 
     found: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True, onerror=fail):
+    for dirpath, dirnames, filenames in os.walk(folder, followlinks=follow_links, onerror=fail):
+        if not follow_links:  # an lstat per entry, paid only when links are skipped
+            dirnames[:] = _unlinked(dirpath, dirnames)
+            filenames = _unlinked(dirpath, filenames)
         kept = []
         for name in sorted(dirnames):
             sub = os.path.join(dirpath, name)
@@ -127,9 +132,20 @@ def _scan_class(
     return found
 
 
+def _unlinked(folder: str, names: list[str]) -> list[str]:
+    """``names`` in ``folder`` that are not symbolic links."""
+    return [n for n in names if not os.path.islink(os.path.join(folder, n))]
+
+
 class FolderSettings(Protocol):
     """The Loader options the folder reader reads: the Loader's source group has them, and
-    is handed over whole (``open_source(options=...)``)."""
+    is handed over whole (``open_source(options=...)``). Each is a read-only property: the
+    options are frozen."""
+
+    @property
+    def follow_links(self) -> bool:
+        """Whether the walk follows symbolic links (see ``_scan_class``)."""
+        ...
 
 
 class FolderSource(FileListSource):
@@ -144,8 +160,10 @@ class FolderSource(FileListSource):
         options: FolderSettings | None = None,
     ) -> None:
         self.root = Path(root)
+        self.follow_links = True if options is None else options.follow_links
         cache = cache_folder(cache_dir, "scan")
-        key = hashlib.blake2b(str(self.root.resolve()).encode(), digest_size=10).hexdigest()
+        walked = str(self.root.resolve()) + ("" if self.follow_links else "\0no links")
+        key = hashlib.blake2b(walked.encode(), digest_size=10).hexdigest()
         self._cache = cache / f"{key}.npz"
         if not self._load_cache():
             self._scan()
@@ -175,7 +193,13 @@ class FolderSource(FileListSource):
             entries = list(os.scandir(self.root))
         except OSError as exc:
             raise _unreadable(root, exc) from None
-        self.classes = sorted(e.name for e in entries if e.is_dir() and not e.name.startswith("."))
+        self.classes = sorted(
+            e.name
+            for e in entries
+            if e.is_dir()
+            and not e.name.startswith(".")
+            and (self.follow_links or not e.is_symlink())
+        )
         if not self.classes:
             raise SourceError(
                 f"{self.root}: no class subfolders; an image folder needs one subfolder per class "
@@ -192,7 +216,7 @@ class FolderSource(FileListSource):
                     "link or copy the images"
                 )
             seen.add(key)
-            files = _scan_class(folder, dirs, seen, seen_stamps)
+            files = _scan_class(folder, dirs, seen, seen_stamps, self.follow_links)
             if not files:
                 warnings.warn(
                     f"{folder}: class folder {cls!r} (label {label}) has no image files "
