@@ -119,13 +119,21 @@ a = np.ones((256, 256))
 while time.perf_counter() - t3 < setup_s:  # the trainer's own set-up (building its model)
     a = np.tanh(a @ a / 256)
 t4 = time.perf_counter()
-batch = next(iter(loader))
+stream = loader.stream() if loader_kind == "stoker" else iter(loader)
+batch = next(stream)
 t5 = time.perf_counter()
-startup = loader.stats().startup if loader_kind == "stoker" else ""
+startup = workers = ""
 if loader_kind == "stoker":
+    startup = loader.stats().startup
+    for _ in range(400):  # on, until the workers took over: what their start cost, and why
+        if "workers started in" in loader.stats().startup:
+            break
+        next(stream)
+    workers = loader.stats().startup
     loader.close()
 print(json.dumps({"import_s": t1 - t0, "dataset_s": t2 - t1, "construct_s": t3 - t2,
-                  "first_s": t5 - t4, "total_s": (t3 - t2) + (t5 - t4), "startup": startup}))
+                  "first_s": t5 - t4, "total_s": (t3 - t2) + (t5 - t4), "startup": startup,
+                  "workers": workers}))
 """
 
 
@@ -190,7 +198,11 @@ def main() -> None:
                             f"{med['total_s']:.2f}",
                         ]
                     )
-                notes.append(f"{kind}, set-up {setup:.0f} s: {runs['stoker'][-1]['startup']}")
+                last = runs["stoker"][-1]
+                notes.append(f"{kind}, set-up {setup:.0f} s, first batch: {last['startup']}")
+                notes.append(
+                    f"{kind}, set-up {setup:.0f} s, once they took over: {last['workers']}"
+                )
     print(
         f"\nLoader(dataset) start-up, 2 workers, batch 32, {args.limit} samples, median of "
         f"{args.repeats} fresh processes (seconds)"
@@ -209,7 +221,7 @@ def main() -> None:
             ],
         )
     )
-    print("\nstoker's stats() on start-up (last run of each):")
+    print("\nstoker's stats() on start-up (last run of each), at the first batch and later:")
     for note in notes:
         print(f"  {note}")
 
