@@ -1,4 +1,21 @@
-"""Shared helpers for the stoker benchmarks: datasets, epoch timing, CPU/memory, tables, facts.
+"""The benchmarks' shared harness: peers and interleaved rounds, statistics, ratios, machine facts,
+one JSON schema, and the case dispatcher of the theme scripts; plus datasets, epoch timing,
+CPU/memory and tables.
+
+The harness, in use::
+
+    peers = [common.Peer("stoker", run_stoker), common.Peer("pillow", run_pillow)]
+    result = common.interleave(peers, rounds=args.rounds, warmup=args.warmup)  # ABAB, not AABB
+    common.report(result, baseline="pillow", path=args.json)
+
+`interleave` runs every peer once per round, in the same order each round, after ``warmup``
+untimed rounds; `Result` gives each peer's median and a distribution-free confidence interval of
+the median, and each peer's ratio to a named baseline peer of the same run (the median of the
+per-round ratios, so a drift that slows a whole round cancels). `run_cases` is the ``main`` of
+every theme script (``python benchmarks/THEME.py CASE [options]``); `write_json` writes every
+case's ``--json`` output in one schema (`SCHEMA`): the case, its command line, the machine facts
+at the start and at the end of the run (load average, stoker commit and decoder included), and
+the case's results.
 
 Everything here is plain Python + numpy + psutil (no ML framework is imported), so a
 controller process can use it without paying for TensorFlow/PyTorch.
@@ -11,16 +28,19 @@ epoch), each once, so pipelines whose workers come and go are charged fully.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import importlib.metadata
 import json
+import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,9 +320,32 @@ def ratio_line(label: str, num: float, den: float, goal: str) -> list[str]:
     return [label, f"{value:.2f}", goal, "PASS" if ok else "MISS"]
 
 
+SCHEMA = "stoker-bench/1"
+"""The ``schema`` field of every ``--json`` file: ``{schema, script, case, argv, facts: {start,
+end}, results}``; ``results`` is the case's own payload (for harness rounds: `Result.to_json`)."""
+
+_RUN: dict[str, Any] = {}  # script, case and the facts at the start, set by `run_cases`
+
+
+def envelope(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` in the one JSON schema (`SCHEMA`), with the facts at the start and now."""
+    results = dict(payload)
+    start = results.pop("facts", None) or _RUN.get("facts") or machine_facts()
+    return {
+        "schema": SCHEMA,
+        "script": _RUN.get("script", Path(sys.argv[0]).name),
+        "case": _RUN.get("case", ""),
+        "argv": " ".join(sys.argv),
+        "facts": {"start": start, "end": machine_facts()},
+        "results": results,
+    }
+
+
 def write_json(path: str | None, payload: dict[str, Any]) -> None:
+    """Write ``payload`` to ``path`` (when given) in the one schema of `envelope`."""
     if path:
-        Path(path).write_text(json.dumps(payload, indent=1, default=_jsonable) + "\n")
+        text = json.dumps(envelope(payload), indent=1, default=_jsonable)
+        Path(path).write_text(text + "\n")
         print(f"wrote {path}")
 
 
@@ -354,8 +397,33 @@ def versions() -> dict[str, str]:
     return out
 
 
+def git_commit() -> str:
+    """The commit of the stoker checkout imported here (``+dirty`` with local changes)."""
+    import stoker
+
+    root = str(Path(stoker.__file__).resolve().parents[2])
+    try:
+        head, dirty = (
+            subprocess.run(
+                ["git", "-C", root, *cmd], capture_output=True, text=True, timeout=10, check=True
+            ).stdout.strip()
+            for cmd in (["rev-parse", "--short=12", "HEAD"], ["status", "--porcelain", "-uno"])
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (not a git checkout)"
+    return head + ("+dirty" if dirty else "")
+
+
+def decoder() -> str:
+    """The JPEG decoder stoker uses here (`stoker.decode.decoder_name`)."""
+    from stoker.decode import decoder_name
+
+    return decoder_name()
+
+
 def machine_facts() -> dict[str, Any]:
-    """CPU model, cores (logical / usable), RAM, load average, kernel, library versions."""
+    """CPU model, cores (logical / usable), RAM, load average, kernel, library versions, the
+    stoker commit and its JPEG decoder."""
     vm = psutil.virtual_memory()
     try:
         usable = len(os.sched_getaffinity(0))
@@ -371,6 +439,8 @@ def machine_facts() -> dict[str, Any]:
         "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],
         "kernel": platform.release(),
         "versions": versions(),
+        "stoker_commit": git_commit(),
+        "decoder": decoder(),
         "argv": " ".join(sys.argv),
         "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
     }
@@ -385,6 +455,7 @@ def print_facts(facts: dict[str, Any] | None = None) -> dict[str, Any]:
         f"RAM {facts['ram_gib']} GiB ({facts['available_gib']} available); "
         f"load avg {facts['load_avg_1_5_15']}; kernel {facts['kernel']}"
     )
+    print(f"stoker {facts['stoker_commit']}; decoder: {facts['decoder']}")
     print("versions: " + ", ".join(f"{k} {x}" for k, x in v.items()))
     if facts["load_avg_1_5_15"][0] > 0.5 * facts["usable_cores"]:
         print(
@@ -392,3 +463,165 @@ def print_facts(facts: dict[str, Any] | None = None) -> dict[str, Any]:
             "numbers will be noisy. Run on a quiet machine for the record."
         )
     return facts
+
+
+# ---------------------------------------------------------------------------- rounds
+
+
+@dataclass
+class Peer:
+    """One contender of a run: ``measure()`` does one timed trial and returns its figure
+    (higher is better, e.g. images/s)."""
+
+    name: str
+    measure: Callable[[], float]
+
+
+def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free confidence interval of the median: ``(low, high, coverage)``.
+
+    The order statistics ``x(k)`` and ``x(n+1-k)`` with the largest ``k`` whose binomial
+    coverage is still >= ``level``; with too few values for ``level`` it is the range
+    ``(min, max)``, and ``coverage`` says what that range does cover (``1 - 2^(1-n)``).
+    """
+    xs = sorted(values)
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan"), 0.0
+    k, coverage = 1, 1 - 2 * 0.5**n
+    for j in range(2, n // 2 + 1):
+        cov = 1 - 2 * sum(math.comb(n, i) for i in range(j)) * 0.5**n
+        if cov < level:
+            break
+        k, coverage = j, cov
+    return xs[k - 1], xs[n - k], coverage
+
+
+@dataclass
+class Result:
+    """The figures of `interleave`: ``values[peer]`` holds one figure per timed round."""
+
+    values: dict[str, list[float]]
+    rounds: int
+    warmup: int
+
+    def stats(self, name: str) -> dict[str, float]:
+        """Median, confidence interval of the median (`median_ci`), min and max of a peer."""
+        xs = self.values[name]
+        low, high, coverage = median_ci(xs)
+        return {
+            "median": median(xs),
+            "ci_low": low,
+            "ci_high": high,
+            "ci_coverage": coverage,
+            "min": min(xs),
+            "max": max(xs),
+        }
+
+    def ratio(self, name: str, baseline: str) -> dict[str, float]:
+        """``name / baseline``: the median of the per-round ratios and its interval."""
+        pairs = zip(self.values[name], self.values[baseline], strict=True)
+        rs = [a / b for a, b in pairs if b]
+        low, high, coverage = median_ci(rs)
+        return {"median": median(rs), "ci_low": low, "ci_high": high, "ci_coverage": coverage}
+
+    def rows(self, baseline: str | None = None, unit: str = "img/s") -> list[list[str]]:
+        """Rows for `table` under `header`: each peer's figures, and its ratio to ``baseline``."""
+        rows = []
+        for name in self.values:
+            st = self.stats(name)
+            row = [name, _num(st["median"]), f"{_num(st['ci_low'])}-{_num(st['ci_high'])}"]
+            row += [_num(st["min"]), _num(st["max"])]
+            if baseline:
+                r = self.ratio(name, baseline)
+                row += [f"{r['median']:.3f}", f"{r['ci_low']:.3f}-{r['ci_high']:.3f}"]
+            rows.append(row)
+        return rows
+
+    def header(self, baseline: str | None = None, unit: str = "img/s") -> list[str]:
+        """The column names of `rows`."""
+        cov = median_ci(next(iter(self.values.values())))[2]
+        names = ["peer", f"median {unit}", f"{cov:.0%} CI", "min", "max"]
+        return names + ([f"/ {baseline}", "CI"] if baseline else [])
+
+    def to_json(self, baseline: str | None = None) -> dict[str, Any]:
+        """The rounds' figures, per-peer statistics and ratios, for `write_json`."""
+        out: dict[str, Any] = {
+            "rounds": self.rounds,
+            "warmup": self.warmup,
+            "baseline": baseline,
+            "peers": {n: {"values": v, **self.stats(n)} for n, v in self.values.items()},
+        }
+        if baseline:
+            out["ratios"] = {n: self.ratio(n, baseline) for n in self.values}
+        return out
+
+
+def _num(x: float) -> str:
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def interleave(peers: Sequence[Peer], rounds: int, warmup: int = 1) -> Result:
+    """Run every peer once per round, in the same order each round (A B A B ..., never
+    A A B B), after ``warmup`` untimed rounds, so a machine that drifts or gets busy during
+    the run slows every peer alike."""
+    names = [p.name for p in peers]
+    if len(set(names)) != len(names):
+        raise ValueError(f"peer names must be unique, got {names}")
+    if rounds < 1 or warmup < 0:
+        raise ValueError(f"rounds must be >= 1 and warmup >= 0, got {rounds} and {warmup}")
+    values: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + rounds):
+        for peer in peers:
+            figure = peer.measure()
+            if r >= warmup:
+                values[peer.name].append(figure)
+    return Result(values, rounds, warmup)
+
+
+def report(result: Result, baseline: str | None, path: str | None, unit: str = "img/s") -> None:
+    """Print ``result`` as a table (ratios against ``baseline``) and write it to ``path``."""
+    print(table(result.rows(baseline, unit), result.header(baseline, unit)))
+    write_json(path, result.to_json(baseline))
+
+
+def add_round_options(
+    parser: argparse.ArgumentParser, rounds: int = 5, seconds: float = 2.0
+) -> None:
+    """The options every harness case shares: ``--rounds``, ``--warmup``, ``--seconds``,
+    ``--json PATH``."""
+    parser.add_argument("--rounds", type=int, default=rounds, help="timed rounds per peer")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    parser.add_argument("--seconds", type=float, default=seconds, help="timed seconds per trial")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
+
+
+# ---------------------------------------------------------------------------- theme scripts
+
+Case = tuple[Callable[[list[str] | None], Any], str]
+"""A theme script's case: ``(main(argv), docstring)``."""
+
+
+def run_cases(doc: str, cases: dict[str, Case], argv: list[str] | None = None) -> int:
+    """The ``main`` of a theme script: ``THEME.py CASE [case options]`` runs one case.
+
+    ``THEME.py --help`` lists the cases; ``THEME.py CASE --help`` shows that case's options.
+    The facts at the start are taken here, for `write_json`.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    script = Path(sys.argv[0]).name
+    if not argv or argv[0] in ("-h", "--help"):
+        print(doc.strip())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in cases:
+        print(
+            f"{script}: unknown case {name!r}; the cases are: {', '.join(cases)} "
+            f"(python benchmarks/{script} --help)",
+            file=sys.stderr,
+        )
+        return 2
+    main, _ = cases[name]
+    sys.argv[0] = f"{script} {name}"  # argparse's usage line names the case
+    _RUN.update(script=script, case=name, facts=machine_facts())
+    return int(main(rest) or 0)

@@ -1,4 +1,36 @@
-"""Is stoker's memory flat over many epochs? PSS of the whole process tree after each epoch.
+"""Memory: the loader's process-tree PSS over epochs, and in-memory arrays / per-sample datasets.
+
+Cases (one per former script; `python benchmarks/memory.py CASE --help` for each one's options):
+
+    loader       (was memory.py) Is stoker's memory flat over many epochs? PSS of the whole process
+                 tree after each epoch.
+    arrays       (was arrays.py) In-memory arrays and per-sample datasets: stoker against its peers,
+                 side by side, one run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import argparse
+import json
+import shutil
+import subprocess
+import tempfile
+import time
+
+import common
+import numpy as np
+import psutil
+from common import PeakPss, ratio_line, table
+
+# ---------------------------------------------------------------------------- loader
+
+LOADER_DOC = """\
+Is stoker's memory flat over many epochs? PSS of the whole process tree after each epoch.
 
 A stoker Loader (augment="train", batch 256, 2 workers) runs N epochs back to back; after
 each, `stoker.cli.bench.tree_pss` (proportional set size of this process and all its workers; the
@@ -8,25 +40,14 @@ drift = (PSS after the last epoch - PSS after epoch 2) / PSS after epoch 2, and 
 max - min over epochs 2..N. Flat means |drift| and spread under --tolerance (default 5 %).
 
 Usage
-    python benchmarks/memory.py                       # 10 epochs over /data/imagenet_like
-    python benchmarks/memory.py --epochs 30 --json memory.json
-    python benchmarks/memory.py --epochs 3 --max-images 1024          # smoke
+    python benchmarks/memory.py loader                       # 10 epochs over /data/imagenet_like
+    python benchmarks/memory.py loader --epochs 30 --json memory.json
+    python benchmarks/memory.py loader --epochs 3 --max-images 1024          # smoke
 """
 
-from __future__ import annotations
 
-import argparse
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import common  # noqa: E402
-import psutil  # noqa: E402
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def loader_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=LOADER_DOC.split("\n\n")[0])
     ap.add_argument("--data", default=common.DEFAULT_DATA)
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--max-images", type=int, default=0, help="random subset (smoke runs)")
@@ -93,5 +114,220 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if flat else 1
 
 
+# ---------------------------------------------------------------------------- arrays
+
+ARRAYS_DOC = """\
+In-memory arrays and per-sample datasets: stoker against its peers, side by side, one run.
+
+``arrays``: images ``(N, 224, 224, 3)`` uint8 with ``(N, K)`` float32 targets, batch 256, no
+augmentation, shuffled: stoker (``Loader(images, labels=targets)``, its defaults) against
+plain numpy (a shuffled take per batch, and contiguous slices copied), ``tf.data
+.Dataset.from_tensor_slices(...).batch(256).prefetch(AUTOTUNE)`` and the torch ``DataLoader``
+over a ``TensorDataset``.
+
+``dataset``: the same ``__getitem__`` (a random 224 crop + flip of a 256x256 image memory-mapped
+from a ``.npy``, and a ``(K,)`` float32 target) through ``stoker.Loader(dataset, workers=2)``
+and ``torch.utils.data.DataLoader(dataset, num_workers=2)``.
+
+Each pipeline runs in its own process (so imports and memory do not mix); the controller
+samples its process tree's PSS (peak reported) and the pipeline reports images/s over
+``--epochs`` timed epochs after one untimed warm-up epoch; ``--rounds`` repeats the whole set,
+the order reversed every other round, and the best round of each pipeline is compared (on a
+shared machine the worst rounds measure the neighbours). Ratios are of figures measured in
+this same run. Usage::
+
+    python benchmarks/memory.py arrays --mode arrays --n 2048 --epochs 3
+    python benchmarks/memory.py arrays --mode dataset --n 1024 --epochs 2
+"""
+
+BATCH, K = 256, 8
+
+
+def _arrays(n: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return rng.integers(0, 256, (n, 224, 224, 3), dtype=np.uint8), rng.random((n, K), np.float32)
+
+
+class Crops:
+    """The per-sample dataset both loaders run: crop + flip from a memory-mapped .npy."""
+
+    def __init__(self, path: str, n: int) -> None:
+        self.path, self.n, self._images = path, n, None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._images is None:
+            self._images = np.load(self.path, mmap_mode="r")
+        try:
+            import stoker
+
+            rng = stoker.sample_rng()
+        except RuntimeError:  # in the DataLoader: a generator per index
+            rng = np.random.default_rng(i)
+        top, left = rng.integers(0, 33, 2)
+        crop = self._images[i, top : top + 224, left : left + 224]
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        target = np.full(K, i / self.n, np.float32)
+        return np.ascontiguousarray(crop), target
+
+
+def _timed(make_epoch, epochs: int) -> float:
+    """Images/s over ``epochs`` epochs after a warm-up one; each batch is touched once."""
+    for _batch in make_epoch():
+        pass
+    images, t0 = 0, time.perf_counter()
+    for _ in range(epochs):
+        for batch in make_epoch():
+            images += int(batch[0].shape[0])
+    return images / (time.perf_counter() - t0)
+
+
+def peer(name: str, n: int, epochs: int, data: str) -> float:
+    """Run one pipeline (in this process) and return its images/s."""
+    if name.startswith("numpy"):
+        images, targets = _arrays(n)
+        if name == "numpy-take":
+
+            def epoch():
+                order = np.random.default_rng().permutation(n)
+                for s in range(0, n - BATCH + 1, BATCH):
+                    idx = order[s : s + BATCH]
+                    yield images[idx], targets[idx]
+        else:
+
+            def epoch():
+                for s in range(0, n - BATCH + 1, BATCH):
+                    yield images[s : s + BATCH].copy(), targets[s : s + BATCH].copy()
+
+        return _timed(epoch, epochs)
+    if name == "stoker":
+        import stoker
+
+        images, targets = _arrays(n)
+        loader = stoker.Loader(images, labels=targets, batch_size=BATCH)  # its defaults
+        return _timed(lambda: loader, epochs)
+    if name == "tf.data":
+        import tensorflow as tf
+
+        images, targets = _arrays(n)
+        ds = tf.data.Dataset.from_tensor_slices((images, targets)).shuffle(n)
+        ds = ds.batch(BATCH, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        del images
+        return _timed(lambda: ds, epochs)
+    if name == "torch":
+        import torch
+
+        images, targets = _arrays(n)
+        ds = torch.utils.data.TensorDataset(torch.from_numpy(images), torch.from_numpy(targets))
+        dl = torch.utils.data.DataLoader(ds, batch_size=BATCH, shuffle=True, drop_last=True)
+        return _timed(lambda: dl, epochs)
+    if name == "stoker-dataset":
+        import stoker
+
+        loader = stoker.Loader(Crops(data, n), batch_size=BATCH, workers=2)
+        return _timed(lambda: loader, epochs)
+    if name == "torch-dataset":
+        import torch
+
+        dl = torch.utils.data.DataLoader(
+            Crops(data, n),
+            batch_size=BATCH,
+            shuffle=True,
+            drop_last=True,
+            num_workers=2,
+            persistent_workers=True,
+        )
+        return _timed(lambda: dl, epochs)
+    raise SystemExit(f"unknown peer {name}")
+
+
+def _run(name: str, n: int, epochs: int, data: str) -> tuple[float, int]:
+    """Run ``name`` in a subprocess; its images/s and the peak PSS of its process tree."""
+    cmd = [
+        sys.executable,
+        __file__,
+        "arrays",
+        "--peer",
+        name,
+        "--n",
+        str(n),
+        "--epochs",
+        str(epochs),
+        "--data",
+        data,
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    with PeakPss(proc.pid, interval=0.2) as pss:
+        out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed ({proc.returncode})")
+    return json.loads(out.strip().splitlines()[-1])["rate"], pss.peak
+
+
+def arrays_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=ARRAYS_DOC.split("\n\n")[0])
+    ap.add_argument("--mode", choices=["arrays", "dataset"], default="arrays")
+    ap.add_argument("--n", type=int, default=2048)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="rounds, the order of the pipelines reversed every other round; "
+        "the best round of each is reported (the machine is shared and noisy)",
+    )
+    ap.add_argument("--peer")
+    ap.add_argument("--data", default="")
+    args = ap.parse_args(argv)
+    if args.peer:
+        print(json.dumps({"rate": peer(args.peer, args.n, args.epochs, args.data)}))
+        return 0
+    tmp = tempfile.mkdtemp(prefix="stoker-arrays-")
+    data = os.path.join(tmp, "images.npy")
+    if args.mode == "dataset":
+        rng = np.random.default_rng(1)
+        np.save(data, rng.integers(0, 256, (args.n, 256, 256, 3), dtype=np.uint8))
+        names, base = ["stoker-dataset", "torch-dataset"], "torch-dataset"
+    else:
+        names, base = ["stoker", "numpy-take", "numpy-slice", "tf.data", "torch"], "numpy-take"
+    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            runs[name].append(_run(name, args.n, args.epochs, data))
+    results = {k: (max(x[0] for x in v), max(x[1] for x in v)) for k, v in runs.items()}
+    rows = [
+        [k, f"{r:,.0f}", " / ".join(f"{x[0]:,.0f}" for x in runs[k]), f"{p / 2**20:,.0f}"]
+        for k, (r, p) in results.items()
+    ]
+    print(table(rows, ["pipeline", "img/s (best)", "rounds", "peak PSS MiB"]))
+    s = results[names[0]][0]
+    if args.mode == "arrays":
+        ratios = [
+            ratio_line("stoker / numpy shuffled take", s, results["numpy-take"][0], ">= 0.9"),
+            ratio_line("stoker / numpy slice copy", s, results["numpy-slice"][0], ">= 0.9"),
+            ratio_line("stoker / tf.data", s, results["tf.data"][0], ">= 1.0"),
+            ratio_line("stoker / torch DataLoader", s, results["torch"][0], ">= 1.0"),
+        ]
+    else:
+        ratios = [
+            ratio_line("stoker / DataLoader (2 workers)", s, results[base][0], ">= 1.2"),
+            ratio_line("PSS stoker / DataLoader", results[names[0]][1], results[base][1], "<= 1.0"),
+        ]
+    print(table(ratios, ["ratio", "value", "goal", "verdict"]))
+    shutil.rmtree(tmp, ignore_errors=True)  # the data file and its folder
+    return 0
+
+
+# ---------------------------------------------------------------------------- cases
+
+CASES = {
+    "loader": (loader_main, LOADER_DOC),
+    "arrays": (arrays_main, ARRAYS_DOC),
+}
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_cases(__doc__, CASES))

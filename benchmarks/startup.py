@@ -1,4 +1,41 @@
-"""Start-up cost over a 100,000-file ImageFolder: index build (scan) and first-batch latency.
+"""Start-up: import, scan, index and first batch.
+
+Cases (one per former script; `python benchmarks/startup.py CASE --help` for each one's options):
+
+    files        (was startup.py) Start-up cost over a 100,000-file ImageFolder: index build (scan)
+                 and first-batch latency.
+    first-batch  (was first_batch.py) First batch after ``Loader()`` in a user's own script, with
+                 and without ``import keras`` at its top: what worker start-up costs the person who
+                 runs ``python train.py``.
+    dataset      (was dataset_startup.py) First-batch time of ``Loader(dataset)`` with 2 workers,
+                 against PyTorch's DataLoader (2 forked workers) on the same dataset object, for a
+                 torchvision-like dataset (a map-style class in a module that imports torch and PIL)
+                 and a Hugging Face ``datasets`` image dataset (an ``Image()`` column over the JPEG
+                 paths, resized by ``with_transform``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import argparse
+import io
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import common
+
+# ---------------------------------------------------------------------------- files
+
+FILES_DOC = """\
+Start-up cost over a 100,000-file ImageFolder: index build (scan) and first-batch latency.
 
 The folder (default /tmp/stoker_100k: 100 classes x 1,000 tiny JPEGs, bytes copied from a
 few small JPEGs cut from the benchmark dataset) is made once and reused (a marker file
@@ -21,25 +58,9 @@ walks the tree once first):
 Medians of --repeats fresh processes.
 
 Usage
-    python benchmarks/startup.py                     # 100,000 files, 5 fresh processes
-    python benchmarks/startup.py --files 5000 --repeats 1 --root /tmp/stoker_5k   # smoke
+    python benchmarks/startup.py files                     # 100,000 files, 5 fresh processes
+    python benchmarks/startup.py files --files 5000 --repeats 1 --root /tmp/stoker_5k   # smoke
 """
-
-from __future__ import annotations
-
-import argparse
-import io
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
-from pathlib import Path
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import common  # noqa: E402
 
 CLASSES = 100
 MARKER = ".stoker-benchmark-100k.json"
@@ -76,7 +97,7 @@ def make_folder(root: Path, files: int, data: str) -> float:
     return time.perf_counter() - t0
 
 
-CHILD = r"""
+_files_CHILD = r"""
 import json, os, sys, time
 root = sys.argv[1]
 t0 = time.perf_counter()
@@ -102,8 +123,8 @@ print(json.dumps({"import_s": t1 - t0, "index_s": t2 - t1, "first_batch_s": t3 -
 """
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def files_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=FILES_DOC.split("\n\n")[0])
     ap.add_argument("--root", default="/tmp/stoker_100k")
     ap.add_argument("--files", type=int, default=100_000)
     ap.add_argument("--data", default=common.DEFAULT_DATA, help="where the tiny JPEGs come from")
@@ -127,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             for kind in runs:
                 env = dict(os.environ, HOME=home)
                 out = subprocess.run(
-                    [sys.executable, "-c", CHILD, str(root)],
+                    [sys.executable, "-c", _files_CHILD, str(root)],
                     capture_output=True,
                     text=True,
                     check=False,
@@ -176,5 +197,343 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- first-batch
+
+FIRST_BATCH_DOC = """\
+First batch after ``Loader()`` in a user's own script, with and without ``import keras`` at
+its top: what worker start-up costs the person who runs ``python train.py``.
+
+Each measurement is a FRESH ``python train.py`` (a generated script, run from a temporary
+folder) that imports keras first (or not), then times ``stoker.Loader(folder, batch_size=64,
+image_size=224, workers=2)`` up to its first batch in hand; `import keras` itself comes before
+the clock starts. The script has an ``if __name__ == "__main__":`` guard only with ``--guard``
+(stoker before the own-entry-point launch needed it: its spawned workers re-ran the script,
+``import keras`` and all).
+
+``--src`` picks the stoker to measure (a ``src`` folder; default: the one importable here), so
+the same command measures an older checkout:
+
+    python benchmarks/startup.py first-batch --repeats 5            # this stoker, no guard
+    git worktree add /tmp/stoker-old <commit> && \
+      (cd /tmp/stoker-old && python setup.py build_ext --inplace -q)
+    python benchmarks/startup.py first-batch --repeats 5 --guard --src /tmp/stoker-old/src
+
+The dataset (default /tmp/stoker_first_batch: 4 classes x 64 photo crops, shorter side
+300-500 px, made with ``stoker.datasets.make_image_folder``) is made once and reused.
+"""
+
+HEAD = """\
+import json, os, sys, time
+{keras}import stoker
+"""
+
+BODY = """\
+t0 = time.perf_counter()
+loader = stoker.Loader({folder!r}, batch_size=64, image_size=224, workers=2)
+x, y = next(iter(loader))
+t1 = time.perf_counter()
+report = loader.stats()
+loader.close()
+startup = getattr(report, "startup", "")  # older stokers do not report it
+print("RESULT " + json.dumps({{"first_batch_s": t1 - t0, "startup": startup,
+                              "workers": report.workers, "shape": list(x.shape)}}))
+"""
+
+
+def script(folder: str, keras: bool, guard: bool) -> str:
+    """The user's ``train.py``: keras imported first or not, guarded or not."""
+    head = HEAD.format(keras="import keras\n" if keras else "")
+    body = BODY.format(folder=folder)
+    if guard:
+        body = "if __name__ == '__main__':\n" + "".join(f"    {ln}\n" for ln in body.splitlines())
+    return head + body
+
+
+def run_once(src: str | None, text: str) -> dict:
+    """One fresh ``python train.py``; its RESULT line."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    if src:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    with tempfile.TemporaryDirectory(prefix="stoker-train-") as tmp:
+        path = Path(tmp) / "train.py"
+        path.write_text(text)
+        out = subprocess.run(
+            [sys.executable, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=tmp,
+            env=env,
+        )
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    if out.returncode != 0 or not lines:
+        return {"error": (out.stdout + out.stderr)[-600:]}
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def first_batch_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=FIRST_BATCH_DOC.split("\n\n")[0])
+    ap.add_argument("--root", default="/tmp/stoker_first_batch")
+    ap.add_argument("--src", default=None, help="the stoker src folder to measure")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--guard", action="store_true", help="put the code under a __main__ guard")
+    args = ap.parse_args(argv)
+
+    from stoker.datasets import make_image_folder
+
+    folder = str(make_image_folder(args.root, classes=4, per_class=64, seed=0))
+    print(
+        f"stoker from {args.src or 'this environment'}; {folder}; 2 workers, batch 64 at "
+        f"224 px; {'guarded' if args.guard else 'no guard'}; load average "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
+    for keras in (False, True):
+        runs = [run_once(args.src, script(folder, keras, args.guard)) for _ in range(args.repeats)]
+        good = [r["first_batch_s"] for r in runs if "error" not in r]
+        label = "import keras at the top" if keras else "no keras import       "
+        if len(good) < len(runs):
+            print(
+                f"  {label}: {len(runs) - len(good)} of {len(runs)} runs failed; last error:\n"
+                + next(r["error"] for r in runs if "error" in r)
+            )
+        if good:
+            print(
+                f"  {label}: first batch after Loader() median {statistics.median(good):.2f} s"
+                f" (min {min(good):.2f}, max {max(good):.2f}; "
+                + ", ".join(f"{g:.2f}" for g in good)
+                + ")"
+            )
+            last = [r for r in runs if "error" not in r][-1]
+            if last.get("startup"):
+                print(f"    {last['startup']}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- dataset
+
+DATASET_DOC = """\
+First-batch time of ``Loader(dataset)`` with 2 workers, against PyTorch's DataLoader (2
+forked workers) on the same dataset object, for a torchvision-like dataset (a map-style class in
+a module that imports torch and PIL) and a Hugging Face ``datasets`` image dataset (an
+``Image()`` column over the JPEG paths, resized by ``with_transform``).
+
+Each measurement runs in a FRESH Python process, as a training script does: it imports the
+dataset's module (torch or datasets: the trainer pays this in every pipeline), builds the
+dataset, constructs the loader, optionally does ``--setup-s`` seconds of its own CPU work (the
+model being built: a numpy loop on one core), then takes the first batch. Reported:
+
+    import              the dataset's module and the loader's package (stoker; torch for the
+                        DataLoader)
+    constructor         the Loader / DataLoader constructor
+    first batch         from the end of the trainer's own set-up (or of the constructor, with
+                        no set-up) to the first batch in hand: what the trainer waits
+    constructor + first the two together: the start-up the trainer sees on top of its own work
+
+stoker's workers are fresh interpreters (never forked from the trainer), so each imports the
+dataset's modules itself; they are launched by the constructor, and the batches asked for while
+they are still starting are made in the trainer's process (which has the modules loaded), so
+neither the imports nor a set-up between the constructor and the first batch delay the first
+batch. The DataLoader forks its workers at the first ``iter()`` from a trainer that already
+imported everything. Medians of --repeats, the pipelines interleaved. The last stats() line of
+each says who made the first batches and what the workers' start cost (Python, importing
+stoker, importing the dataset's modules).
+
+Usage
+    python /work/shared/make_dataset.py --out /tmp/stoker-bench/jpeg2k --classes 10 --per-class 200
+    python benchmarks/startup.py dataset --data /tmp/stoker-bench/jpeg2k
+"""
+
+TV_MODULE = '''
+import os
+
+import numpy as np
+import torch
+from PIL import Image
+
+
+class ImageFolderLike:
+    """torchvision's ImageFolder + Resize + ToTensor: (float32 CHW tensor, label)."""
+
+    def __init__(self, root, size=64, limit=None):
+        classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+        self.samples = [(os.path.join(root, c, f), k) for k, c in enumerate(classes)
+                        for f in sorted(os.listdir(os.path.join(root, c)))][:limit]
+        self.size = size
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        path, label = self.samples[i]
+        with Image.open(path) as im:
+            im = im.convert("RGB").resize((self.size, self.size))
+        return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).float() / 255, label
+
+
+def make(root, limit):
+    return ImageFolderLike(root, limit=limit)
+'''
+
+HF_MODULE = """
+import os
+
+import datasets
+import numpy as np
+
+
+def _resize(batch):
+    batch["image"] = [np.asarray(im.convert("RGB").resize((64, 64))) for im in batch["image"]]
+    return batch
+
+
+def make(root, limit):
+    classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    rows = [(os.path.join(root, c, f), k) for k, c in enumerate(classes)
+            for f in sorted(os.listdir(os.path.join(root, c)))][:limit]
+    ds = datasets.Dataset.from_dict({"image": [p for p, _ in rows], "label": [k for _, k in rows]})
+    return ds.cast_column("image", datasets.Image()).with_transform(_resize)
+"""
+
+_dataset_CHILD = r"""
+import json, sys, time
+kind, loader_kind, root, setup_s, limit = sys.argv[1:6]
+setup_s, limit = float(setup_s), int(limit)
+t0 = time.perf_counter()
+import numpy as np
+mod = __import__(kind + "_startup_module")
+if loader_kind == "stoker":
+    import stoker
+else:
+    import torch
+    from torch.utils.data import DataLoader
+t1 = time.perf_counter()
+ds = mod.make(root, limit)
+t2 = time.perf_counter()
+if loader_kind == "stoker":
+    loader = stoker.Loader(ds, batch_size=32, workers=2, shuffle=True, seed=0)
+else:
+    loader = DataLoader(ds, batch_size=32, num_workers=2, shuffle=True,
+                        generator=torch.Generator().manual_seed(0))
+t3 = time.perf_counter()
+a = np.ones((256, 256))
+while time.perf_counter() - t3 < setup_s:  # the trainer's own set-up (building its model)
+    a = np.tanh(a @ a / 256)
+t4 = time.perf_counter()
+stream = loader.stream() if loader_kind == "stoker" else iter(loader)
+batch = next(stream)
+t5 = time.perf_counter()
+startup = workers = ""
+if loader_kind == "stoker":
+    startup = loader.stats().startup
+    for _ in range(400):  # on, until the workers took over: what their start cost, and why
+        if "workers started in" in loader.stats().startup:
+            break
+        next(stream)
+    workers = loader.stats().startup
+    loader.close()
+print(json.dumps({"import_s": t1 - t0, "dataset_s": t2 - t1, "construct_s": t3 - t2,
+                  "first_s": t5 - t4, "total_s": (t3 - t2) + (t5 - t4), "startup": startup,
+                  "workers": workers}))
+"""
+
+
+def run_child(folder: str, kind: str, loader: str, data: str, setup_s: float, limit: int) -> dict:
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH", "")) if p),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _dataset_CHILD, kind, loader, data, str(setup_s), str(limit)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+        timeout=600,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{kind}/{loader} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def dataset_main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=DATASET_DOC.split("\n")[0])
+    ap.add_argument("--data", default="/tmp/stoker-bench/jpeg2k")
+    ap.add_argument("--kinds", default="tv,hf")
+    ap.add_argument("--setup-s", default="0,4", help="trainer set-up seconds to try, comma list")
+    ap.add_argument("--limit", type=int, default=512, help="samples in the dataset")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    common.print_facts()
+    setups = [float(s) for s in args.setup_s.split(",")]
+    with tempfile.TemporaryDirectory(prefix="stoker-startup-") as folder:
+        Path(folder, "tv_startup_module.py").write_text(TV_MODULE)
+        Path(folder, "hf_startup_module.py").write_text(HF_MODULE)
+        rows, notes = [], []
+        for kind in args.kinds.split(","):
+            for setup in setups:
+                runs: dict[str, list[dict]] = {"stoker": [], "DataLoader": []}
+                for _ in range(args.repeats):
+                    for loader in runs:
+                        r = run_child(folder, kind, loader, args.data, setup, args.limit)
+                        runs[loader].append(r)
+                        print(
+                            f"  {kind} set-up {setup:.0f} s {loader}: import "
+                            f"{r['import_s']:.2f} s, constructor {r['construct_s']:.2f} s, "
+                            f"first batch {r['first_s']:.2f} s",
+                            flush=True,
+                        )
+                for loader, rs in runs.items():
+                    med = {
+                        k: common.median([r[k] for r in rs])
+                        for k in ("import_s", "construct_s", "first_s", "total_s")
+                    }
+                    rows.append(
+                        [
+                            kind,
+                            f"{setup:.0f}",
+                            loader,
+                            f"{med['import_s']:.2f}",
+                            f"{med['construct_s']:.2f}",
+                            f"{med['first_s']:.2f}",
+                            f"{med['total_s']:.2f}",
+                        ]
+                    )
+                last = runs["stoker"][-1]
+                notes.append(f"{kind}, set-up {setup:.0f} s, first batch: {last['startup']}")
+                notes.append(
+                    f"{kind}, set-up {setup:.0f} s, once they took over: {last['workers']}"
+                )
+    print(
+        f"\nLoader(dataset) start-up, 2 workers, batch 32, {args.limit} samples, median of "
+        f"{args.repeats} fresh processes (seconds)"
+    )
+    print(
+        common.table(
+            rows,
+            [
+                "dataset",
+                "set-up",
+                "loader",
+                "import",
+                "constructor",
+                "first batch",
+                "constructor + first",
+            ],
+        )
+    )
+    print("\nstoker's stats() on start-up (last run of each), at the first batch and later:")
+    for note in notes:
+        print(f"  {note}")
+
+
+# ---------------------------------------------------------------------------- cases
+
+CASES = {
+    "files": (files_main, FILES_DOC),
+    "first-batch": (first_batch_main, FIRST_BATCH_DOC),
+    "dataset": (dataset_main, DATASET_DOC),
+}
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(common.run_cases(__doc__, CASES))

@@ -1,4 +1,215 @@
-"""torch-tensor augmentations through stoker's ``augment=`` against PyTorch's DataLoader doing
+"""Augmentation: stock ops, and threads inside workers.
+
+Cases (one per former script; `python benchmarks/augment.py CASE --help` for each one's options):
+
+    ops          (was augment_ops.py) The torchvision-style stock ops
+                 (stoker.ops.TrivialAugmentWide, RandAugment, RandomErasing, ColorJitter) against
+                 the JPEG decode they follow, in the same run.
+    threads      (was augment_threads.py) torch-tensor augmentations through stoker's ``augment=``
+                 against PyTorch's DataLoader doing the same, and against stoker with its workers'
+                 thread pools left alone (the cost of a torch that keeps one intra-op thread per
+                 core in every worker).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import argparse
+import math
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import common
+import cv2
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import stoker
+from stoker import imageops as im
+from stoker import transforms
+from stoker.cli.bench import tree_cpu
+from stoker.ops import ColorJitter, RandAugment, RandomErasing, TrivialAugmentWide
+from stoker.transforms import random_resized_crop_box
+
+# ---------------------------------------------------------------------------- ops
+
+OPS_DOC = """\
+The torchvision-style stock ops (stoker.ops.TrivialAugmentWide, RandAugment, RandomErasing,
+ColorJitter) against the JPEG decode they follow, in the same run.
+
+Two parts:
+
+1. per-op cost: each pixel operation and each stock op on 224x224 uint8 crops of the folder's
+   photos (median microseconds over many calls, one OpenCV thread as in a worker), next to the
+   fused ``"train"`` pipeline's own read + crop decode + resize + flip of one sample;
+2. the loader: ``augment="train"`` against ``["train", op]`` (the same fused decode, the op on
+   its 224x224 output) for each op, ``workers`` processes, rounds interleaved so that a busy
+   machine's drift hits every configuration alike; img/s and the ratio to plain ``"train"``
+   (1.0 = the op is free; the decode is the limit).
+
+    python /work/shared/make_dataset.py --out /tmp/aug_data --classes 4 --per-class 150
+    PYTHONPATH=src python benchmarks/augment.py ops /tmp/aug_data --workers 2 --rounds 3
+"""
+
+SIZE = 224
+
+
+def crops(folder: Path, count: int) -> tuple[list[np.ndarray], list[bytes]]:
+    """224x224 train-pipeline crops of the first ``count`` photos, and their files' bytes."""
+    files = sorted(folder.rglob("*.jpg"))[:count]
+    datas = [f.read_bytes() for f in files]
+    pipe = transforms.make_pipeline("train", (SIZE, SIZE), True, 1 << 28)
+    out = []
+    for k, data in enumerate(datas):
+        u = np.random.default_rng(k).random(pipe.uniforms)
+        slot = np.empty((SIZE, SIZE, 3), np.uint8)
+        pipe.write(pipe.load(data, u), u, None, slot)
+        out.append(slot)
+    return out, datas
+
+
+def median_us(fn: Callable[[int], Any], calls: int) -> float:
+    """Median CPU time of this thread per ``fn(k)`` in microseconds (batches of 10 calls):
+    CPU time, not wall time, so that other programs on a shared machine count less."""
+    fn(0)
+    times = []
+    for start in range(0, calls, 10):
+        t0 = time.thread_time()
+        for k in range(start, start + 10):
+            fn(k)
+        times.append((time.thread_time() - t0) / 10 * 1e6)
+    return statistics.median(times)
+
+
+def op_costs(images: list[np.ndarray], datas: list[bytes], calls: int) -> list[tuple[str, float]]:
+    """(name, median µs) for the pipeline's own decode and every op."""
+    n = len(images)
+    pipe = transforms.make_pipeline("train", (SIZE, SIZE), True, 1 << 28)
+    slot = np.empty((SIZE, SIZE, 3), np.uint8)
+
+    def decode(k: int) -> None:
+        u = np.random.default_rng(k).random(pipe.uniforms)
+        pipe.write(pipe.load(datas[k % len(datas)], u), u, None, slot)
+
+    rows = [("train pipeline: crop decode + resize + flip (the peer)", median_us(decode, calls))]
+    prims: list[tuple[str, Callable[[np.ndarray], Any]]] = [
+        ("brightness 1.5", lambda a: im.brightness(a, 1.5)),
+        ("contrast 0.5", lambda a: im.contrast(a, 0.5)),
+        ("saturation 0.5 (Color)", lambda a: im.saturation(a, 0.5)),
+        ("hue +0.1", lambda a: im.hue(a, 0.1)),
+        ("sharpness 1.5", lambda a: im.sharpness(a, 1.5)),
+        ("posterize 4", lambda a: im.posterize(a, 4)),
+        ("solarize 128", lambda a: im.solarize(a, 128)),
+        ("autocontrast", im.autocontrast),
+        ("equalize", im.equalize),
+        ("shear_x 0.3", lambda a: im.shear_x(a, 0.3)),
+        ("translate 32", lambda a: im.translate(a, 32, 0)),
+        ("rotate 30", lambda a: im.rotate(a, 30.0)),
+    ]
+    for name, fn in prims:
+        rows.append((name, median_us(lambda k, fn=fn: fn(images[k % n]), calls)))
+    for name, op in stock_ops().items():
+        rows.append(
+            (
+                f"stoker.ops.{name}",
+                median_us(lambda k, op=op: op(images[k % n], np.random.default_rng(k)), calls),
+            )
+        )
+    return rows
+
+
+def stock_ops() -> dict[str, Any]:
+    """The ops measured, as torchvision's classification recipe uses them."""
+    return {
+        "TrivialAugmentWide()": TrivialAugmentWide(),
+        "RandAugment()": RandAugment(),
+        "RandomErasing(p=0.25)": RandomErasing(p=0.25),
+        "RandomErasing(p=1)": RandomErasing(p=1.0),
+        "ColorJitter(0.4, 0.4, 0.4, 0.1)": ColorJitter(0.4, 0.4, 0.4, 0.1),
+    }
+
+
+def loader_rate(
+    folder: Path, augment: Any, workers: int, batch: int, epochs: int
+) -> tuple[float, float]:
+    """img/s of ``epochs`` full epochs after one warm-up epoch, and the CPU milliseconds per
+    image of the whole process tree (workers included)."""
+    with stoker.Loader(
+        folder, batch_size=batch, image_size=SIZE, augment=augment, workers=workers, seed=0
+    ) as loader:
+        for _ in loader:  # warm-up: workers started, page cache warm
+            pass
+        t0, cpu0, images = time.perf_counter(), tree_cpu(), 0
+        for _ in range(epochs):
+            for x, _ in loader:
+                images += len(x)
+        wall, cpu = time.perf_counter() - t0, tree_cpu() - cpu0
+        return images / wall, cpu / images * 1e3
+
+
+def ops_main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=OPS_DOC.splitlines()[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=2, help="timed epochs per round and setting")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--calls", type=int, default=300, help="calls per op in part 1")
+    args = p.parse_args(argv)
+    cv2.setNumThreads(1)  # as in a worker
+    print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (shared machine)")
+    load_start = os.getloadavg()[0]
+
+    images, datas = crops(args.folder, 40)
+    print("\n1. per-op cost on a 224x224 uint8 crop (median CPU µs of the thread, one thread)")
+    rows = op_costs(images, datas, args.calls)
+    peer = rows[0][1]
+    for name, us in rows:
+        print(f"  {name:58s} {us:8.0f} µs  {us / peer:5.2f}x the decode")
+
+    settings: dict[str, Any] = {'"train"': "train"}
+    for name, op in stock_ops().items():
+        settings[f'["train", {name}]'] = ["train", op]
+    settings['["train", TrivialAugmentWide(), RandomErasing(p=0.25)]'] = [
+        "train",
+        TrivialAugmentWide(),
+        RandomErasing(p=0.25),
+    ]
+    rates: dict[str, list[float]] = {k: [] for k in settings}
+    cpus: dict[str, list[float]] = {k: [] for k in settings}
+    for _ in range(args.rounds):
+        for key, augment in settings.items():
+            rate, cpu = loader_rate(args.folder, augment, args.workers, args.batch, args.epochs)
+            rates[key].append(rate)
+            cpus[key].append(cpu)
+    base = statistics.median(rates['"train"'])
+    base_cpu = statistics.median(cpus['"train"'])
+    print(
+        f"\n2. Loader, workers={args.workers}, batch {args.batch}, {SIZE}x{SIZE}: median of "
+        f'{args.rounds} interleaved rounds: img/s (range), its ratio to "train", CPU ms per '
+        "image (process tree) and its ratio"
+    )
+    for key, values in rates.items():
+        med, cpu = statistics.median(values), statistics.median(cpus[key])
+        print(
+            f"  augment={key:56s} {med:7.0f} img/s ({min(values):.0f}-{max(values):.0f})"
+            f"  {med / base:5.2f}x   {cpu:5.2f} ms  {cpu / base_cpu:5.2f}x"
+        )
+    print(f"load average at the start {load_start:.1f}, at the end {os.getloadavg()[0]:.1f}")
+
+
+# ---------------------------------------------------------------------------- threads
+
+THREADS_DOC = """\
+torch-tensor augmentations through stoker's ``augment=`` against PyTorch's DataLoader doing
 the same, and against stoker with its workers' thread pools left alone (the cost of a torch
 that keeps one intra-op thread per core in every worker).
 
@@ -22,31 +233,8 @@ img/s is the median over rounds, with the ratio of the medians.
 
 Usage
     python /work/shared/make_dataset.py --out /tmp/stoker-bench/jpeg2k --classes 10 --per-class 200
-    python benchmarks/augment_threads.py --data /tmp/stoker-bench/jpeg2k
+    python benchmarks/augment.py threads --data /tmp/stoker-bench/jpeg2k
 """
-
-from __future__ import annotations
-
-import argparse
-import math
-import os
-import statistics
-import sys
-import time
-from collections.abc import Callable, Iterator
-from typing import Any
-
-import cv2
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import common  # noqa: E402
-
-import stoker  # noqa: E402
-from stoker.transforms import random_resized_crop_box  # noqa: E402
 
 # ---------------------------------------------------------------------------- tensor ops
 
@@ -320,8 +508,8 @@ def timed(
         close()
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def threads_main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=THREADS_DOC.split("\n")[0])
     ap.add_argument("--data", default="/tmp/stoker-bench/jpeg2k")
     ap.add_argument("--policies", default="trivial,rand")
     ap.add_argument("--size", type=int, default=224)
@@ -335,7 +523,7 @@ def main() -> None:
     )
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     common.print_facts()
     print(
         f"data {args.data}; batch {args.batch_size}; {args.size} px; 2 workers each; "
@@ -382,5 +570,13 @@ def main() -> None:
         )
 
 
+# ---------------------------------------------------------------------------- cases
+
+CASES = {
+    "ops": (ops_main, OPS_DOC),
+    "threads": (threads_main, THREADS_DOC),
+}
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(common.run_cases(__doc__, CASES))

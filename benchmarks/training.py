@@ -1,0 +1,546 @@
+"""Training loops: Keras fit, Keras' pad_to_aspect_ratio, overlap of loading and a step.
+
+Cases (one per former script; `python benchmarks/training.py CASE --help` for each one's options):
+
+    keras-fit    (was keras_fit.py) Input throughput through `loader.keras()` inside `model.fit` vs
+                 plain iteration of the loader.
+    keras-pad    (was keras_pad.py) ``pad_to_aspect_ratio=True`` against Keras'
+                 ``image_dataset_from_directory`` itself, on the same JPEGs: how far stoker's pixels
+                 are from Keras', and how much of that is the decoder.
+    overlap      (was overlap.py) The user's scenario: does loading overlap with training? Epoch
+                 time with a fake train step.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import argparse
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import common
+import numpy as np
+import peers
+
+# ---------------------------------------------------------------------------- keras-fit
+
+KERAS_FIT_DOC = """\
+Input throughput through `loader.keras()` inside `model.fit` vs plain iteration of the loader.
+
+TensorFlow backend (KERAS_BACKEND=tensorflow is set here). The model is so small that its
+compute is negligible: uint8 input -> take every 16th pixel (14x14x3), cast, /255 ->
+GlobalAveragePooling2D -> Dense(classes). So fit's images/s is the input path's images/s:
+loader -> stoker's keras PyDataset -> Keras' data adapter (on TF: a tf.data generator) -> step.
+
+    stoker numpy     `for x, y in loader` (continuous epochs), median epoch img/s
+    stoker fit       `model.fit(loader.keras(), epochs=1 + N)`, epoch times from a callback;
+                     the first epoch (tracing, worker start) is dropped
+    keras numpy      the Keras PyDataset peer (peers.py: load_img + Pillow RandomResizedCrop,
+                     workers=2, use_multiprocessing=True) through Keras' own adapter/enqueuer
+    keras fit        the same PyDataset in model.fit
+    model only       fit on one in-memory batch repeated (tf.data from_tensors.repeat): the
+                     model's own speed, to show it is far above every input rate
+
+Goal: stoker fit / stoker numpy >= 0.9.
+
+Usage
+    python benchmarks/training.py keras-fit              # 3 measured epochs x 2 repeats each
+    python benchmarks/training.py keras-fit --max-images 1024 --epochs 2 --repeats 1 --no-keras-peer
+"""
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def build_model(classes: int) -> Any:
+    import keras
+    from keras import layers, ops
+
+    class Subsample(layers.Layer):
+        """Every 16th pixel, as float in [0, 1]: keeps the model's compute negligible."""
+
+        def call(self, x: Any) -> Any:
+            return ops.cast(x[:, ::16, ::16, :], "float32") / 255.0
+
+    inputs = keras.Input((224, 224, 3), dtype="uint8")
+    x = layers.GlobalAveragePooling2D()(Subsample()(inputs))
+    model = keras.Model(inputs, layers.Dense(classes, activation="softmax")(x))
+    model.compile("adam", "sparse_categorical_crossentropy")
+    return model
+
+
+class EpochTimer:
+    """A Keras callback recording wall time per epoch."""
+
+    def __new__(cls) -> Any:
+        import keras
+
+        class _Timer(keras.callbacks.Callback):
+            def __init__(self) -> None:
+                super().__init__()
+                self.times: list[float] = []
+                self._t0 = 0.0
+
+            def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+                self._t0 = time.perf_counter()
+
+            def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+                self.times.append(time.perf_counter() - self._t0)
+
+        return _Timer()
+
+
+def fit_rates(
+    model: Any, ds: Any, epochs: int, images_per_epoch: int, shuffle: bool = True
+) -> list[float]:
+    """img/s of epochs 2..1+epochs of ``model.fit(ds)`` (epoch 1 is the warm-up)."""
+    timer = EpochTimer()
+    model.fit(ds, epochs=1 + epochs, verbose=0, callbacks=[timer], shuffle=shuffle)
+    return [images_per_epoch / t for t in timer.times[1:]]
+
+
+def keras_fit_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=KERAS_FIT_DOC.split("\n\n")[0])
+    ap.add_argument("--data", default=common.DEFAULT_DATA)
+    ap.add_argument("--epochs", type=int, default=3, help="measured epochs (after 1 warm-up)")
+    ap.add_argument("--max-images", type=int, default=0, help="random subset (smoke runs)")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--no-keras-peer", action="store_true", help="skip the PyDataset contrast")
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="run every block this many times, in reversed order every other time",
+    )
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    facts = common.print_facts()
+    print(f"keras {keras.__version__}, backend {keras.backend.backend()}, TF {tf.__version__}")
+    all_items = common.list_items(args.data)
+    items = common.subset(all_items, args.max_images)
+    common.warm_page_cache(p for p, _ in items)
+    data = args.data if len(items) == len(all_items) else None
+    classes = max(y for _, y in items) + 1
+    model = build_model(classes)
+    bs = args.batch_size
+    results: dict[str, list[float]] = {}
+
+    def make_stoker() -> Any:
+        return peers.make("stoker", items, data=data, batch_size=bs, workers=args.workers)
+
+    # model only: one batch, in memory, repeated
+    n = len(items) // bs
+    x = np.random.default_rng(0).integers(0, 256, (bs, 224, 224, 3), dtype=np.uint8)
+    y = np.zeros(bs, np.int64)
+    mem = tf.data.Dataset.from_tensors((x, y)).repeat(n)
+    results["model only (in-memory batch)"] = fit_rates(
+        model, mem, args.epochs, n * bs, shuffle=False
+    )
+
+    def stoker_numpy() -> None:
+        with make_stoker() as pipe:
+            loader = pipe.obj
+            common.time_epoch(loader)  # warm-up
+            results.setdefault("stoker numpy", []).extend(
+                common.time_epoch(loader).rate for _ in range(args.epochs)
+            )
+
+    def stoker_fit() -> None:
+        with make_stoker() as pipe:
+            loader = pipe.obj
+            results.setdefault("stoker fit (loader.keras())", []).extend(
+                fit_rates(model, loader.keras(), args.epochs, len(loader) * bs)
+            )
+            stats.append(str(loader.stats()))
+            print(stats[-1])
+
+    def keras_numpy() -> None:
+        with peers.make("keras-pydataset", items, batch_size=bs, workers=args.workers) as pipe:
+            common.time_epoch(pipe.epoch())  # warm-up
+            results.setdefault("keras PyDataset numpy", []).extend(
+                common.time_epoch(pipe.epoch()).rate for _ in range(args.epochs)
+            )
+
+    def keras_fit() -> None:
+        ds = peers.keras_pydataset(items, bs, 224, args.workers)
+        results.setdefault("keras PyDataset fit", []).extend(
+            fit_rates(model, ds, args.epochs, len(ds) * bs)
+        )
+
+    stats: list[str] = []
+    blocks = [stoker_numpy, stoker_fit] + ([] if args.no_keras_peer else [keras_numpy, keras_fit])
+    for r in range(args.repeats):  # the block order reverses every repeat: drift hits all alike
+        for block in blocks if r % 2 == 0 else blocks[::-1]:
+            block()
+
+    rows = [
+        [name, f"{common.median(r):,.0f}", f"{min(r):,.0f}", f"{max(r):,.0f}"]
+        for name, r in results.items()
+    ]
+    print(
+        f"\n{len(items)} images, batch {bs}, {args.workers} workers; median of "
+        f"{args.epochs} epochs after a warm-up x {args.repeats} repeats (block order "
+        "reversed every other repeat)"
+    )
+    print(common.table(rows, ["input path", "img/s", "min", "max"]))
+
+    def med(name: str) -> float:
+        return common.median(results[name]) if name in results else float("nan")
+
+    ratios = [
+        common.ratio_line(
+            "stoker: fit / numpy", med("stoker fit (loader.keras())"), med("stoker numpy"), ">= 0.9"
+        )
+    ]
+    if not args.no_keras_peer:
+        ratios.append(
+            common.ratio_line(
+                "keras PyDataset: fit / numpy (contrast)",
+                med("keras PyDataset fit"),
+                med("keras PyDataset numpy"),
+                ">= 0.9",
+            )
+        )
+        ratios.append(
+            common.ratio_line(
+                "stoker fit / keras PyDataset fit",
+                med("stoker fit (loader.keras())"),
+                med("keras PyDataset fit"),
+                ">= 3.5",
+            )
+        )
+    print()
+    print(common.table(ratios, ["ratio (medians)", "value", "goal", "verdict"]))
+    common.write_json(
+        args.json,
+        {
+            "facts": facts,
+            "images": len(items),
+            "results": results,
+            "ratios": ratios,
+            "stoker_stats": stats,
+        },
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------- keras-pad
+
+KERAS_PAD_DOC = """\
+``pad_to_aspect_ratio=True`` against Keras' ``image_dataset_from_directory`` itself, on the
+same JPEGs: how far stoker's pixels are from Keras', and how much of that is the decoder.
+
+For each output size it prints the mean and largest absolute difference (0-255 levels) between
+stoker's batches and Keras' (``interpolation="bilinear"`` for both), whether the black border
+rows and columns are the same in every image, and the largest difference against
+``tf.image.resize_with_pad`` on libjpeg's accurate decode (stoker's decoder; TensorFlow's own
+default is the fast integer IDCT). Usage::
+
+    python benchmarks/training.py keras-pad --folder /tmp/keras_pad --per-class 6
+"""
+
+SIZES = [(32, 32), (48, 80), (100, 60), (224, 224)]
+
+
+def keras_pad_main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=KERAS_PAD_DOC.split("\n")[0])
+    parser.add_argument("--folder", default="/tmp/keras_pad")
+    parser.add_argument("--per-class", type=int, default=6)
+    parser.add_argument("--interpolation", default="bilinear", help="stoker's interpolation")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import keras
+    import tensorflow as tf
+
+    import stoker
+    from stoker.datasets import make_image_folder
+
+    root = make_image_folder(
+        args.folder, classes=2, per_class=args.per_class, min_side=64, max_side=120, seed=1
+    )
+    files = sorted(str(p) for p in root.glob("*/*.jpg"))
+    n = len(files)
+    for size in SIZES:
+        ds = keras.utils.image_dataset_from_directory(
+            str(root),
+            image_size=size,
+            batch_size=n,
+            shuffle=False,
+            verbose=False,
+            pad_to_aspect_ratio=True,
+            interpolation="bilinear",
+        )
+        theirs = np.concatenate([x.numpy() for x, _ in ds])
+        with stoker.Loader(
+            root,
+            image_size=size,
+            augment=None,
+            shuffle=False,
+            batch_size=n,
+            workers=0,
+            interpolation=args.interpolation,
+            pad_to_aspect_ratio=True,
+            drop_last=False,
+        ) as loader:
+            ours = np.concatenate([x for x, _ in loader]).astype(np.float32)
+        same_border = all(
+            np.array_equal(
+                (theirs[i] == 0).all(axis=(1 - a, 2)), (ours[i] == 0).all(axis=(1 - a, 2))
+            )
+            for i in range(n)
+            for a in (0, 1)
+        )
+        accurate = np.stack(
+            [
+                tf.image.resize_with_pad(
+                    tf.io.decode_jpeg(
+                        tf.io.read_file(f), channels=3, dct_method="INTEGER_ACCURATE"
+                    ),
+                    *size,
+                    method="bilinear",
+                ).numpy()
+                for f in files
+            ]
+        )
+        d = np.abs(ours - theirs)
+        print(
+            f"{size[0]}x{size[1]}: vs keras mean {d.mean():.2f} max {d.max():.1f}, same border "
+            f"{same_border}; vs resize_with_pad(accurate decode) max "
+            f"{np.abs(ours - accurate).max():.2f}"
+        )
+
+
+# ---------------------------------------------------------------------------- overlap
+
+OVERLAP_DOC = """\
+The user's scenario: does loading overlap with training? Epoch time with a fake train step.
+
+The "train step" takes as long as the loader needs to produce a batch, the hardest case for
+overlap (input and compute exactly balanced): T = stoker's load-only epoch time / batches,
+measured first. The step is ``time.sleep(T)``: a real accelerator step leaves the CPU free, and
+on this 2-core machine a busy-waiting main thread would take a whole core from the 2 workers
+(pass --busy to see that case). Every pipeline trains on the same number of batches of 256.
+
+    stoker         Loader(workers=2); `for x, y in loader: step()`; epochs back to back, as in
+                   training (its prefetch runs across epoch boundaries)
+    naive          what the user did before: load a chunk of --chunk images (default 8,000, or
+                   the whole epoch if smaller) synchronously in the main process with Pillow
+                   (keras load_img-style open + the same RandomResizedCrop + flip), then
+                   "train" on it batch by batch, then load the next chunk...
+    torch-pillow   PyTorch DataLoader(num_workers=2, persistent_workers=True) + Pillow (peers.py)
+
+For each: L = load-only epoch time, C = compute = batches x T, E = epoch time with the step.
+overlap ratio = E / max(C, L): 1.0 is perfect overlap, 2.0 is no overlap at all. Goal: stoker
+<= 1.05. The load-only and the training epochs ALTERNATE (round r: L_r, then E_r) and the ratio
+is the median of E_r / max(C, L_r): this VM's speed drifts by ~10% over tens of seconds, and
+with compute and loading balanced exactly, a load-only figure taken a minute earlier decides
+the ratio more than the overlap does. stoker's load-only epoch is its steady stream with the
+batches made ahead while idle drained first (common.time_stream); its training epoch is
+likewise the steady span of continuous training: from the arrival of a batch, len(loader)
+times "step, then take the next batch" (an isolated epoch would add a pipeline fill and a last
+step that continuous training overlaps with the next epoch: +1/len(loader), ~4% here).
+
+Usage
+    python benchmarks/training.py overlap                          # full dataset, 3 epochs each
+    python benchmarks/training.py overlap --max-images 1024 --epochs 1   # smoke
+"""
+
+
+def make_step(seconds: float, busy: bool) -> Callable[[Any], None]:
+    """The fake train step: sleep (accelerator-like) or busy-wait (CPU-bound) ``seconds``."""
+    if busy:
+
+        def step(_: Any) -> None:
+            end = time.perf_counter() + seconds
+            while time.perf_counter() < end:
+                pass
+    else:
+
+        def step(_: Any) -> None:
+            time.sleep(seconds)
+
+    return step
+
+
+def steady_training(stream: Any, batches: int, step: Callable[[Any], None]) -> float:
+    """Seconds for ``batches`` cycles of (step, next batch), from a batch's arrival."""
+    batch = next(stream)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        step(batch)
+        batch = next(stream)
+    return time.perf_counter() - t0
+
+
+def naive_epoch(
+    items: list[tuple[str, int]],
+    batches: int,
+    batch_size: int,
+    chunk: int,
+    step: Callable[[Any], None] | None,
+    rng: random.Random,
+) -> tuple[float, float]:
+    """Load-a-chunk-then-train epoch; returns (epoch seconds, seconds spent loading)."""
+    order = list(range(len(items)))
+    rng.shuffle(order)
+    order = order[: batches * batch_size]
+    t0, loading = time.perf_counter(), 0.0
+    for start in range(0, len(order), chunk):
+        ids = order[start : start + chunk]
+        t1 = time.perf_counter()
+        x = np.empty((len(ids), 224, 224, 3), np.uint8)
+        y = np.empty(len(ids), np.int64)
+        for j, i in enumerate(ids):
+            x[j] = peers.pil_sample(items[i][0], 224, rng)
+            y[j] = items[i][1]
+        loading += time.perf_counter() - t1
+        if step is not None:
+            for b in range(0, len(ids), batch_size):
+                step((x[b : b + batch_size], y[b : b + batch_size]))
+    return time.perf_counter() - t0, loading
+
+
+def overlap_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=OVERLAP_DOC.split("\n\n")[0])
+    ap.add_argument("--data", default=common.DEFAULT_DATA)
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--max-images", type=int, default=0, help="random subset (smoke runs)")
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=8000, help="naive: images loaded per chunk")
+    ap.add_argument("--busy", action="store_true", help="busy-wait instead of sleep")
+    ap.add_argument("--only", default="stoker,naive,torch-pillow")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args(argv)
+    only = set(args.only.split(","))
+
+    facts = common.print_facts()
+    all_items = common.list_items(args.data)
+    items = common.subset(all_items, args.max_images)
+    common.warm_page_cache(p for p, _ in items)
+    data = args.data if len(items) == len(all_items) else None
+    results: dict[str, dict[str, Any]] = {}
+
+    # stoker first: it defines T
+    stoker_pipe = peers.make(
+        "stoker", items, data=data, batch_size=args.batch_size, workers=args.workers
+    )
+    loader = stoker_pipe.obj
+    n = len(loader)
+    with stoker_pipe:
+        stream = loader.stream()
+        common.time_stream(stream, n)  # warm-up: worker start
+        t_step = common.time_stream(stream, n)[0].seconds / n
+        step = make_step(t_step, args.busy)
+        print(
+            f"stoker load-only epoch {t_step * n:.2f} s for {n} batches -> "
+            f"train step T = {t_step * 1000:.1f} ms ({'busy-wait' if args.busy else 'sleep'})"
+        )
+        loads, epochs, wait = [], [], 0.0
+        for _ in range(args.epochs):
+            loads.append(common.time_stream(stream, n)[0].seconds)
+            s0 = loader.stats()
+            epochs.append(steady_training(stream, n, step))
+            s1 = loader.stats()
+            wait += (s1.wait_s - s0.wait_s) / max(1e-9, s1.elapsed_s - s0.elapsed_s)
+        share = wait / args.epochs
+        results["stoker"] = {"load": loads, "epochs": epochs, "wait_share": share}
+        print(
+            f"  stoker load-only {[round(e, 2) for e in loads]}, with training "
+            f"{[round(e, 2) for e in epochs]}; waited for data {share:.1%} of the time "
+            "(stoker's stats, training epochs only)"
+        )
+    compute = n * t_step
+
+    if "torch-pillow" in only:
+        with peers.make(
+            "torch-pillow", items, batch_size=args.batch_size, workers=args.workers
+        ) as dl:
+            common.time_epoch(dl.epoch())  # warm-up: worker start
+            loads, epochs = [], []
+            for _ in range(args.epochs):
+                loads.append(common.time_epoch(dl.epoch()).seconds)
+                epochs.append(common.time_epoch(dl.epoch(), step).seconds)
+        results["torch-pillow"] = {"load": loads, "epochs": epochs}
+        print(
+            f"  torch-pillow load-only {[round(e, 2) for e in loads]}, with training "
+            f"{[round(e, 2) for e in epochs]}"
+        )
+
+    if "naive" in only:
+        rng = random.Random(0)
+        runs = [
+            naive_epoch(items, n, args.batch_size, args.chunk, step, rng)
+            for _ in range(args.epochs)
+        ]
+        results["naive"] = {"load": [r[1] for r in runs], "epochs": [r[0] for r in runs]}
+        print(
+            f"  naive epochs {[round(r[0], 2) for r in runs]} (of which loading "
+            f"{[round(r[1], 2) for r in runs]})"
+        )
+
+    rows = []
+    for name, r in results.items():
+        load, epoch = common.median(r["load"]), common.median(r["epochs"])
+        ratio = common.median(
+            [e / max(compute, x) for e, x in zip(r["epochs"], r["load"], strict=True)]
+        )
+        goal = "<= 1.05" if name == "stoker" else ""
+        verdict = ("PASS" if ratio <= 1.05 else "MISS") if goal else ""
+        r.update(load_s=load, epoch_s=epoch, compute_s=compute, ratio=ratio)
+        rows.append(
+            [name, f"{load:.2f}", f"{compute:.2f}", f"{epoch:.2f}", f"{ratio:.2f}", goal, verdict]
+        )
+    print(
+        f"\n{n} batches of {args.batch_size} per epoch; train step {t_step * 1000:.1f} ms "
+        f"({'busy-wait' if args.busy else 'sleep: leaves the CPU to the workers'}); "
+        f"medians of {args.epochs} rounds (ratio: median of the per-round ratios)"
+    )
+    print(
+        common.table(
+            rows,
+            [
+                "pipeline",
+                "load-only s",
+                "compute s",
+                "epoch s",
+                "epoch/max(C,L)",
+                "goal",
+                "verdict",
+            ],
+        )
+    )
+    if "naive" in results and "stoker" in results:
+        print(
+            f"stoker epoch is {results['naive']['epoch_s'] / results['stoker']['epoch_s']:.2f}x"
+            " faster than load-then-train"
+        )
+    common.write_json(
+        args.json, {"facts": facts, "images": len(items), "step_s": t_step, "results": results}
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------- cases
+
+CASES = {
+    "keras-fit": (keras_fit_main, KERAS_FIT_DOC),
+    "keras-pad": (keras_pad_main, KERAS_PAD_DOC),
+    "overlap": (overlap_main, OVERLAP_DOC),
+}
+
+
+if __name__ == "__main__":
+    sys.exit(common.run_cases(__doc__, CASES))
