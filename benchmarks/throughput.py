@@ -848,20 +848,24 @@ VARIANTS = {
 def gray_main(argv: list[str] | None = None) -> None:
     """Time the variants side by side and print ms per photo and the ratios."""
     parser = argparse.ArgumentParser(description=GRAY_DOC.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--json", default=None)
+    common.add_round_options(parser, rounds=15)
     args = parser.parse_args(argv)
     facts = print_facts()
     photos = [p.read_bytes() for p in sorted(PHOTOS.glob("*.jpg"))]
     infos = [dec.probe(d) for d in photos]
-    totals: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for _ in range(args.rounds):
-        for name, run in VARIANTS.items():
+
+    def peer(run: Callable[[bytes, dec.ImageInfo], object]) -> Callable[[], float]:
+        def measure() -> float:  # photos/s over all photos once
             start = time.perf_counter()
             for data, info in zip(photos, infos, strict=True):
                 run(data, info)
-            totals[name].append(time.perf_counter() - start)
-    per_photo = {name: median(t) / len(photos) * 1e3 for name, t in totals.items()}
+            return len(photos) / (time.perf_counter() - start)
+
+        return measure
+
+    peers = [common.Peer(name, peer(run)) for name, run in VARIANTS.items()]
+    result = common.interleave(peers, args.rounds, args.warmup)
+    per_photo = {name: 1e3 / median(v) for name, v in result.values.items()}
     rows = [[name, f"{ms:.3f}"] for name, ms in per_photo.items()]
     print(table(rows, ["variant", "ms/photo (median of rounds)"]))
     before = per_photo["gray: rgb decode + luma (before)"]
@@ -871,7 +875,17 @@ def gray_main(argv: list[str] | None = None) -> None:
         f"rgb / gray now: {per_photo['rgb decode'] / gray:.2f}x ({len(photos)} photos, "
         f"{args.rounds} rounds)"
     )
-    write_json(args.json, {"facts": facts, "ms_per_photo": per_photo, "photos": len(photos)})
+    baseline = "gray: rgb decode + luma (before)"
+    print(table(result.rows(baseline, "photos/s"), result.header(baseline, "photos/s")))
+    write_json(
+        args.json,
+        {
+            "facts": facts,
+            "ms_per_photo": per_photo,
+            "photos": len(photos),
+            **result.to_json(baseline),
+        },
+    )
 
 
 # ---------------------------------------------------------------------------- paired
@@ -919,6 +933,7 @@ def paired_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", default="/data/imagenet_like")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=4.0, help="timed seconds per side")
+    ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     for side in ("a", "b"):
         ap.add_argument(f"--{side}-env", default="", help="KEY=VALUE ... for this side")
         ap.add_argument(f"--{side}-kwargs", default="{}", help="Loader kwargs as JSON")
@@ -947,6 +962,9 @@ def paired_main(argv: list[str] | None = None) -> None:
             f"B/A {b / a:.3f}",
             flush=True,
         )
+    result = common.Result({"A": [a for a, _ in rates], "B": [b for _, b in rates]}, args.rounds, 0)
+    print(common.table(result.rows("A"), result.header("A")))
+    common.write_json(args.json, result.to_json("A"))
     print(
         f"A median {statistics.median(x for x, _ in rates):,.0f} img/s, "
         f"B median {statistics.median(y for _, y in rates):,.0f} img/s; "
