@@ -524,9 +524,9 @@ def make_csv(files: list[str], rows: int, path: str) -> str:
     return path
 
 
-def steady_pss(source: str, batches: int = 12) -> tuple[float, float]:
+def steady_pss(source: str, batches: int = 12, batch_size: int = 256) -> tuple[float, float]:
     """(PSS MiB after `batches` batches, bytes of index per sample)."""
-    with stoker.Loader(source, batch_size=256, image_size=224, workers=2) as loader:
+    with stoker.Loader(source, batch_size=batch_size, image_size=224, workers=2) as loader:
         it = loader.stream()
         for _ in range(batches):
             next(it)
@@ -554,9 +554,11 @@ def epoch_rate(loader: stoker.Loader) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def cold_vs_warm(source: str, files: list[str], epochs: int) -> tuple[float, float]:
+def cold_vs_warm(
+    source: str, files: list[str], epochs: int, batch_size: int = 256
+) -> tuple[float, float]:
     cold, warm = [], []
-    with stoker.Loader(source, batch_size=256, image_size=224, workers=2) as loader:
+    with stoker.Loader(source, batch_size=batch_size, image_size=224, workers=2) as loader:
         epoch_rate(loader)  # start-up
         for _ in range(epochs):
             drop_pages(files)
@@ -570,11 +572,14 @@ def scale_main(argv: list[str] | None = None) -> None:
     p.add_argument("--data", default="/data/imagenet_like")
     p.add_argument("--shards", default="/tmp/shards")
     p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--batch-size", type=int, default=256)
     args = p.parse_args(argv)
     files = sorted(glob.glob(os.path.join(args.data, "*", "*.jpg")))[:2000]
     tmp = tempfile.mkdtemp()
     for rows in (2_000, 200_000):
-        pss, per = steady_pss(make_csv(files, rows, os.path.join(tmp, f"{rows}.csv")))
+        pss, per = steady_pss(
+            make_csv(files, rows, os.path.join(tmp, f"{rows}.csv")), 12, args.batch_size
+        )
         print(f"{rows:>7,} samples: steady PSS {pss:,.1f} MiB, index {per:.0f} bytes/sample")
     all_files = sorted(glob.glob(os.path.join(args.data, "*", "*.jpg")))
     shard_files = sorted(glob.glob(os.path.join(args.shards, "*.parquet")))
@@ -582,7 +587,7 @@ def scale_main(argv: list[str] | None = None) -> None:
         ("folder", args.data, all_files),
         ("shards", args.shards, shard_files),
     ):
-        cold, warm = cold_vs_warm(source, paths, args.epochs)
+        cold, warm = cold_vs_warm(source, paths, args.epochs, args.batch_size)
         print(
             f"{name}: cold cache {cold:,.0f} img/s, warm {warm:,.0f} img/s "
             f"(median of {args.epochs})"
@@ -608,24 +613,25 @@ ready-made batches: its stoker figure, and the 1.11 ratio quoted from it, were ~
     python benchmarks/throughput.py ceiling --rounds 5
 """
 
-DATA = "/data/imagenet_like"
-OPTIONS = {"batch_size": 256, "image_size": 224, "augment": "train"}
-
 
 def ceiling_main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=CEILING_DOC.split("\n\n")[0])
+    p.add_argument("--data", default=common.DEFAULT_DATA, help="ImageFolder dataset")
+    p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=6.0)
     args = p.parse_args(argv)
+    data = args.data
+    options = {"batch_size": args.batch_size, "image_size": 224, "augment": "train"}
     rows = []
-    with stoker.Loader(DATA, workers=2, **OPTIONS) as loader:
+    with stoker.Loader(data, workers=2, **options) as loader:
         stream = loader.stream()
         common.time_stream(stream, len(loader))  # warm-up
         for r in range(args.rounds):
             steady, _ = common.time_stream(stream, len(loader))
             common.wait_idle()
-            solo = busy_cores_rate(DATA, OPTIONS, 1, args.seconds)[0]
-            pair = sum(busy_cores_rate(DATA, OPTIONS, 2, args.seconds))
+            solo = busy_cores_rate(data, options, 1, args.seconds)[0]
+            pair = sum(busy_cores_rate(data, options, 2, args.seconds))
             rows.append((steady.rate, 2 * solo, pair))
             print(
                 f"round {r + 1}: stoker {steady.rate:,.0f}, solo x2 {2 * solo:,.0f}, "
@@ -914,7 +920,7 @@ A side is given as environment assignments plus Loader keyword arguments as JSON
 ONE = (
     "import json, os, sys, stoker; from stoker.cli.bench import single_core_rate; "
     "os.sched_setaffinity(0, {int(sys.argv[1])}); "
-    "L = stoker.Loader(sys.argv[2], batch_size=256, image_size=224, workers=0, "
+    "L = stoker.Loader(sys.argv[2], batch_size=int(sys.argv[5]), image_size=224, workers=0, "
     "**json.loads(sys.argv[4])); single_core_rate(L, 1.0); "
     "print(single_core_rate(L, float(sys.argv[3]))); L.close()"
 )
@@ -933,6 +939,7 @@ def paired_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", default="/data/imagenet_like")
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--seconds", type=float, default=4.0, help="timed seconds per side")
+    ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     for side in ("a", "b"):
         ap.add_argument(f"--{side}-env", default="", help="KEY=VALUE ... for this side")
@@ -947,14 +954,26 @@ def paired_main(argv: list[str] | None = None) -> None:
         order = cores if r % 2 == 0 else cores[::-1]
         procs = [
             subprocess.Popen(
-                [sys.executable, "-c", ONE, str(core), args.data, str(args.seconds), kwargs],
+                [
+                    sys.executable,
+                    "-c",
+                    ONE,
+                    str(core),
+                    args.data,
+                    str(args.seconds),
+                    kwargs,
+                    str(args.batch_size),
+                ],
                 env=env,
                 stdout=subprocess.PIPE,
                 text=True,
             )
             for core, (env, kwargs) in zip(order, sides, strict=True)
         ]
-        a, b = (float(p.communicate()[0].strip().splitlines()[-1]) for p in procs)
+        outs = [p.communicate()[0] for p in procs]
+        if any(p.returncode for p in procs):
+            sys.exit(f"a side of round {r + 1} failed (its error is above)")
+        a, b = (float(out.strip().splitlines()[-1]) for out in outs)
         rates.append((a, b))
         ratios.append(b / a)
         print(

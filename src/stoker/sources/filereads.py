@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - built without a C compiler
 if _readfiles is not None and getattr(_readfiles, "API_VERSION", 0) != API_VERSION:
     STALE = f"the built {_readfiles.__file__} is from another stoker version"
     _readfiles = None  # Python threads read instead
-# STOKER_NATIVE_READS=0 reads on Python threads (the A/B of benchmarks/cold.py's -pywindow)
+# STOKER_NATIVE_READS=0 reads on Python threads (the -pywindow A/B of `benchmarks/storage.py cold`)
 AVAILABLE = _readfiles is not None and os.environ.get("STOKER_NATIVE_READS", "1") != "0"
 
 

@@ -1,0 +1,250 @@
+"""The benchmarks' harness (benchmarks/common.py) and its theme scripts: rounds interleave their
+peers (A B A B, never A A B B) after untimed warm-up rounds, ratios are taken against a baseline
+of the same round, the median's interval covers what it says, ``--json`` writes one schema, and
+every theme script lists its cases, parses each case's options and runs a tiny case end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+THEMES = ("throughput", "startup", "storage", "augment", "memory", "training")
+
+
+def _env() -> dict[str, str]:
+    path = os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": ""}
+
+
+def _run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def common():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(BENCH))
+    try:
+        import common as module
+
+        yield module
+    finally:
+        sys.path.remove(str(BENCH))
+
+
+# --------------------------------------------------------------------------- the harness
+
+
+def test_interleave_runs_the_peers_abab_after_untimed_warmup_rounds(common) -> None:
+    calls: list[str] = []
+
+    def peer(name: str, figures: list[float]) -> object:
+        it = iter(figures)
+
+        def measure() -> float:
+            calls.append(name)
+            return next(it)
+
+        return common.Peer(name, measure)
+
+    result = common.interleave(
+        [peer("a", [0.0, 10, 20, 30]), peer("b", [0.0, 20, 20, 90])], rounds=3, warmup=1
+    )
+    assert calls == ["a", "b"] * 4
+    assert result.values == {"a": [10, 20, 30], "b": [20, 20, 90]}
+    assert result.stats("a")["median"] == 20
+    # the median of the per-round ratios (2, 1, 3), not the ratio of the medians (20 / 20)
+    assert result.ratio("b", "a")["median"] == 2.0
+    assert result.ratio("a", "a")["median"] == 1.0
+    with pytest.raises(ValueError, match="unique"):
+        common.interleave([peer("a", []), peer("a", [])], rounds=1)
+
+
+def test_median_interval_is_the_range_for_few_rounds_and_narrows_with_more(common) -> None:
+    low, high, coverage = common.median_ci([5.0, 1.0, 3.0])
+    assert (low, high) == (1.0, 5.0) and coverage == pytest.approx(0.75)
+    low, high, coverage = common.median_ci([float(x) for x in range(20)])
+    assert 0.95 <= coverage < 1.0 and 0 < low < 9.5 < high < 19
+
+
+def test_json_has_one_schema_with_the_facts_at_both_ends(common, tmp_path: Path) -> None:
+    result = common.Result({"x": [1.0, 2.0, 3.0], "y": [2.0, 2.0, 9.0]}, 3, 0)
+    common.write_json(str(tmp_path / "out.json"), result.to_json("x"))
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["schema"] == common.SCHEMA
+    assert set(out) == {"schema", "script", "case", "argv", "facts", "results"}
+    for end in ("start", "end"):
+        facts = out["facts"][end]
+        assert len(facts["load_avg_1_5_15"]) == 3 and facts["usable_cores"] >= 1
+        assert facts["stoker_commit"] and facts["decoder"]
+    assert out["results"]["ratios"]["y"]["median"] == 2.0
+    assert out["results"]["peers"]["y"]["values"] == [2.0, 2.0, 9.0]
+
+
+# --------------------------------------------------------------------------- the theme scripts
+
+
+def test_the_old_scripts_are_merged_into_the_theme_scripts() -> None:
+    scripts = {p.stem for p in BENCH.glob("*.py")}
+    libraries = {"common", "peers", "photo_source"}
+    assert scripts - libraries == {*THEMES, "cluster", "gpu_check"}
+
+
+def test_an_unknown_case_names_the_cases() -> None:
+    proc = _run(str(BENCH / "memory.py"), "nosuch")
+    assert proc.returncode == 2
+    assert "unknown case 'nosuch'" in proc.stderr and "loader, arrays" in proc.stderr
+
+
+PARSE_ALL = """
+import sys
+sys.path.insert(0, {bench!r})
+theme = __import__({theme!r})
+for name, (main, doc) in theme.CASES.items():
+    assert name in theme.__doc__, name
+    assert doc.strip(), name
+    try:
+        main(["--help"])
+    except SystemExit as exc:
+        assert exc.code == 0, (name, exc.code)
+    else:
+        raise AssertionError(name + ": --help did not exit")
+print("cases:", ",".join(theme.CASES))
+"""
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("theme", THEMES)
+def test_every_case_of_a_theme_script_parses_its_options(theme: str) -> None:
+    proc = _run("-c", PARSE_ALL.format(bench=str(BENCH), theme=theme))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "cases:" in proc.stdout
+    listing = _run(str(BENCH / f"{theme}.py"), "--help")
+    assert listing.returncode == 0 and "Cases" in listing.stdout
+
+
+def _case(theme: str, *args: str, json_path: Path | None = None) -> dict | None:
+    extra = ["--json", str(json_path)] if json_path else []
+    proc = _run(str(BENCH / f"{theme}.py"), *args, *extra)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "machine:" in proc.stdout or json_path is None
+    if json_path is None:
+        return None
+    out = json.loads(json_path.read_text())
+    assert out["schema"] == "stoker-bench/1" and out["case"] == args[0]
+    return out["results"]
+
+
+@pytest.mark.timeout(300)
+def test_throughput_gray_runs_its_rounds_on_the_harness(tmp_path: Path) -> None:
+    results = _case(
+        "throughput", "gray", "--rounds", "2", "--warmup", "0", json_path=tmp_path / "g.json"
+    )
+    assert results is not None and results["rounds"] == 2
+    assert results["ratios"]["gray: rgb decode + luma (before)"]["median"] == 1.0
+    assert all(p["median"] > 0 for p in results["peers"].values())
+
+
+@pytest.mark.timeout(300)
+def test_memory_loader_smallest_case(tmp_path: Path, image_folder: Path) -> None:
+    results = _case(
+        "memory",
+        "loader",
+        "--data",
+        str(image_folder),
+        "--epochs",
+        "2",
+        "--batch-size",
+        "6",
+        "--workers",
+        "1",
+        json_path=tmp_path / "m.json",
+    )
+    assert results is not None
+
+
+@pytest.mark.timeout(300)
+def test_storage_page_cache_smallest_case(tmp_path: Path, image_folder: Path) -> None:
+    results = _case(
+        "storage",
+        "page-cache",
+        "--data",
+        str(image_folder),
+        "--rounds",
+        "1",
+        json_path=tmp_path / "p.json",
+    )
+    assert results is not None
+
+
+@pytest.mark.timeout(300)
+def test_startup_files_smallest_case(tmp_path: Path, image_folder: Path) -> None:
+    results = _case(
+        "startup",
+        "files",
+        "--files",
+        "60",
+        "--repeats",
+        "1",
+        "--root",
+        str(tmp_path / "f"),
+        "--data",
+        str(image_folder),
+        json_path=tmp_path / "s.json",
+    )
+    assert results is not None
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.timeout(300)
+def test_augment_ops_smallest_case(image_folder: Path) -> None:
+    _case(
+        "augment",
+        "ops",
+        str(image_folder),
+        "--workers",
+        "1",
+        "--batch",
+        "6",
+        "--epochs",
+        "1",
+        "--rounds",
+        "1",
+        "--calls",
+        "2",
+    )
+
+
+@pytest.mark.timeout(300)
+def test_training_overlap_smallest_case(tmp_path: Path, image_folder: Path) -> None:
+    results = _case(
+        "training",
+        "overlap",
+        "--data",
+        str(image_folder),
+        "--epochs",
+        "1",
+        "--batch-size",
+        "6",
+        "--workers",
+        "1",
+        "--only",
+        "stoker",
+        json_path=tmp_path / "o.json",
+    )
+    assert results is not None
