@@ -663,13 +663,13 @@ would have cost.
 POLICIES = ("auto", "keep", "drop")
 
 
-def _page_cache_run_one(policy: str, data: str) -> dict[str, float]:
+def _page_cache_run_one(policy: str, data: str, batch_size: int = 256) -> dict[str, float]:
     """Two epochs under ``policy`` in this (fresh) process."""
     import stoker
 
     cached0 = psutil.virtual_memory().cached
     with stoker.Loader(
-        data, batch_size=256, image_size=224, augment="train", workers=2, page_cache=policy
+        data, batch_size=batch_size, image_size=224, augment="train", workers=2, page_cache=policy
     ) as loader:
         first = common.time_epoch(loader)
         second = common.time_epoch(loader)
@@ -683,10 +683,11 @@ def _page_cache_run_one(policy: str, data: str) -> dict[str, float]:
     }
 
 
-def _page_cache_measure(policy: str, data: Path) -> dict[str, float]:
+def _page_cache_measure(policy: str, data: Path, batch_size: int = 256) -> dict[str, float]:
     """One fresh-process run of ``policy`` with the folder's pages dropped first."""
     drop_cache(data)
     cmd = [sys.executable, __file__, "page-cache", "--one", policy, "--data", str(data)]
+    cmd += ["--batch-size", str(batch_size)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     print(
@@ -703,17 +704,18 @@ def page_cache_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default=common.DEFAULT_DATA, help="an ImageFolder that fits in RAM")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(_page_cache_run_one(args.one, args.data)))
+        print(json.dumps(_page_cache_run_one(args.one, args.data, args.batch_size)))
         return 0
     facts = common.print_facts()
     results = []
     for k in range(args.rounds):
         print(f"round {k + 1} of {args.rounds}", flush=True)
         for policy in POLICIES[k % 3 :] + POLICIES[: k % 3]:
-            results.append(_page_cache_measure(policy, Path(args.data)))
+            results.append(_page_cache_measure(policy, Path(args.data), args.batch_size))
     rows = []
     for policy in POLICIES:
         runs = [r for r in results if r["policy"] == policy]

@@ -44,6 +44,7 @@ def common():  # type: ignore[no-untyped-def]
         yield module
     finally:
         sys.path.remove(str(BENCH))
+        sys.modules.pop("common", None)
 
 
 # --------------------------------------------------------------------------- the harness
@@ -168,7 +169,7 @@ def test_memory_loader_smallest_case(tmp_path: Path, image_folder: Path) -> None
         "--data",
         str(image_folder),
         "--epochs",
-        "2",
+        "3",
         "--batch-size",
         "6",
         "--workers",
@@ -187,6 +188,8 @@ def test_storage_page_cache_smallest_case(tmp_path: Path, image_folder: Path) ->
         str(image_folder),
         "--rounds",
         "1",
+        "--batch-size",
+        "6",
         json_path=tmp_path / "p.json",
     )
     assert results is not None
@@ -198,7 +201,7 @@ def test_startup_files_smallest_case(tmp_path: Path, image_folder: Path) -> None
         "startup",
         "files",
         "--files",
-        "60",
+        "200",
         "--repeats",
         "1",
         "--root",
