@@ -561,10 +561,13 @@ def _num(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
-def interleave(peers: Sequence[Peer], rounds: int, warmup: int = 1) -> Result:
+def interleave(
+    peers: Sequence[Peer], rounds: int, warmup: int = 1, progress: str | None = None
+) -> Result:
     """Run every peer once per round, in the same order each round (A B A B ..., never
     A A B B), after ``warmup`` untimed rounds, so a machine that drifts or gets busy during
-    the run slows every peer alike."""
+    the run slows every peer alike. ``progress`` (a format such as ``"{:,.1f}"``): print each
+    timed round's figures as it ends."""
     names = [p.name for p in peers]
     if len(set(names)) != len(names):
         raise ValueError(f"peer names must be unique, got {names}")
@@ -572,10 +575,16 @@ def interleave(peers: Sequence[Peer], rounds: int, warmup: int = 1) -> Result:
         raise ValueError(f"rounds must be >= 1 and warmup >= 0, got {rounds} and {warmup}")
     values: dict[str, list[float]] = {n: [] for n in names}
     for r in range(warmup + rounds):
-        for peer in peers:
-            figure = peer.measure()
-            if r >= warmup:
-                values[peer.name].append(figure)
+        figures = [peer.measure() for peer in peers]
+        if r < warmup:
+            continue
+        for name, figure in zip(names, figures, strict=True):
+            values[name].append(figure)
+        if progress:
+            shown = ", ".join(
+                f"{n} {progress.format(x)}" for n, x in zip(names, figures, strict=True)
+            )
+            print(f"round {r - warmup + 1}: {shown}", flush=True)
     return Result(values, rounds, warmup)
 
 

@@ -1279,15 +1279,10 @@ def eval_large_main(argv: list[str] | None = None) -> int:
         full_decode(True), paths, args.seconds
     )
     methods["pillow draft"] = lambda: _eval_large_rate(pillow_draft, paths, args.seconds)
-    rates: dict[str, list[float]] = {k: [] for k in methods}
     try:
-        for r in range(args.rounds):
-            for name, fn in methods.items():
-                rates[name].append(fn())
-            print(
-                f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:,.1f}" for k, v in rates.items()),
-                flush=True,
-            )
+        peers = [common.Peer(name, fn) for name, fn in methods.items()]
+        result = common.interleave(peers, args.rounds, warmup=0, progress="{:,.1f}")
+        rates = result.values
     finally:
         for ld in loaders.values():
             ld.close()
@@ -1318,6 +1313,9 @@ def eval_large_main(argv: list[str] | None = None) -> int:
     ]
     print()
     print(common.table(ratios, ["ratio (medians)", "value", "goal", "verdict"]))
+    baseline = "full decode (same resize)"
+    print()
+    print(common.table(result.rows(baseline), result.header(baseline)))
     common.write_json(
         args.json,
         {
@@ -1326,7 +1324,8 @@ def eval_large_main(argv: list[str] | None = None) -> int:
             "megapixels": mp,
             "dct_scales": dict(scales),
             "rates": rates,
-            "ratios": ratios,
+            "ratio_lines": ratios,
+            **result.to_json(baseline),
         },
     )
     return 0

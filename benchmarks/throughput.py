@@ -620,25 +620,27 @@ def ceiling_main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--seconds", type=float, default=6.0)
+    p.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = p.parse_args(argv)
+    common.print_facts()
     data = args.data
     options = {"batch_size": args.batch_size, "image_size": 224, "augment": "train"}
-    rows = []
     with stoker.Loader(data, workers=2, **options) as loader:
         stream = loader.stream()
         common.time_stream(stream, len(loader))  # warm-up
-        for r in range(args.rounds):
+
+        def stoker_rate() -> float:
             steady, _ = common.time_stream(stream, len(loader))
             common.wait_idle()
-            solo = busy_cores_rate(data, options, 1, args.seconds)[0]
-            pair = sum(busy_cores_rate(data, options, 2, args.seconds))
-            rows.append((steady.rate, 2 * solo, pair))
-            print(
-                f"round {r + 1}: stoker {steady.rate:,.0f}, solo x2 {2 * solo:,.0f}, "
-                f"pair {pair:,.0f} img/s",
-                flush=True,
-            )
-    med = [statistics.median(col) for col in zip(*rows, strict=True)]
+            return steady.rate
+
+        peers = [
+            common.Peer("stoker", stoker_rate),
+            common.Peer("solo x2", lambda: 2 * busy_cores_rate(data, options, 1, args.seconds)[0]),
+            common.Peer("pair", lambda: sum(busy_cores_rate(data, options, 2, args.seconds))),
+        ]
+        result = common.interleave(peers, args.rounds, warmup=0, progress="{:,.0f}")
+    med = [common.median(v) for v in result.values.values()]
     print(
         f"medians: stoker {med[0]:,.0f}, one core x 2 {med[1]:,.0f}, two busy cores "
         f"{med[2]:,.0f} img/s"
@@ -647,6 +649,8 @@ def ceiling_main(argv: list[str] | None = None) -> None:
         f"stoker / (one core x 2) = {med[0] / med[1]:.2f}; "
         f"stoker / (two busy cores) = {med[0] / med[2]:.2f}"
     )
+    print(common.table(result.rows("solo x2"), result.header("solo x2")))
+    common.write_json(args.json, result.to_json("solo x2"))
 
 
 # ---------------------------------------------------------------------------- crop-decode
