@@ -201,7 +201,7 @@ def test_startup_files_smallest_case(tmp_path: Path, image_folder: Path) -> None
         "startup",
         "files",
         "--files",
-        "200",
+        "300",
         "--repeats",
         "1",
         "--root",
