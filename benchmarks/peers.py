@@ -49,8 +49,9 @@ class Pipeline:
     """A peer: ``epoch()`` gives one epoch of batches; ``close()`` stops its workers.
 
     ``stream`` (stoker only): a callable returning the loader's one endless batch stream and
-    ``batches``: batches per epoch. stoker keeps prefetching across epochs, so compare.py
-    measures it on that stream (see `common.time_stream`) instead of per-epoch iterators.
+    ``batches``: batches per epoch. stoker keeps prefetching across epochs, so
+    `throughput.py compare` measures it on that stream (see `common.time_stream`) instead of
+    per-epoch iterators.
     """
 
     def __init__(
@@ -359,7 +360,7 @@ def __getattr__(name: str) -> Any:  # PEP 562: lets pickle find the lazily built
 def keras_pydataset(
     items: Items, batch_size: int = 256, size: int = 224, workers: int = 2, seed: int = 0
 ) -> Any:
-    """The Keras peer's PyDataset itself (for model.fit in keras_fit.py)."""
+    """The Keras peer's PyDataset itself (for model.fit in `training.py keras-fit`)."""
     return _keras_dataset_class()(items, batch_size, size, workers, seed)
 
 
@@ -411,7 +412,7 @@ def make(
 
     ``data``: the ImageFolder directory the items came from, when they are all of it; stoker
     then opens the folder itself (its normal use) instead of a path list. ``autotune``: tf.data
-    peers map with ``num_parallel_calls=AUTOTUNE`` instead of ``workers`` (cold.py).
+    peers map with ``num_parallel_calls=AUTOTUNE`` instead of ``workers`` (`storage.py cold`).
     """
     if name in ("stoker", "stoker-exact"):
         return _stoker(items, data, batch_size, size, workers, seed, name == "stoker-exact")
