@@ -17,9 +17,9 @@ PAGE = ROOT / "docs" / "options.md"
 def page() -> str:
     """The page's text, generated from the option groups."""
     sys.path.insert(0, str(ROOT / "src"))
-    from stoker.loader import options
+    from stoker.loader import optiondocs
 
-    return options.markdown_page()
+    return optiondocs.markdown_page()
 
 
 def main() -> int:

@@ -18,7 +18,7 @@ import pytest
 
 import stoker
 from stoker.errors import ConfigError
-from stoker.loader import options
+from stoker.loader import optiondocs, options
 from stoker.loader.options import Options
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def test_help_documents_every_argument_with_its_type_and_default() -> None:
 
 def test_docs_options_page_is_generated_from_the_groups() -> None:
     page = (ROOT / "docs" / "options.md").read_text()
-    assert page == options.markdown_page(), (
+    assert page == optiondocs.markdown_page(), (
         "docs/options.md is out of date: run python scripts/gen_options.py"
     )
     for key, _ in options.GROUPS:

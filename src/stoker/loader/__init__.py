@@ -1,6 +1,7 @@
 """The Loader and what it owns: ``core`` (the ``Loader`` class: iteration, state, stats, close),
 ``options`` (its keyword arguments, each declared once in a frozen group with its default, type,
-doc and check), ``config`` (the checks, with the fix in each message, and the sized choices),
+doc and check; ``optiondocs`` makes the signature, ``help()`` and the docs page from them),
+``config`` (the checks, with the fix in each message, and the sized choices),
 ``wiring`` (the options turned into the parts: source, pipeline, plan, batch schema),
 ``recipe`` (the frozen ``Recipe`` made of them once, which every worker and node receives whole),
 ``selection`` (Keras' ``validation_split``/``subset``/``class_names``), ``running`` (what a

@@ -27,7 +27,7 @@ from ..workers.cluster import probe_digest
 from ..workers.engine import Engine
 from ..workers.launch import describe as describe_start
 from ..workers.threads import describe as describe_threads
-from . import config, options, wiring
+from . import config, optiondocs, wiring
 from .compat import EpochSampler, Samples
 from .consumer import Guard
 from .options import Options
@@ -580,9 +580,9 @@ def _document(cls: type[Loader]) -> None:
     """Give ``Loader`` its "Args" section and its real signature, both generated from the
     option groups (``__init__(source, **kwargs)`` and ``__new__(*args, **kwargs)`` would
     otherwise hide the arguments from ``inspect.signature``, ``help()``, IPython and Jupyter)."""
-    args = textwrap.indent(options.args_section(), "    ")
+    args = textwrap.indent(optiondocs.args_section(), "    ")
     cls.__doc__ = f"{(cls.__doc__ or '').rstrip()}\n\n{args}\n    "
-    cls.__signature__ = options.signature()  # type: ignore[attr-defined]
+    cls.__signature__ = optiondocs.signature()  # type: ignore[attr-defined]
 
 
 _document(Loader)
