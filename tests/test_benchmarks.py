@@ -251,3 +251,65 @@ def test_training_overlap_smallest_case(tmp_path: Path, image_folder: Path) -> N
         json_path=tmp_path / "o.json",
     )
     assert results is not None
+
+
+PARSE_DOCS = r"""
+import argparse, re, shlex, sys
+from pathlib import Path
+root = Path({root!r})
+sys.path.insert(0, str(root / "benchmarks"))
+
+
+class Parsed(Exception):
+    pass
+
+
+def parse_only(self, args=None, namespace=None):
+    _, extra = self.parse_known_args(args, namespace)
+    if extra:
+        self.error("unrecognized arguments: " + " ".join(extra))
+    raise Parsed  # the options parse: stop before the case runs
+
+
+argparse.ArgumentParser.parse_args = parse_only
+pages = [root / "README.md", root / "benchmarks" / "README.md"]
+pages += sorted((root / "docs").glob("*.md"))
+found = []
+for page in pages:
+    text = page.read_text(encoding="utf-8")
+    for block in re.findall(r"```.*?```", text, re.S):
+        for m in re.finditer(r"python benchmarks/(\w+)\.py((?:[^\n]*\\\n)*[^\n]*)", block):
+            found.append((page.name, m.group(1), m.group(2).replace("\\\n", " ")))
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    for span in re.findall(r"`([^`]+)`", prose):
+        for m in re.finditer(r"python benchmarks/(\w+)\.py([^;`]*)", span.replace("\n", " ")):
+            found.append((page.name, m.group(1), m.group(2)))
+bad, checked = [], 0
+for page, script, rest in found:
+    if script in ("cluster", "gpu_check", "THEME"):
+        continue  # single-case scripts of their own (gpu_check has its own test)
+    rest = re.sub(r"\$\([^)]*\)", "FILE", rest.split(" #")[0]).replace("...", "")
+    args = shlex.split(rest)
+    theme = __import__(script)
+    if not args or args[0] not in theme.CASES:
+        bad.append(f"{{page}}: {{script}}.py {{rest.strip()}}: no case named")
+        continue
+    checked += 1
+    try:
+        theme.CASES[args[0]][0](args[1:])
+        bad.append(f"{{page}}: {{script}}.py {{rest.strip()}}: ran instead of parsing")
+    except Parsed:
+        pass
+    except SystemExit:
+        bad.append(f"{{page}}: {{script}}.py {{rest.strip()}}: its options do not parse")
+print("checked", checked)
+assert not bad, "\n".join(bad)
+"""
+
+
+@pytest.mark.needs("torch")
+@pytest.mark.timeout(300)
+def test_every_benchmark_command_the_docs_cite_names_a_case_and_parses() -> None:
+    proc = _run("-c", PARSE_DOCS.format(root=str(ROOT)))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert int(proc.stdout.split("checked")[-1]) >= 50
