@@ -401,8 +401,34 @@ time.sleep(600)
 """
 
 
+def _reapers_of(pids: list[int]) -> list[int]:
+    """The reaper processes watching any of ``pids`` (a reaper's last argument is its owner)."""
+    owners = {str(p) for p in pids}
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        line = proc.info["cmdline"] or []
+        if any(arg.endswith("reaper.py") for arg in line) and line[-1] in owners:
+            found.append(proc.pid)
+    return found
+
+
+def _segments_of(pids: list[int]) -> list[str]:
+    """Segments and lock files in /dev/shm made by any of ``pids``."""
+    prefixes = tuple(f"stoker_{p}_" for p in pids)
+    return sorted(p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(prefixes))
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 @pytest.mark.timeout(300)
-def test_a_trainer_killed_mid_epoch_leaves_no_actor_and_no_process(ray_cluster, dataset):
+def test_a_trainer_killed_mid_epoch_leaves_no_segment_lock_or_process_on_any_node(
+    ray_cluster, dataset
+):
     cluster, _ = ray_cluster
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen(
@@ -414,28 +440,51 @@ def test_a_trainer_killed_mid_epoch_leaves_no_actor_and_no_process(ray_cluster, 
     try:
         line = proc.stdout.readline()  # the handshake: mid-epoch, nodes busy
         assert line, "the trainer ended before its first batch"
-        pids = [pid for row in json.loads(line) for pid in row]
+        rows = json.loads(line)
+        actors = [row[0] for row in rows]
+        pids = [pid for row in rows for pid in row] + _reapers_of([proc.pid, *actors])
+        assert len(pids) == 2 * len(actors) + len(actors) + 1  # actor, worker, reaper; trainer's
+        assert all(_segments_of([a]) for a in actors)  # each node has its segments and lock
     finally:
         proc.kill()
         proc.wait(30)
         proc.stdout.close()
-    deadline = time.monotonic() + 60
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [
-            p
-            for p in pids
-            if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-        ]
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _running(p)]
+        left = _segments_of([proc.pid, *actors])
+        if not alive and not left:
+            break
         time.sleep(0.1)
     assert not alive, f"processes left on the cluster: {alive}"
-    # An actor removes its segments before anything else when the trainer's connection ends,
-    # but Ray may kill it (and its reaper) first; the next stoker start on the node removes
-    # what a dead process left, as stoker does on one machine.
-    # (an owner is a tag, pid and token, and only a provably gone one's segments go)
-    from stoker.shm.stale import clean_stale
+    assert not left, f"segments or lock files left on the nodes: {left}"
 
-    clean_stale()
+
+@pytest.mark.timeout(300)
+def test_an_actor_killed_by_ray_leaves_no_segment_lock_or_process_on_its_node(ray_cluster, dataset):
+    import ray
+
+    want, _ = _reference(dataset)
+    with pytest.warns(stoker.StokerWarning, match="left"):
+        with _cluster_loader(dataset) as loader:
+            batches = iter(loader)
+            got = _digests([next(batches)])
+            row = loader.stats().cluster["nodes"][0]
+            victims = [row["pid"], *row["workers"], *_reapers_of([row["pid"]])]
+            assert len(victims) == 3 and _segments_of([row["pid"]])
+            # Ray's own kill: the actor's process exits, killing its direct children with it
+            ray.kill(loader._run.pool.nodes.nodes[0].actor, no_restart=True)  # type: ignore
+            got += _digests(batches)
+    assert got == want
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        alive = [p for p in victims if _running(p)]
+        left = _segments_of([row["pid"]])
+        if not alive and not left:
+            break
+        time.sleep(0.1)
+    assert not alive, f"processes left on the node: {alive}"
+    assert not left, f"segments or lock files left on the node: {left}"
 
 
 @pytest.mark.timeout(240)

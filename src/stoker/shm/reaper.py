@@ -15,6 +15,12 @@ A path is announced *before* its file is created, so no moment exists where a se
 disk and unknown to the reaper. The reaper runs as ``python -I -S reaper.py PARENT`` in a
 session of its own: it imports only the standard library, starts in milliseconds, and neither
 Ctrl-C at the terminal nor a signal sent to the parent's process group reaches it.
+
+A process whose killer also kills its direct children calls :func:`detach` before its first
+segment: its reaper is then started as a grandchild (``reaper.py --detach PARENT``: a
+short-lived middle process forks the reaper proper and exits), so it is no child of the parent
+and watches it through the pipe and a pidfd instead. A Ray actor is such a process: Ray's kill of
+an actor, and its exit at the end of a job, SIGKILL the worker's direct children with it.
 """
 
 from __future__ import annotations
@@ -43,29 +49,37 @@ def start_time(pid: int) -> str:
 # ----------------------------------------------------------------------- the reaper process
 
 
-def _parent_gone(parent: int) -> bool:
-    return os.getppid() != parent
+def _parent_gone(parent: int, started: str) -> bool:
+    """Whether the parent is gone: no longer our parent, or (for a detached reaper, whose
+    parent never was its own) no longer the process that started at ``started``."""
+    if not started:
+        return os.getppid() != parent
+    return start_time(parent) != started
 
 
-def _wait_readable(fds: list[int], parent: int) -> list[int]:
+def _wait_readable(fds: list[int], parent: int, started: str) -> list[int]:
     while True:
         ready = select.select(fds, [], [], POLL_S)[0]
-        if ready or _parent_gone(parent):
+        if ready or _parent_gone(parent, started):
             return ready
 
 
-def _serve(parent: int) -> tuple[set[str], dict[int, str]]:
+def _pidfd(pid: int) -> int:
+    """A pidfd for ``pid``, or -1 where the kernel or Python has none."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return -1
+
+
+def _serve(parent: int, pidfd: int, started: str = "") -> tuple[set[str], dict[int, str]]:
     """Read announcements until the parent is gone; what is still listed then."""
     paths: set[str] = set()
     procs: dict[int, str] = {}
-    fds = [0]
-    try:
-        fds.append(os.pidfd_open(parent))
-    except (AttributeError, OSError):
-        pass
+    fds = [0] if pidfd < 0 else [0, pidfd]
     pending = b""
     while True:
-        ready = _wait_readable(fds, parent)
+        ready = _wait_readable(fds, parent, started)
         if 0 not in ready:
             return paths, procs
         chunk = os.read(0, 65536)
@@ -121,11 +135,31 @@ def _reap(paths: set[str], procs: dict[int, str]) -> None:
             pass
 
 
+def _detach(parent: int) -> tuple[int, str]:
+    """In the middle process: fork the reaper proper, tell the parent its pid on stdout, exit.
+    The pidfd and start time are taken here, while the parent surely lives (it waits for us),
+    so a pid reused later is never taken for the parent."""
+    pidfd, started = _pidfd(parent), start_time(parent)
+    child = os.fork()  # this process has one thread: the fork is safe
+    if child:
+        os.write(1, f"{child}\n".encode())
+        os._exit(0)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)  # the parent reads our pid until end-of-file: let it see one
+    os.close(null)
+    return pidfd, started
+
+
 def main(argv: list[str]) -> None:
-    """Entry point of the reaper process: ``reaper.py PARENT_PID``."""
+    """Entry point of the reaper process: ``reaper.py [--detach] PARENT_PID``."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
-    _reap(*_serve(int(argv[1])))
+    if argv[1] == "--detach":
+        parent = int(argv[2])
+        _reap(*_serve(parent, *_detach(parent)))
+    else:
+        parent = int(argv[1])
+        _reap(*_serve(parent, _pidfd(parent)))
 
 
 # ----------------------------------------------------------------------- the parent's side
@@ -143,10 +177,14 @@ class _Client:
         self.procs: dict[int, str] = {}
         self.locks: set[str] = set()
         self.broken = False
+        self.detached = False  # the reaper is started as a grandchild (see detach())
+        self.pidfd = -1  # a detached reaper's pidfd: it is no child to wait for
 
     def _alive(self) -> bool:
         if self.owner != os.getpid() or self.pid < 0:
             return False
+        if self.detached:
+            return _running(self.pid, self.pidfd)
         try:
             return os.waitpid(self.pid, os.WNOHANG) == (0, 0)
         except ChildProcessError:
@@ -156,15 +194,25 @@ class _Client:
         """posix_spawn (no fork of this possibly threaded process), stdin from a pipe."""
         if self.fd >= 0 and self.owner == os.getpid():
             os.close(self.fd)
+        if self.pidfd >= 0 and self.owner == os.getpid():
+            os.close(self.pidfd)
+            self.pidfd = -1
         read, write = os.pipe()
         try:
-            self.pid = os.posix_spawn(
-                sys.executable,
-                [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid())],
-                dict(os.environ),
-                file_actions=[(os.POSIX_SPAWN_DUP2, read, 0)],
-                setsid=True,
-            )
+            if self.detached:
+                self.pid = _spawn_detached(read)
+                self.pidfd = _pidfd(self.pid)
+            else:
+                self.pid = os.posix_spawn(
+                    sys.executable,
+                    [sys.executable, "-I", "-S", os.path.abspath(__file__), str(os.getpid())],
+                    dict(os.environ),
+                    file_actions=[(os.POSIX_SPAWN_DUP2, read, 0)],
+                    setsid=True,
+                )
+        except BaseException:
+            os.close(write)
+            raise
         finally:
             os.close(read)
         self.fd, self.owner = write, os.getpid()
@@ -217,17 +265,72 @@ class _Client:
 
     def forget_after_fork(self) -> None:
         """In a forked child: drop the parent's reaper (its pipe and lists are not ours)."""
-        if self.fd >= 0:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
+        for fd in (self.fd, self.pidfd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         self.__init__()  # type: ignore[misc]
+
+
+DETACH_TIMEOUT_S = 30.0  # the middle process only forks and prints a pid
+
+
+def _spawn_detached(read: int) -> int:
+    """Start ``reaper.py --detach``: the middle process forks the reaper (stdin ``read``), prints
+    its pid and exits; the reaper's pid."""
+    out_r, out_w = os.pipe()
+    try:
+        middle = os.posix_spawn(
+            sys.executable,
+            [sys.executable, "-I", "-S", os.path.abspath(__file__), "--detach", str(os.getpid())],
+            dict(os.environ),
+            file_actions=[(os.POSIX_SPAWN_DUP2, read, 0), (os.POSIX_SPAWN_DUP2, out_w, 1)],
+            setsid=True,
+        )
+    finally:
+        os.close(out_w)
+    try:
+        text = b""
+        while select.select([out_r], [], [], DETACH_TIMEOUT_S)[0]:
+            chunk = os.read(out_r, 64)
+            if not chunk:
+                break
+            text += chunk
+    finally:
+        os.close(out_r)
+        os.waitpid(middle, 0)
+    if not text.strip().isdigit():
+        raise OSError(f"the detached reaper did not start (it said {text!r})")
+    return int(text)
+
+
+def _running(pid: int, pidfd: int) -> bool:
+    """Whether process ``pid`` (not a child of ours) still runs."""
+    if pidfd >= 0:
+        return not select.select([pidfd], [], [], 0)[0]
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 _client = _Client()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_client.forget_after_fork)
+
+
+def detach() -> None:
+    """Start this process's reaper, from now on, as no child of this process: for a process
+    whose killer kills its direct children with it (a Ray actor). Call it before the first
+    segment; a reaper already running stays as it is."""
+    with _client.lock:
+        if not _client._alive():
+            _client.detached = True
 
 
 def track_segment(path: str) -> None:

@@ -10,7 +10,9 @@ value of ``fill``.
 
 This module does not import Ray: ``workers.cluster`` wraps :class:`Decoder` with
 ``ray.remote`` on the trainer. When the trainer's connection ends (its process exited or was
-killed) the actor stops its pool and exits at once.
+killed) the actor stops its pool and exits at once. Its reaper is detached (no child of the
+actor's process), so when Ray kills the actor first, and its workers with it, the reaper still
+removes the node's segments and lock files and kills what is left of its workers.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import numpy as np
 
 from ..errors import StokerError, WorkerDied
 from ..schema import SlotLayout
+from ..shm import reaper
 from ..shm.segments import Segment
 from ..shm.stale import clean_stale
 from . import wire
@@ -222,6 +225,7 @@ class Decoder:
         threads: int | None = 1,
         claimed_version: str | None = None,
     ) -> None:
+        reaper.detach()  # before the first segment: Ray's kill of this actor kills its children
         self.recipe: Recipe = pickle.loads(settings)
         self.cores, self.capacity, self.timeout, self.threads = cores, capacity, timeout, threads
         self.claimed = claimed_version
