@@ -294,11 +294,8 @@ def test_a_removed_node_loses_and_repeats_nothing(ray_cluster, dataset):
         if extra in cluster.worker_nodes:
             cluster.remove_node(extra)
         _until_gone(extra.node_id)
-    # A removed node's processes die with it, before its actor can unlink its segments: on a
-    # real cluster they go with the machine, or at that node's next stoker start, as here.
-    from stoker.shm.stale import clean_stale
-
-    clean_stale()
+    # The removed node's actor dies before it can unlink its segments; its detached reaper
+    # removes them (the no_leaks check waits for that).
     assert got == want
     assert _bad_names(report) == sorted(n for n, _ in bad)
     assert report.cluster["nodes"][index]["alive"] is False
@@ -485,6 +482,65 @@ def test_an_actor_killed_by_ray_leaves_no_segment_lock_or_process_on_its_node(ra
         time.sleep(0.1)
     assert not alive, f"processes left on the node: {alive}"
     assert not left, f"segments or lock files left on the node: {left}"
+
+
+NODE_CMD = (
+    'mount -t tmpfs -o size=1m tmpfs "$0" && exec ray start --address="$1" --num-cpus=1 '
+    "--node-ip-address=127.0.0.1 --block --disable-usage-stats"
+)
+
+
+@contextlib.contextmanager
+def _node_without(folder: Path, address: str):
+    """A 1-CPU Ray node (``ray start``) in a mount namespace of its own, where ``folder`` is an
+    empty tmpfs: the data exists on the trainer only, as on a node without the shared mount.
+    Yields the node's id."""
+    import ray
+
+    before = {n["NodeID"] for n in ray.nodes()}
+    node = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", NODE_CMD, str(folder), address],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    node_id = ""
+    try:
+        deadline = time.monotonic() + 120
+        while not node_id and time.monotonic() < deadline:
+            assert node.poll() is None, "ray start ended"
+            new = [n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in before]
+            node_id = new[0] if new else ""
+            time.sleep(0.2)
+        assert node_id, "the extra node did not join"
+        yield node_id
+    finally:
+        node.terminate()  # ray start --block stops the node's processes on SIGTERM
+        try:
+            node.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait(30)
+        if node_id:
+            _until_gone(node_id)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
+@pytest.mark.timeout(300)
+def test_a_path_a_node_cannot_read_is_an_error_naming_the_node_and_the_path(
+    ray_cluster, dataset, tmp_path
+):
+    cluster, _ = ray_cluster
+    local = tmp_path / "local_only"
+    shutil.copytree(dataset / "odd", local / "odd", ignore=shutil.ignore_patterns("bad_*"))
+    with _node_without(local, cluster.address) as node_id:
+        loader = _cluster_loader(local, batch_size=2)
+        with pytest.raises(cluster_mod.ClusterError) as caught:
+            next(iter(loader))
+        loader.close()
+    text = str(caught.value)
+    assert node_id[:12] in text and str(local / "odd") in text
+    assert "same path" in text and "shared file system" in text
 
 
 @pytest.mark.timeout(240)

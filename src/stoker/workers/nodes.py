@@ -242,9 +242,10 @@ class Nodes:
                     )
             if hello["unreadable"] and trainer_reads:
                 raise ClusterError(
-                    f"node {node.ip} ({hello['host']}) cannot read {hello['name']}: "
-                    f"{hello['unreadable']}; every node must reach the data at the same path (a "
-                    "shared file system mounted alike) or use s3:// / gs:// / https:// shards"
+                    f"node {node.ip} (host {hello['host']}, Ray node {node.node_id[:12]}) cannot "
+                    f"read {hello['name']}, which this trainer reads: {hello['unreadable']}. "
+                    "Every node must reach the data at the same path (a shared file system "
+                    "mounted alike on every node), or use s3:// / gs:// / https:// shards"
                 )
         started = self._get([n.actor.start.remote() for n in self.nodes], "starting its workers")
         for node, pids in zip(self.nodes, started, strict=True):
