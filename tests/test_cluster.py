@@ -543,6 +543,64 @@ def test_a_path_a_node_cannot_read_is_an_error_naming_the_node_and_the_path(
     assert "same path" in text and "shared file system" in text
 
 
+KERAS_TRAINER = """
+import json, sys, ray, keras, stoker
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+keras.utils.set_random_seed(0)
+with stoker.Loader(sys.argv[2], batch_size=4, image_size=32, workers=0, max_errors=20,
+                   cluster="ray", cluster_listen="127.0.0.1", seed=0) as train:
+    model = keras.Sequential([
+        keras.Input((32, 32, 3)),
+        keras.layers.Rescaling(1 / 255),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(3, activation="softmax"),
+    ])
+    model.compile("adam", "sparse_categorical_crossentropy")
+    hist = model.fit(train.keras(), epochs=2, callbacks=[train.keras_report()], verbose=0)
+    meter = train.wait_meter(every=2)
+    figures = []
+    for images, labels in train:
+        if (got := meter.step()) is not None:
+            figures.append(got)
+    out = {
+        "history": {k: [float(v) for v in vs] for k, vs in hist.history.items()},
+        "meter": figures,
+        "len": len(train),
+        "cluster_batches": sum(n["batches"] for n in train.stats().cluster["nodes"]),
+    }
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")
+@pytest.mark.timeout(400)
+def test_the_keras_wait_report_and_the_wait_meter_work_on_a_cluster_loader(ray_cluster, dataset):
+    cluster, _ = ray_cluster
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(sys.path),
+        "KERAS_BACKEND": "torch",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(KERAS_TRAINER), cluster.address, str(dataset)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT ") :])
+    hist = out["history"]
+    assert len(hist["loss"]) == len(hist["data_wait"]) == len(hist["input_img_s"]) == 2
+    assert all(0.0 <= w <= 1.0 for w in hist["data_wait"])
+    assert all(r > 0 for r in hist["input_img_s"])
+    assert len(out["meter"]) == out["len"] // 2  # one report every 2 steps of the third epoch
+    assert all(0.0 <= f["data_wait"] <= 1.0 and f["input_img_s"] > 0 for f in out["meter"])
+    assert out["cluster_batches"] >= 3 * out["len"]  # the nodes made the batches
+
+
 @pytest.mark.timeout(240)
 def test_a_node_with_another_stoker_version_is_refused(ray_cluster, dataset, monkeypatch):
     monkeypatch.setattr(nodes_mod, "CLAIMED_VERSION", "0.0.0-other")
