@@ -252,6 +252,29 @@ def test_an_actor_killed_mid_epoch_loses_and_repeats_nothing(ray_cluster, datase
     assert rows[1]["alive"] is True
 
 
+@pytest.mark.timeout(300)
+def test_a_hung_node_has_its_batches_reissued_after_the_timeout(ray_cluster, dataset):
+    want, bad = _reference(dataset)
+    with pytest.warns(stoker.StokerWarning, match="hung"):
+        with _cluster_loader(dataset, timeout=20.0) as loader:
+            batches = iter(loader)
+            got = _digests([next(batches)])
+            row = loader.stats().cluster["nodes"][0]
+            victims = [row["pid"], *row["workers"], *_reapers_of([row["pid"]])]
+            _stop(row["workers"])  # its actor answers; its batches never come
+            got += _digests(batches)
+            report = loader.stats()
+    assert got == want
+    assert _bad_names(report) == sorted(n for n, _ in bad)
+    rows = report.cluster["nodes"]
+    assert rows[0]["alive"] is False and rows[0]["reissued"] >= 1
+    assert rows[1]["alive"] is True
+    deadline = time.monotonic() + 60  # the node's reaper kills its stopped workers
+    while time.monotonic() < deadline and any(_running(p) for p in victims):
+        time.sleep(0.1)
+    assert not [p for p in victims if _running(p)]
+
+
 def _until_gone(node_id: str) -> None:
     """Wait until Ray itself counts a removed node as dead (its health checks take a while),
     so that later tests are not placed on it."""

@@ -19,6 +19,7 @@ Ray is imported only here, when a loader has ``cluster=``.
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from ..errors import ClusterError, ConfigError, StokerWarning
 from ..schema import SlotLayout
 from ..shm.segments import Segment
 from . import actor as actor_mod
-from .engine import Engine, Key
+from .engine import POLL_S, Engine, Key
 from .nodes import Node, Nodes
 from .pool import WorkerPool
 
@@ -200,6 +201,7 @@ class ClusterEngine(Engine):
         pool.segment_of = lambda slot: self.segments[slot]
         self.dead: set[int] = set()
         self.strikes: dict[Key, int] = {}
+        self.sent: dict[Key, float] = {}  # when each key in flight on a node was asked for
         self.requested = self.taken = self.max_ahead = 0
 
     def get(self, key: Key) -> tuple[dict[str, np.ndarray], Report]:
@@ -228,13 +230,42 @@ class ClusterEngine(Engine):
             if self.load[wid] >= self._cap(wid):
                 return
             slot, key = self.free.popleft(), self.next_key
-            self.pool.send(wid, (key[0], key[1], slot, self.segments[slot].handle()))
-            self.load[wid] += 1
-            self.inflight[key] = (wid, slot)
+            self._send(wid, key, slot)
             self.scheduled.append(key)
             self.next_key = self._advance(key)
             self.requested += 1
             self.max_ahead = max(self.max_ahead, len(self.inflight))
+
+    def _send(self, wid: int, key: Key, slot: int) -> None:
+        self.pool.send(wid, (key[0], key[1], slot, self.segments[slot].handle()))
+        self.load[wid] += 1
+        self.inflight[key] = (wid, slot)
+        self.sent[key] = time.monotonic()
+
+    def _wait_one(self, key: Key) -> None:
+        """As ``Engine._wait_one``; a batch on a node that has not come within ``timeout`` of
+        its request makes that node hung: it is dropped as a dead one is, and the batches it
+        holds go to the others (a late copy of one is dropped by its ticket)."""
+        wid = self.inflight[key][0] if key in self.inflight else -1
+        if wid < self.mixed.n_local:
+            super()._wait_one(key)
+            return
+        while True:
+            replies = self.pool.receive(POLL_S)
+            if replies:
+                for w, reply in replies:
+                    self._handle(w, reply)
+                return
+            self.pool.check_alive(self._context(wid, key))
+            if self.inflight.get(key, (-1,))[0] != wid:
+                return  # reissued meanwhile
+            if time.monotonic() > self.sent[key] + self.timeout:
+                self._lost(
+                    wid,
+                    f"hung: batch {key[1]} of epoch {key[0]} did not come within "
+                    f"timeout={self.timeout:g} s of its request",
+                )
+                return
 
     def _sample(self, wid: int) -> str:
         """What worker ``wid`` is on, for a hang's message; a remote core names its node."""
@@ -246,6 +277,7 @@ class ClusterEngine(Engine):
         if reply[0] == "lost":
             self._lost(wid, reply[4])
             return
+        self.sent.pop((reply[1], reply[2]), None)
         super()._handle(wid, reply)
 
     def _lost(self, wid: int, why: str) -> None:
@@ -267,6 +299,7 @@ class ClusterEngine(Engine):
             self.load[w] -= 1
             if key in self.discard:  # nobody waits for it any more
                 self.discard.discard(key)
+                self.sent.pop(key, None)
                 self.free.append(slot)
                 continue
             self.strikes[key] = self.strikes.get(key, 0) + 1
@@ -279,9 +312,7 @@ class ClusterEngine(Engine):
                 )
             live = self._live()
             new = min(live, key=lambda w: self.load[w] / self._cap(w))
-            self.pool.send(new, (key[0], key[1], slot, self.segments[slot].handle()))
-            self.load[new] += 1
-            self.inflight[key] = (new, slot)
+            self._send(new, key, slot)
             node.reissued += 1
 
     def report(self) -> dict[str, Any]:
