@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +180,26 @@ def test_a_worker_that_fails_to_start_while_batches_are_made_here_is_raised(tmp_
         with pytest.raises(RuntimeError, match="no GPU in a worker"):
             for _ in stream:
                 pass
+
+
+@pytest.mark.timeout(180)
+def test_cuda_transfer_is_picked_again_once_the_workers_took_over(tmp_path, monkeypatch):
+    """torch(device="cuda") picks its transfer at the first batch; made here, there is no ring
+    to page-lock yet, so it is picked again at the first batch from the ring (zero-copy)."""
+    pytest.importorskip("torch")
+    from test_cuda_transfer import FakeCuda  # the CUDA boundary faked, the transfer logic real
+
+    dataset, flag = _gated(tmp_path, monkeypatch)
+    runtime = FakeCuda()
+    with stoker.Loader(dataset, batch_size=4, workers=2, seed=5) as loader:
+        view = iter(loader.torch(device="cuda", cuda_runtime=runtime))
+        next(view)
+        assert "no ring yet" in loader.device_stats().transfer
+        flag.touch()
+        while not loader._run.pool.poll_started():  # handshake: every worker has started
+            time.sleep(0.02)
+        rest = list(view)  # the same view: its next batch comes from the ring
+        runtime.finish()
+        transfer = loader.stats().transfer
+    assert "zero-copy" in transfer, transfer
+    assert len(rest) == 5  # 24 samples, batches of 4: none lost or repeated at the switch

@@ -157,18 +157,24 @@ class TorchLoader(LoaderView):
     def _cuda(self, dev: torch.device) -> Iterator[Tensors]:
         runtime = self._runtime or CudaRuntime(dev)
         form = self.loader.form
-        chosen: list[Any] = []  # the transfer, picked at the first batch (the ring runs then)
+        # the transfer and the ring it was picked with: picked at the first batch, and again
+        # at the first batch from the ring when the first ones were made in this process
+        # (Loader(dataset) while its workers start: no ring to page-lock yet)
+        chosen: list[tuple[Any, Any]] = []
 
         def issue(batch: Any) -> tuple[Any, Any]:
             fields: dict[str, Any] = {}
             map_form(form, batch, fields.setdefault)
-            if not chosen:
-                chosen.append(self._transfer(runtime))
-            issued = chosen[0].issue(fields)
-            return map_form(form, batch, lambda name, _: issued[0][name]), issued
+            ring = self.loader.ring()
+            if not chosen or (chosen[0][1] is None and ring is not None):
+                chosen[:] = [(self._transfer(runtime), ring)]
+            transfer = chosen[0][0]
+            issued = transfer.issue(fields)
+            return map_form(form, batch, lambda name, _: issued[0][name]), (transfer, issued)
 
         def hand_over(pending: tuple[Any, Any]) -> Any:
-            chosen[0].hand_over(pending[1])
+            transfer, issued = pending[1]
+            transfer.hand_over(issued)  # by the transfer that issued it
             return pending[0]
 
         clock = DeviceClock(runtime, self.loader.device_stats().add_device_wait)
@@ -184,7 +190,11 @@ class TorchLoader(LoaderView):
         ring = self.loader.ring()
         why = "zero_copy=False"
         if self.zero_copy and ring is None:
-            why = "workers=0: no shared-memory ring to page-lock"
+            why = (
+                "workers=0: no shared-memory ring to page-lock"
+                if not self.loader.workers
+                else "this batch was made in this process while the workers start: no ring yet"
+            )
         elif self.zero_copy:
             pinner = pinner_for(ring, runtime)
             if pinner.error is None:
