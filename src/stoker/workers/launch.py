@@ -188,6 +188,12 @@ _FIXES = {
 }
 
 
+_MADE_HERE_FIX = (
+    "meanwhile this process made the batches, at one process's speed; a module that defines "
+    "the dataset and imports less starts the workers sooner"
+)
+
+
 def describe(
     reports: list[StartReport],
     cause: str = "settings",
@@ -230,9 +236,8 @@ def describe(
     heavy = [m for m in public if m in _HEAVY] or public[:5]
     if slow.settings_s >= SLOW_PART_S:
         what = f" ({', '.join(heavy)})" if heavy else ""
-        why.append(
-            f"{CAUSES[cause]}{what} in each worker: {slow.settings_s:.1f} s; {_FIXES[cause]}"
-        )
+        fix = _MADE_HERE_FIX if made_here else _FIXES[cause]
+        why.append(f"{CAUSES[cause]}{what} in each worker: {slow.settings_s:.1f} s; {fix}")
     if slow.python_s >= SLOW_PART_S or not why:
         cores, load = os.cpu_count() or 1, os.getloadavg()[0]
         why.append(
