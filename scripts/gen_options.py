@@ -1,7 +1,8 @@
-"""Write docs/options.md from the option groups in src/stoker/loader/options.py.
+"""Write docs/options.md and the LoaderKwargs block of options.py from the option groups in
+src/stoker/loader/options.py.
 
-python scripts/gen_options.py           # rewrite the page
-python scripts/gen_options.py --check   # exit 1 if the committed page is out of date
+python scripts/gen_options.py           # rewrite the page and the block
+python scripts/gen_options.py --check   # exit 1 if either is out of date
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "options.md"
+MODULE = ROOT / "src" / "stoker" / "loader" / "options.py"
 
 
 def page() -> str:
@@ -22,18 +24,28 @@ def page() -> str:
     return optiondocs.markdown_page()
 
 
+def module() -> str:
+    """``options.py`` with its generated ``LoaderKwargs`` block up to date."""
+    sys.path.insert(0, str(ROOT / "src"))
+    from stoker.loader import optiondocs
+
+    return optiondocs.with_kwargs_block(MODULE.read_text())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only check the page is current")
+    parser.add_argument("--check", action="store_true", help="only check both are current")
     args = parser.parse_args()
-    text = page()
+    wanted = {PAGE: page(), MODULE: module()}
     if args.check:
-        if PAGE.read_text() != text:
-            print(f"{PAGE} is out of date: run python scripts/gen_options.py", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(text)
-    print(f"wrote {PAGE}")
+        stale = [path for path, text in wanted.items() if path.read_text() != text]
+        for path in stale:
+            print(f"{path} is out of date: run python scripts/gen_options.py", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in wanted.items():
+        if path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote {path}")
     return 0
 
 

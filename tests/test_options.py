@@ -139,6 +139,18 @@ def test_docs_options_page_is_generated_from_the_groups() -> None:
         assert f"| `{f.name}` | `{f.metadata['type'].replace('|', chr(92) + '|')}` | " in page
 
 
+def test_type_checkers_see_every_keyword_argument_with_its_groups_type() -> None:
+    kwargs = options.LoaderKwargs.__annotations__
+    typed = {k: getattr(v, "__forward_arg__", v) for k, v in kwargs.items()}
+    assert typed == {f.name: f.type for f in _fields() if f.name != "source"}, (
+        "LoaderKwargs (the end of loader/options.py) is out of date: run "
+        "python scripts/gen_options.py"
+    )
+    hints = inspect.signature(stoker.Loader.__init__).parameters
+    assert list(hints) == ["self", "source", "kwargs"]
+    assert "Unpack[LoaderKwargs]" in str(hints["kwargs"].annotation)
+
+
 def test_gen_options_check_mode_agrees(tmp_path: pathlib.Path) -> None:
     script = ROOT / "scripts" / "gen_options.py"
     spec = importlib.util.spec_from_file_location("gen_options", script)
@@ -146,14 +158,19 @@ def test_gen_options_check_mode_agrees(tmp_path: pathlib.Path) -> None:
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.page() == (ROOT / "docs" / "options.md").read_text()
+    assert gen.module() == (ROOT / "src" / "stoker" / "loader" / "options.py").read_text()
     gen.PAGE = tmp_path / "options.md"
     gen.PAGE.write_text("# stale\n")
+    stale_module = gen.module().replace("    follow_links: bool\n", "")
+    gen.MODULE = tmp_path / "options.py"
+    gen.MODULE.write_text(stale_module)
     argv = sys.argv
     try:
         sys.argv = ["gen_options.py", "--check"]
         assert gen.main() == 1
         sys.argv = ["gen_options.py"]
         assert gen.main() == 0
+        assert "    follow_links: bool\n" in gen.MODULE.read_text()
         sys.argv = ["gen_options.py", "--check"]
         assert gen.main() == 0
     finally:

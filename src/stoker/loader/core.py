@@ -6,7 +6,7 @@ import textwrap
 import warnings
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,10 +30,13 @@ from ..workers.threads import describe as describe_threads
 from . import config, optiondocs, wiring
 from .compat import EpochSampler, Samples
 from .consumer import Guard
-from .options import Options
+from .options import LoaderKwargs, Options
 from .recipe import Recipe
 from .running import Inline, Running, auto_workers, warn_if_slow_decoder
 from .state import advance_state, check_state, make_state
+
+if TYPE_CHECKING:  # typing.Unpack is 3.11+; at run time the annotation is never evaluated
+    from typing import Unpack
 
 Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
 Fields = dict[str, np.ndarray]
@@ -56,9 +59,10 @@ class Loader:
     saying the fix; ``subset="both"`` returns a ``(training, validation)`` pair of loaders.
     """
 
-    def __init__(self, source: Any = None, **kwargs: Any) -> None:
+    def __init__(self, source: Any = None, **kwargs: Unpack[LoaderKwargs]) -> None:
         # every argument is checked first, before a source is opened or anything is started;
-        # the signature help() and editors show is generated from the groups (``_document``)
+        # the signature help() and IPython show is generated from the groups (``_document``),
+        # and type checkers and editors read the names and types from ``LoaderKwargs``
         opts = self.options = Options.from_kwargs(source=source, **kwargs)
         run = opts.run
         self.batch_size, self.seed, self.shuffle = (
