@@ -4,9 +4,14 @@ setter, and the one-batch look-ahead that device adapters use."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+
+from .feed import Batch, Feed, State
+
+if TYPE_CHECKING:
+    from ..loader.compat import EpochSampler, Samples
 
 Issued = TypeVar("Issued")
 Out = TypeVar("Out")
@@ -17,19 +22,19 @@ class LoaderView:
     the DataLoader attributes training loops read (``dataset``, ``sampler``, ``batch_size``,
     ``drop_last``) pass through."""
 
-    loader: Any
+    loader: Feed
 
     def __len__(self) -> int:
         """Batches per epoch: ``len(loader)``."""
         return len(self.loader)
 
     @property
-    def dataset(self) -> Any:
+    def dataset(self) -> Samples:
         """The samples drawn from (``len(view.dataset)``); see ``Loader.dataset``."""
         return self.loader.dataset
 
     @property
-    def sampler(self) -> Any:
+    def sampler(self) -> EpochSampler:
         """``view.sampler.set_epoch(epoch)``; see ``Loader.sampler``."""
         return self.loader.sampler
 
@@ -47,17 +52,17 @@ class LoaderView:
         """Start epoch ``epoch`` at the next iteration; see ``Loader.set_epoch``."""
         self.loader.set_epoch(epoch)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> State:
         """The loader's position (JSON-able); see ``Loader.state_dict``."""
         return self.loader.state_dict()
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: State) -> None:
         """Resume the loader from ``state_dict()``; see ``Loader.load_state_dict``."""
         self.loader.load_state_dict(state)
 
 
 def look_ahead(
-    loader: Any, issue: Callable[[Any], Issued], hand_over: Callable[[Issued], Out]
+    loader: Feed, issue: Callable[[Batch], Issued], hand_over: Callable[[Issued], Out]
 ) -> Iterator[Out]:
     """The rest of ``loader``'s epoch, one batch ahead: ``issue`` (start a device copy) runs on
     batch ``k + 1`` before batch ``k`` goes through ``hand_over`` to the training step.
@@ -86,7 +91,7 @@ def look_ahead(
         loader.give_back_ahead()
 
 
-def owned(leaf: Any) -> Any:
+def owned(leaf: np.ndarray) -> np.ndarray:
     """``leaf`` itself when it owns its memory or its memory can be handed over (an in-process
     batch's block, ``give()``: the loader then never reuses it), else a copy: memory a framework
     may keep after the loader reuses the slot the view points into."""
@@ -96,7 +101,7 @@ def owned(leaf: Any) -> Any:
     return leaf
 
 
-def owned_batch(batch: Any) -> Any:
+def owned_batch(batch: Batch) -> Batch:
     """``batch`` (an array, or a tuple/list/dict of them, nested) with every slot view copied."""
     if isinstance(batch, dict):
         return {k: owned_batch(v) for k, v in batch.items()}

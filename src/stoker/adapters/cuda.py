@@ -19,14 +19,23 @@ import contextlib
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TypeAlias, TypeVar
 
 import numpy as np
 import torch
 
+from .feed import FieldList, Ring, RingSegment
+
 __all__ = ["CudaRuntime", "DeviceClock", "MemcpyTransfer", "SlotPinner", "ZeroCopyTransfer"]
 
 CUDA_SUCCESS = 0
+Item = TypeVar("Item")
+
+#: A field of a batch on its way: a tensor, or a ``path`` field's strings (numpy: torch has no
+#: string tensors).
+Leaf: TypeAlias = "torch.Tensor | np.ndarray"
+#: The fields of a batch once their copies are queued, and the event the consumer waits on.
+Issued: TypeAlias = "tuple[dict[str, Leaf], torch.cuda.Event]"
 
 
 class CudaRuntime:
@@ -54,19 +63,19 @@ class CudaRuntime:
         """Undo ``register``."""
         torch.cuda.cudart().cudaHostUnregister(address)
 
-    def side_stream(self) -> Any:
+    def side_stream(self) -> torch.cuda.Stream:
         """A new stream for the copies."""
         return torch.cuda.Stream(self.device)
 
-    def current_stream(self) -> Any:
+    def current_stream(self) -> torch.cuda.Stream:
         """The consumer's stream."""
         return torch.cuda.current_stream(self.device)
 
-    def on(self, stream: Any) -> Any:
+    def on(self, stream: torch.cuda.Stream) -> torch.cuda.StreamContext:
         """A context in which work is queued on ``stream``."""
         return torch.cuda.stream(stream)
 
-    def event(self, timing: bool = False) -> Any:
+    def event(self, timing: bool = False) -> torch.cuda.Event:
         """A new CUDA event (``record``, ``query``, ``synchronize``, ``elapsed_time``)."""
         return torch.cuda.Event(enable_timing=timing)
 
@@ -78,14 +87,14 @@ class CudaRuntime:
         """A page-locked host buffer from torch's caching host allocator."""
         return torch.from_numpy(np.empty(shape, dtype)).pin_memory()
 
-    def use_on(self, tensor: torch.Tensor, stream: Any) -> None:
+    def use_on(self, tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
         """Tell the caching allocator ``tensor`` (made on the side stream) is used on
         ``stream``."""
         tensor.record_stream(stream)
 
 
-def _address(segment: Any) -> int:
-    return int(np.frombuffer(segment.map, np.uint8).ctypes.data)
+def _address(segment: RingSegment) -> int:
+    return int(np.frombuffer(memoryview(segment.map), np.uint8).ctypes.data)
 
 
 class SlotPinner:
@@ -96,7 +105,7 @@ class SlotPinner:
         self.pinned: dict[str, tuple[int, int]] = {}  # segment path -> (address, size)
         self.error: str | None = None
 
-    def added(self, segment: Any) -> None:
+    def added(self, segment: RingSegment) -> None:
         """Page-lock a new segment (not after a failure)."""
         if self.error is not None:
             return
@@ -107,7 +116,7 @@ class SlotPinner:
         else:
             self.error = error
 
-    def removed(self, segment: Any) -> None:
+    def removed(self, segment: RingSegment) -> None:
         """Unlock a segment before it goes."""
         entry = self.pinned.pop(segment.path, None)
         if entry is not None:
@@ -127,10 +136,10 @@ class SlotPinner:
         return any(a <= start and end <= a + n for a, n in self.pinned.values())
 
 
-_PINNERS: weakref.WeakKeyDictionary[Any, SlotPinner] = weakref.WeakKeyDictionary()
+_PINNERS: weakref.WeakKeyDictionary[Ring, SlotPinner] = weakref.WeakKeyDictionary()
 
 
-def pinner_for(ring: Any, runtime: CudaRuntime) -> SlotPinner:
+def pinner_for(ring: Ring, runtime: CudaRuntime) -> SlotPinner:
     """The ring's one SlotPinner (every view of a loader, every epoch, shares it): each
     segment is page-locked once."""
     pinner = _PINNERS.get(ring)
@@ -147,9 +156,9 @@ class DeviceClock:
 
     def __init__(self, runtime: CudaRuntime, add: Callable[[float], None]) -> None:
         self.runtime, self.add = runtime, add
-        self.pending: deque[tuple[Any, Any]] = deque()
+        self.pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
 
-    def timed(self, batches: Iterator[Any]) -> Iterator[Any]:
+    def timed(self, batches: Iterator[Item]) -> Iterator[Item]:
         """``batches``, with the GPU's wait for each one measured."""
         try:
             while True:
@@ -179,11 +188,11 @@ class DeviceClock:
 class _Transfer:
     """What both transfers share: the side stream, the hand-over, the conversion."""
 
-    def __init__(self, runtime: CudaRuntime, convert: Callable[[str, Any], Any]) -> None:
+    def __init__(self, runtime: CudaRuntime, convert: Callable[[str, Leaf], Leaf]) -> None:
         self.runtime, self.convert = runtime, convert
         self.side = runtime.side_stream()
 
-    def _finish(self, moved: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    def _finish(self, moved: dict[str, Leaf]) -> Issued:
         """Queue the conversions after the copies; the event the consumer waits on."""
         with self.runtime.on(self.side):
             out = {name: self.convert(name, t) for name, t in moved.items()}
@@ -191,7 +200,7 @@ class _Transfer:
             ready.record(self.side)
         return out, ready
 
-    def hand_over(self, issued: tuple[dict[str, Any], Any]) -> dict[str, Any]:
+    def hand_over(self, issued: Issued) -> dict[str, Leaf]:
         """Make the consumer's stream wait for the batch; the tensors, used on its stream."""
         out, ready = issued
         stream = self.runtime.current_stream()
@@ -202,7 +211,7 @@ class _Transfer:
         return out
 
 
-def is_text(value: Any) -> bool:
+def is_text(value: object) -> bool:
     """A ``path`` field (strings): passed through as numpy, torch has no string tensors."""
     return isinstance(value, np.ndarray) and value.dtype.kind in "US"
 
@@ -210,13 +219,19 @@ def is_text(value: Any) -> bool:
 class ZeroCopyTransfer(_Transfer):
     """DMA straight from the page-locked slot; the slot is fenced until the copy completes."""
 
-    def __init__(self, runtime: CudaRuntime, convert: Any, ring: Any, pinner: SlotPinner) -> None:
+    def __init__(
+        self,
+        runtime: CudaRuntime,
+        convert: Callable[[str, Leaf], Leaf],
+        ring: Ring,
+        pinner: SlotPinner,
+    ) -> None:
         super().__init__(runtime, convert)
         self.ring, self.pinner = ring, pinner
 
-    def issue(self, fields: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    def issue(self, fields: dict[str, np.ndarray]) -> Issued:
         """Queue the batch's copies; returns at once."""
-        moved: dict[str, Any] = {}
+        moved: dict[str, Leaf] = {}
         views = []
         with self.runtime.on(self.side):
             for name, value in fields.items():
@@ -241,18 +256,20 @@ class ZeroCopyTransfer(_Transfer):
 class MemcpyTransfer(_Transfer):
     """Copy each batch into one of two pinned buffers, then DMA it (the fallback)."""
 
-    def __init__(self, runtime: CudaRuntime, convert: Any, layout: Any) -> None:
+    def __init__(
+        self, runtime: CudaRuntime, convert: Callable[[str, Leaf], Leaf], layout: FieldList
+    ) -> None:
         super().__init__(runtime, convert)
         self.buffers = [_Buffers(runtime, layout) for _ in range(2)]
         self.turn = 0
 
-    def issue(self, fields: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    def issue(self, fields: dict[str, np.ndarray]) -> Issued:
         """Copy into the next buffer (once its last copy is done) and queue the DMA."""
         buf = self.buffers[self.turn % 2]
         self.turn += 1
         if buf.copied is not None:
             buf.copied.synchronize()  # the copy that last read this buffer is done
-        moved: dict[str, Any] = {}
+        moved: dict[str, Leaf] = {}
         with self.runtime.on(self.side):
             for name, value in fields.items():
                 if is_text(value):
@@ -269,9 +286,9 @@ class MemcpyTransfer(_Transfer):
 class _Buffers:
     """One pinned host buffer per field, and the event of the copy that last read them."""
 
-    def __init__(self, runtime: CudaRuntime, layout: Any) -> None:
+    def __init__(self, runtime: CudaRuntime, layout: FieldList) -> None:
         self.tensors = {
             name: runtime.pinned((layout.batch_size, *shape), np.dtype(dtype))
             for name, dtype, shape in layout.fields
         }
-        self.copied: Any = None
+        self.copied: torch.cuda.Event | None = None

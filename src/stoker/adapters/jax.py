@@ -16,20 +16,32 @@ be its DMA source; its transfer manager stages the copy itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeAlias
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..schema import DERIVED, leaves, map_form
 from .base import LoaderView, look_ahead, owned_batch
-from .scaling import CAST, PIXELS, ImageOptions, leaf_kinds, pixel_channels
+from .feed import Batch, Feed
+from .scaling import CAST, PIXELS, ImageOptions, Scale, leaf_kinds, pixel_channels
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 __all__ = ["JaxLoader", "to_jax"]
 
+#: ``sharding=``: a device, a sharding, or a pytree of them (one per batch field).
+Placement: TypeAlias = (
+    "jax.Device | jax.sharding.Sharding | tuple[Placement, ...] | dict[str, Placement]"
+)
+#: A batch once put: ``jax.Array``s in the loader's structure (``path`` strings stay numpy).
+Arrays: TypeAlias = "jax.Array | np.ndarray | tuple[Arrays, ...] | dict[str, Arrays]"
 
-def _on_cpu(target: Any) -> bool:
+
+def _on_cpu(target: Placement | None) -> bool:
     """True when every device ``target`` (None, a Device, a Sharding, or a pytree) is a CPU."""
     if target is None:
         return bool(jax.default_backend() == "cpu")
@@ -51,27 +63,30 @@ class JaxLoader(LoaderView):
     ``jax_enable_x64`` is on). A loader with masks gives ``(images, masks)``.
     """
 
-    def __init__(self, loader: Any, sharding: Any = None, **image: Any) -> None:
+    def __init__(
+        self,
+        loader: Feed,
+        sharding: Placement | None = None,
+        dtype: DTypeLike | None = None,
+        mean: Scale | None = None,
+        std: Scale | None = None,
+    ) -> None:
         self.loader = loader
         self.sharding = sharding
         self._copy = _on_cpu(sharding)
         self._kinds = leaf_kinds(
-            loader,
-            "jax",
-            dtype=image.get("dtype") is not None,
-            mean=image.get("mean") is not None,
-            layout=False,
+            loader, "jax", dtype=dtype is not None, mean=mean is not None, layout=False
         )
         channels = pixel_channels(loader, self._kinds)
-        self.image = ImageOptions(channels, **image)  # dtype, mean, std
+        self.image = ImageOptions(channels, dtype, mean, std)
         self._convert = jax.jit(self._image) if self.image.active else None
         self._cast = jax.jit(self._cast_only) if self.image.active else None
 
-    def _cast_only(self, x: Any) -> Any:
+    def _cast_only(self, x: jax.Array) -> jax.Array:
         """A dataset's non-uint8 image field -> ``dtype`` (no scaling: its units are its own)."""
         return x.astype(self.image.dtype)
 
-    def _image(self, x: Any) -> Any:
+    def _image(self, x: jax.Array) -> jax.Array:
         """The image batch -> ``dtype`` (and ``mean``/``std``), on the device."""
         opts = self.image
         assert opts.dtype is not None
@@ -81,11 +96,11 @@ class JaxLoader(LoaderView):
             x = (x - jnp.asarray(opts.norm[0], work)) / jnp.asarray(opts.norm[1], work)
         return x.astype(opts.dtype)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[Arrays]:
         """The rest of the loader's current epoch, put on ``sharding`` (or the default device)."""
         return look_ahead(self.loader, self._put, _same)
 
-    def _put(self, batch: Any) -> Any:
+    def _put(self, batch: Batch) -> Arrays:
         """Start the batch's copy to the device(s); returns at once. ``path`` strings stay
         numpy (the structure is kept)."""
         batch = owned_batch(batch) if self._copy else batch
@@ -96,9 +111,12 @@ class JaxLoader(LoaderView):
             put = map_form(form, put, lambda n, v, orig: orig if n in DERIVED else v, batch)
         else:
             put = jax.device_put(batch, self.sharding)
-        if self._convert is None:
+        if self._convert is None or self._cast is None:
             return put
-        fns: dict[str, Any] = {PIXELS: self._convert, CAST: self._cast}
+        fns: dict[str, Callable[[jax.Array], jax.Array]] = {
+            PIXELS: self._convert,
+            CAST: self._cast,
+        }
         kinds = self._kinds
         return map_form(form, put, lambda n, v: fns[kinds[n]](v) if n in kinds else v)
 
@@ -106,12 +124,16 @@ class JaxLoader(LoaderView):
         return f"JaxLoader({self.loader!r}, sharding={self.sharding!r})"
 
 
-def _same(put: Any) -> Any:
+def _same(put: Arrays) -> Arrays:
     return put
 
 
 def to_jax(
-    loader: Any, sharding: Any = None, dtype: Any = None, mean: Any = None, std: Any = None
+    loader: Feed,
+    sharding: Placement | None = None,
+    dtype: DTypeLike | None = None,
+    mean: Scale | None = None,
+    std: Scale | None = None,
 ) -> JaxLoader:
     """Wrap ``loader`` for JAX: ``for x, y in to_jax(train, sharding=...): step(state, x, y)``.
 

@@ -32,18 +32,24 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import keras
 
 from ..schema import map_form
 from .base import owned_batch
-from .scaling import CAST, PIXELS, ImageOptions, leaf_kinds, pixel_channels
+from .feed import Batch, Feed, State
+from .scaling import CAST, PIXELS, ImageOptions, Scale, leaf_kinds, pixel_channels
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 __all__ = ["LoaderCheckpoint", "StokerPyDataset", "WaitReport", "to_keras"]
 
-Batch = Any  # the loader's batch structure: (x, y), (x, y, sample_weight), dicts...
+#: What Keras passes its callbacks as ``logs``: metric name -> value.
+Logs: TypeAlias = "dict[str, float] | None"
 
 
 class _Entry:
@@ -79,7 +85,13 @@ class StokerPyDataset(keras.utils.PyDataset):
     ``tf.data`` generator with its own prefetch; that thread then does the pulling.)
     """
 
-    def __init__(self, loader: Any, dtype: Any = None, mean: Any = None, std: Any = None) -> None:
+    def __init__(
+        self,
+        loader: Feed,
+        dtype: DTypeLike | None = None,
+        mean: Scale | None = None,
+        std: Scale | None = None,
+    ) -> None:
         super().__init__(workers=1, use_multiprocessing=False, max_queue_size=1)
         self.loader = loader
         first = keras.config.image_data_format() == "channels_first"
@@ -89,7 +101,7 @@ class StokerPyDataset(keras.utils.PyDataset):
         channels = pixel_channels(loader, self._kinds)
         self.image = ImageOptions(channels, dtype, mean, std, channels_first=first)
         self._cast = ImageOptions(channels, dtype)  # a dataset's non-uint8 image fields
-        self._stream: Any = None
+        self._stream: Iterator[Batch] | None = None
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}  # index -> batch, for indices Keras may ask again
         self._assigned: set[int] = set()  # indices given a batch in this Keras epoch
@@ -190,7 +202,12 @@ class StokerPyDataset(keras.utils.PyDataset):
         return f"StokerPyDataset({self.loader!r}, {len(self)} batches)"
 
 
-def to_keras(loader: Any, dtype: Any = None, mean: Any = None, std: Any = None) -> StokerPyDataset:
+def to_keras(
+    loader: Feed,
+    dtype: DTypeLike | None = None,
+    mean: Scale | None = None,
+    std: Scale | None = None,
+) -> StokerPyDataset:
     """Wrap ``loader`` for Keras 3: ``model.fit(to_keras(train), validation_data=to_keras(val))``.
 
     Images come as ``uint8`` ``(B, H, W, C)`` (put a ``Rescaling`` layer in the model), or
@@ -214,7 +231,9 @@ class LoaderCheckpoint(keras.callbacks.Callback):
     exactly the batches the interrupted one had not trained on yet.
     """
 
-    def __init__(self, loader: Any, path: str | os.PathLike, save_freq: Any = "epoch") -> None:
+    def __init__(
+        self, loader: Feed, path: str | os.PathLike[str], save_freq: int | str = "epoch"
+    ) -> None:
         super().__init__()
         if save_freq != "epoch" and not (isinstance(save_freq, int) and save_freq > 0):
             raise ValueError(f"save_freq={save_freq!r}: use 'epoch' or a positive batch count")
@@ -225,7 +244,7 @@ class LoaderCheckpoint(keras.callbacks.Callback):
         self._base = loader.state_dict()
         self._trained = 0
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> State:
         """The loader state after the batches trained so far."""
         return self.loader.advance_state(self._base, self._trained)
 
@@ -236,13 +255,13 @@ class LoaderCheckpoint(keras.callbacks.Callback):
         tmp.write_text(json.dumps(self.state()))
         os.replace(tmp, self.path)
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
         """Count a trained batch; save every ``save_freq`` batches."""
         self._trained += 1
         if isinstance(self.save_freq, int) and self._trained % self.save_freq == 0:
             self.save()
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
         """Save at the end of each epoch (``save_freq="epoch"``)."""
         if self.save_freq == "epoch":
             self.save()
@@ -260,24 +279,24 @@ class WaitReport(keras.callbacks.Callback):
     figure is that thread's wait; on JAX and PyTorch it is the training loop's own.
     """
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Feed) -> None:
         super().__init__()
         self.loader = loader
         self.meter = loader.wait_meter(every=1 << 62)
 
-    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_begin(self, epoch: int, logs: Logs = None) -> None:
         """Start the epoch's stretch."""
         self.meter.figures()
 
-    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+    def on_train_batch_end(self, batch: int, logs: Logs = None) -> None:
         """The step ended: the training loop's time runs to here."""
         self.meter.step()
 
-    def on_test_begin(self, logs: Any = None) -> None:
+    def on_test_begin(self, logs: Logs = None) -> None:
         """Validation starts: the training loader's clock stops."""
         self.meter.pause()
 
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+    def on_epoch_end(self, epoch: int, logs: Logs = None) -> None:
         """Add this epoch's ``data_wait`` and ``input_img_s`` to ``logs``."""
         self.meter.pause()
         if logs is None:

@@ -7,16 +7,23 @@ normalisation, and the channel order (``layout``). Labels and other fields are n
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
 from ..errors import ConfigError
+from .feed import Feed, FieldList, FieldSpec
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike, DTypeLike
+
+#: ``mean=``/``std=``: a scalar or one value per channel, in 0-1 or 0-255 units.
+Scale: TypeAlias = "ArrayLike"
 
 LAYOUTS = ("channels_first", "channels_last")
 
 
-def is_channels_first(layout: Any, view: str) -> bool:
+def is_channels_first(layout: object, view: str) -> bool:
     """Check ``layout=`` of the ``view`` adapter: "channels_first" gives images (B, C, H, W),
     "channels_last" (B, H, W, C), the loader's own."""
     if not isinstance(layout, str) or layout not in LAYOUTS:
@@ -27,14 +34,20 @@ def is_channels_first(layout: Any, view: str) -> bool:
     return layout == "channels_first"
 
 
-def channels_of(loader: Any) -> int:
+def _slot_layout(loader: Feed) -> FieldList | None:
+    """The loader's fields; None for a test double that has none (its one "image" field)."""
+    layout: FieldList | None = getattr(loader, "slot_layout", None)
+    return layout
+
+
+def channels_of(loader: Feed) -> int:
     """Channels of the loader's images (3 for a loader without a layout)."""
-    layout = getattr(loader, "slot_layout", None)
+    layout = _slot_layout(loader)
     spec = layout.field("image") if layout is not None else None
     return int(spec[2][-1]) if spec is not None else 3
 
 
-def units(mean: Any, std: Any, channels: int = 3) -> tuple[np.ndarray, np.ndarray]:
+def units(mean: Scale, std: Scale, channels: int = 3) -> tuple[np.ndarray, np.ndarray]:
     """``mean``/``std`` in 0-255 units, one float64 value per channel."""
     try:
         m = np.broadcast_to(np.asarray(mean, dtype=np.float64), (channels,)).copy()
@@ -63,9 +76,9 @@ class ImageOptions:
     def __init__(
         self,
         channels: int,
-        dtype: Any = None,
-        mean: Any = None,
-        std: Any = None,
+        dtype: DTypeLike | None = None,
+        mean: Scale | None = None,
+        std: Scale | None = None,
         channels_first: bool = False,
     ) -> None:
         if (mean is None) != (std is None):
@@ -73,7 +86,7 @@ class ImageOptions:
         self.dtype = None if dtype is None else np.dtype(getattr(dtype, "name", dtype))
         if mean is not None and (self.dtype is None or not is_floating(self.dtype)):
             raise ConfigError("mean/std need a floating dtype: pass dtype='float32' too")
-        self.norm = None if mean is None else units(mean, std, channels)
+        self.norm = None if mean is None or std is None else units(mean, std, channels)
         self.channels_first = bool(channels_first)
 
     @property
@@ -99,11 +112,11 @@ class ImageOptions:
 PIXELS, CAST = "pixels", "cast"
 
 
-def _describe_field(name: str, dtype: Any, shape: tuple[int, ...]) -> str:
+def _describe_field(name: str, dtype: str, shape: tuple[int, ...]) -> str:
     return f"{name!r} {np.dtype(dtype)} {tuple(shape)}"
 
 
-def leaf_kinds(loader: Any, view: str, *, dtype: bool, mean: bool, layout: bool) -> dict[str, str]:
+def leaf_kinds(loader: Feed, view: str, *, dtype: bool, mean: bool, layout: bool) -> dict[str, str]:
     """The image leaves of ``loader``'s batches and what the image options do to each.
 
     An image leaf is the field ``image`` and, in a per-sample dataset's batches (``Loader(
@@ -112,11 +125,11 @@ def leaf_kinds(loader: Any, view: str, *, dtype: bool, mean: bool, layout: bool)
     (a float ``(C, H, W)`` tensor from ``ToTensor``) only ``dtype``. An option that would
     change no leaf, or cannot apply to one, is refused naming the leaf: never ignored.
     ``dtype``/``mean``/``layout``: whether those options were given (``layout``: explicitly)."""
-    fields = getattr(getattr(loader, "slot_layout", None), "fields", None)
-    if fields is None:  # not a stoker Loader (a test double): its one "image" field
+    slots = _slot_layout(loader)
+    if slots is None:  # not a stoker Loader (a test double): its one "image" field
         return {"image": PIXELS}
-    source = getattr(loader, "source", None)
-    dataset = getattr(source, "sample_fields", None) is not None
+    fields: tuple[FieldSpec, ...] = slots.fields
+    dataset = loader.source.sample_fields is not None
     kinds = {}
     for name, dt, shape in fields:
         if name == "image" or (dataset and len(shape) == 3):
@@ -142,9 +155,9 @@ def leaf_kinds(loader: Any, view: str, *, dtype: bool, mean: bool, layout: bool)
     return kinds
 
 
-def pixel_channels(loader: Any, kinds: dict[str, str]) -> int:
+def pixel_channels(loader: Feed, kinds: dict[str, str]) -> int:
     """Channels of the loader's uint8 image leaves (for per-channel ``mean``/``std``)."""
-    layout = getattr(loader, "slot_layout", None)
+    layout = _slot_layout(loader)
     for name, kind in kinds.items():
         spec = layout.field(name) if layout is not None and kind == PIXELS else None
         if spec is not None:

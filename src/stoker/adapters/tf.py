@@ -17,38 +17,51 @@ handed over as a copy TensorFlow may keep, never as a view of the loader's share
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import tensorflow as tf
 
-from ..schema import map_form
+from ..schema import Form, map_form
 from .base import owned_batch
-from .scaling import CAST, PIXELS, ImageOptions, is_channels_first, leaf_kinds, pixel_channels
+from .feed import Batch, Feed
+from .scaling import (
+    CAST,
+    PIXELS,
+    ImageOptions,
+    Scale,
+    is_channels_first,
+    leaf_kinds,
+    pixel_channels,
+)
+
+if TYPE_CHECKING:
+    from numpy.typing import DTypeLike
 
 __all__ = ["to_tf"]
 
+#: A batch inside the dataset's ``map``: tensors in the loader's structure.
+Tensors: TypeAlias = "tf.Tensor | tuple[Tensors, ...] | dict[str, Tensors]"
 
-def _always_full(loader: Any) -> bool:
-    """True when every batch has ``batch_size`` samples (so the batch axis can be fixed)."""
-    plan = getattr(loader, "plan", None)
-    if plan is None:
-        return bool(getattr(loader, "drop_last", False))
-    if plan.drop_last:
+
+def _always_full(loader: Feed) -> bool:
+    """True when every batch has ``batch_size`` samples (so the batch axis can be fixed): the
+    ragged one is dropped, or this rank's samples fill every batch."""
+    if loader.drop_last:
         return True
-    return bool(plan.per_rank() == len(loader) * loader.batch_size)
+    return len(loader.sampler) == len(loader) * loader.batch_size
 
 
 class _Epochs:
     """One shared ``loader.stream()``, cut into runs of ``len(loader)`` batches."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Feed) -> None:
         self.loader = loader
-        self.stream: Iterator[tuple[np.ndarray, np.ndarray]] | None = None
+        self.stream: Iterator[Batch] | None = None
         self.lock = threading.Lock()
 
-    def __call__(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def __call__(self) -> Iterator[Batch]:
         """One epoch of batches (tf.data calls this once per iteration of the dataset)."""
         for _ in range(len(self.loader)):
             with self.lock:
@@ -59,19 +72,20 @@ class _Epochs:
             del batch
 
 
-def _spec(loader: Any, name: str, batch: int | None) -> tf.TensorSpec:
+def _spec(loader: Feed, name: str, batch: int | None) -> tf.TensorSpec:
     """The TensorSpec of field ``name``: its dtype and shape, exactly as the loader gives it."""
     if name == "path":
         return tf.TensorSpec((batch,), tf.string, name=name)
     spec = loader.slot_layout.field(name)
+    assert spec is not None, name  # every leaf of the form but "path" is a slot field
     return tf.TensorSpec((batch, *spec[2]), tf.as_dtype(np.dtype(spec[1])), name=name)
 
 
 def to_tf(
-    loader: Any,
-    dtype: Any = None,
-    mean: Any = None,
-    std: Any = None,
+    loader: Feed,
+    dtype: DTypeLike | None = None,
+    mean: Scale | None = None,
+    std: Scale | None = None,
     layout: str | None = None,
 ) -> tf.data.Dataset:
     """Wrap ``loader`` as a ``tf.data.Dataset``: ``for images, labels in to_tf(train): ...``.
@@ -103,13 +117,13 @@ def to_tf(
     return dataset.with_options(options)
 
 
-def _converter(form: Any, image: ImageOptions, kinds: dict[str, str]) -> Any:
+def _converter(form: Form, image: ImageOptions, kinds: dict[str, str]) -> Callable[..., Tensors]:
     """A ``Dataset.map`` function converting the image leaf to ``image``'s dtype/scaling and
     layout."""
     target = None if image.dtype is None else tf.as_dtype(image.dtype)
     norm = None if image.norm is None else [tf.constant(v, tf.float32) for v in image.norm]
 
-    def convert(x: Any) -> Any:
+    def convert(x: tf.Tensor) -> tf.Tensor:
         if target is not None:
             x = tf.cast(x, tf.float32)
             if norm is not None:
@@ -117,10 +131,10 @@ def _converter(form: Any, image: ImageOptions, kinds: dict[str, str]) -> Any:
             x = tf.cast(x, target)
         return tf.transpose(x, (0, 3, 1, 2)) if image.channels_first else x
 
-    def apply(*args: Any) -> Any:
+    def apply(*args: Tensors) -> Tensors:
         batch = args if isinstance(form, tuple) else args[0]
 
-        def leaf(name: str, v: Any) -> Any:
+        def leaf(name: str, v: tf.Tensor) -> tf.Tensor:
             kind = kinds.get(name)
             if kind == PIXELS:
                 return convert(v)

@@ -21,8 +21,9 @@ permuted view whose memory is ``torch.channels_last``) or as the loader's ``(B, 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TypeAlias
 
+import numpy as np
 import torch
 
 from ..errors import ConfigError, StokerError
@@ -31,16 +32,24 @@ from .base import LoaderView, look_ahead
 from .cuda import (
     CudaRuntime,
     DeviceClock,
+    Issued,
+    Leaf,
     MemcpyTransfer,
     ZeroCopyTransfer,
     is_text,
     pinner_for,
 )
-from .scaling import CAST, PIXELS, is_channels_first, leaf_kinds, pixel_channels, units
+from .feed import Batch, Feed, Ring
+from .scaling import CAST, PIXELS, Scale, is_channels_first, leaf_kinds, pixel_channels, units
 
 __all__ = ["TorchLoader", "to_torch"]
 
-Tensors = Any  # the loader's batch structure, with tensors for arrays
+#: The loader's batch structure with tensors for its arrays (``path`` strings stay numpy).
+Tensors: TypeAlias = "Leaf | tuple[Tensors, ...] | dict[str, Tensors]"
+#: How a batch reaches the GPU (picked at the first batch, and again once the ring runs).
+Transfer: TypeAlias = "ZeroCopyTransfer | MemcpyTransfer"
+#: What ``device=`` takes: as ``torch.device(...)``.
+Device: TypeAlias = "torch.device | str | int"
 
 
 class TorchLoader(LoaderView):
@@ -53,13 +62,13 @@ class TorchLoader(LoaderView):
 
     def __init__(
         self,
-        loader: Any,
-        device: Any = None,
+        loader: Feed,
+        device: Device | None = None,
         layout: str | None = None,
         channels_last: bool | None = None,
         dtype: torch.dtype | None = None,
-        mean: Any = None,
-        std: Any = None,
+        mean: Scale | None = None,
+        std: Scale | None = None,
         zero_copy: bool | str = "auto",
         cuda_runtime: CudaRuntime | None = None,
     ) -> None:
@@ -93,8 +102,9 @@ class TorchLoader(LoaderView):
             layout=layout is not None or channels_last is not None,
         )
         channels = pixel_channels(loader, self._kinds)
-        self._norm = None if mean is None else units(mean, std, channels)
-        self._consts: dict[Any, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._norm = None if mean is None or std is None else units(mean, std, channels)
+        self._consts: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]]
+        self._consts = {}
 
     def __iter__(self) -> Iterator[Tensors]:
         """The rest of the loader's current epoch, as tensors on ``device``."""
@@ -127,7 +137,7 @@ class TorchLoader(LoaderView):
             self._consts[key] = (mean, std)
         return self._consts[key]
 
-    def _leaf(self, name: str, value: Any, dev: torch.device | None) -> Any:
+    def _leaf(self, name: str, value: np.ndarray, dev: torch.device | None) -> Leaf:
         """One field of a batch as a tensor on ``dev``; the image converted as asked."""
         if is_text(value):
             return value
@@ -136,20 +146,23 @@ class TorchLoader(LoaderView):
             t = t.to(dev)
         return self._image_leaf(name, t)
 
-    def _image_leaf(self, name: str, t: torch.Tensor) -> torch.Tensor:
+    def _image_leaf(self, name: str, t: Leaf) -> Leaf:
         """A field as the image options make it: every option on a uint8 (H, W, C) image,
-        ``dtype`` alone on a dataset's other image fields, nothing on any other field."""
+        ``dtype`` alone on a dataset's other image fields, nothing on any other field (nor
+        on ``path`` strings)."""
         kind = self._kinds.get(name)
+        if not isinstance(t, torch.Tensor):
+            return t
         if kind == PIXELS:
             return self._convert(t)
         if kind == CAST and self.dtype is not None:
             return t.to(self.dtype)
         return t
 
-    def _plain(self, batches: Iterable[Any], dev: torch.device | None) -> Iterator[Any]:
+    def _plain(self, batches: Iterable[Batch], dev: torch.device | None) -> Iterator[Tensors]:
         form = self.loader.form
 
-        def convert(batch: Any) -> Any:
+        def convert(batch: Batch) -> Tensors:
             return map_form(form, batch, lambda name, v: self._leaf(name, v, dev))
 
         yield from map(convert, batches)  # map keeps no reference to a batch handed over
@@ -160,10 +173,10 @@ class TorchLoader(LoaderView):
         # the transfer and the ring it was picked with: picked at the first batch, and again
         # at the first batch from the ring when the first ones were made in this process
         # (Loader(dataset) while its workers start: no ring to page-lock yet)
-        chosen: list[tuple[Any, Any]] = []
+        chosen: list[tuple[Transfer, Ring | None]] = []
 
-        def issue(batch: Any) -> tuple[Any, Any]:
-            fields: dict[str, Any] = {}
+        def issue(batch: Batch) -> tuple[Tensors, tuple[Transfer, Issued]]:
+            fields: dict[str, np.ndarray] = {}
             map_form(form, batch, fields.setdefault)
             ring = self.loader.ring()
             if not chosen or (chosen[0][1] is None and ring is not None):
@@ -172,7 +185,7 @@ class TorchLoader(LoaderView):
             issued = transfer.issue(fields)
             return map_form(form, batch, lambda name, _: issued[0][name]), (transfer, issued)
 
-        def hand_over(pending: tuple[Any, Any]) -> Any:
+        def hand_over(pending: tuple[Tensors, tuple[Transfer, Issued]]) -> Tensors:
             transfer, issued = pending[1]
             transfer.hand_over(issued)  # by the transfer that issued it
             return pending[0]
@@ -180,7 +193,7 @@ class TorchLoader(LoaderView):
         clock = DeviceClock(runtime, self.loader.device_stats().add_device_wait)
         return clock.timed(look_ahead(self.loader, issue, hand_over))
 
-    def _transfer(self, runtime: CudaRuntime) -> Any:
+    def _transfer(self, runtime: CudaRuntime) -> Transfer:
         """Zero-copy from the page-locked ring where it can be, else memcpy; the choice and its
         reason go to the loader's ``stats()``."""
         stats = self.loader.device_stats()
@@ -195,7 +208,7 @@ class TorchLoader(LoaderView):
                 if not self.loader.workers
                 else "this batch was made in this process while the workers start: no ring yet"
             )
-        elif self.zero_copy:
+        elif self.zero_copy and ring is not None:
             pinner = pinner_for(ring, runtime)
             if pinner.error is None:
                 stats.transfer = (
@@ -230,7 +243,18 @@ def _layout(layout: str | None, channels_last: bool | None) -> str:
     return older
 
 
-def to_torch(loader: Any, device: Any = None, **options: Any) -> TorchLoader:
+def to_torch(
+    loader: Feed,
+    device: Device | None = None,
+    *,
+    layout: str | None = None,
+    channels_last: bool | None = None,
+    dtype: torch.dtype | None = None,
+    mean: Scale | None = None,
+    std: Scale | None = None,
+    zero_copy: bool | str = "auto",
+    cuda_runtime: CudaRuntime | None = None,
+) -> TorchLoader:
     """Wrap ``loader`` for PyTorch: ``for x, y in to_torch(train, device="cuda"): ...``.
 
     - ``device``: ``None`` gives zero-copy CPU tensors; ``"cuda"``/``"cuda:1"`` copies through
@@ -254,4 +278,6 @@ def to_torch(loader: Any, device: Any = None, **options: Any) -> TorchLoader:
       second tensor is the masks, ``uint8`` ``(B, H, W)`` (class ids, never normalised or permuted);
       take ``.long()`` for ``CrossEntropyLoss``.
     """
-    return TorchLoader(loader, device, **options)
+    return TorchLoader(
+        loader, device, layout, channels_last, dtype, mean, std, zero_copy, cuda_runtime
+    )

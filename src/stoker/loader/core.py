@@ -24,7 +24,6 @@ from ..stats import Stats, StatsReport, WaitMeter
 from ..transforms import Pipeline
 from ..workers.cluster import options as cluster_options
 from ..workers.cluster import probe_digest
-from ..workers.engine import Engine
 from ..workers.launch import describe as describe_start
 from ..workers.threads import describe as describe_threads
 from . import config, optiondocs, wiring
@@ -32,11 +31,13 @@ from .compat import EpochSampler, Samples
 from .consumer import Guard
 from .options import LoaderKwargs, Options
 from .recipe import Recipe
-from .running import Inline, Running, auto_workers, warn_if_slow_decoder
+from .running import Running, Supplier, auto_workers, warn_if_slow_decoder
 from .state import advance_state, check_state, make_state
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; at run time the annotation is never evaluated
     from typing import Unpack
+
+    from ..adapters.feed import Feed, Ring
 
 Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
 Fields = dict[str, np.ndarray]
@@ -311,7 +312,7 @@ class Loader:
 
     # ------------------------------------------------------------------ workers
 
-    def _engine(self) -> Engine | Inline:
+    def _engine(self) -> Supplier:
         self._guard.check_process()
         if self._run.engine is None:
             if self._finalizer.alive is False:
@@ -496,11 +497,11 @@ class Loader:
 
         return to_keras(self, dtype=dtype, mean=mean, std=std)
 
-    def ring(self) -> Engine | None:
-        """For device adapters: the running prefetch engine (``hold_until``,
+    def ring(self) -> Ring | None:
+        """For device adapters: the running prefetch ring (``hold_until``,
         ``watch_segments``), or None with ``workers=0`` or before the first batch."""
         engine = self._run.engine
-        return engine if isinstance(engine, Engine) else None
+        return None if engine is None else engine.ring()
 
     def device_stats(self) -> Stats:
         """For device adapters: the counters, to add the device's own wait and say how
@@ -590,3 +591,9 @@ def _document(cls: type[Loader]) -> None:
 
 
 _document(Loader)
+
+if TYPE_CHECKING:
+
+    def _is_a_feed(loader: Loader) -> Feed:
+        """mypy proves here that a Loader gives adapters all they use (``adapters.feed``)."""
+        return loader

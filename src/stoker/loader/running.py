@@ -10,7 +10,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -27,6 +27,9 @@ from ..workers.launch import StartReport
 from ..workers.pool import WorkerPool
 from . import config
 from .recipe import Recipe
+
+if TYPE_CHECKING:
+    from ..adapters.feed import Ring
 
 Fields = dict[str, np.ndarray]
 PROBE_SAMPLES = 8
@@ -73,6 +76,43 @@ def auto_workers(assembler: Assembler, layout: SlotLayout, batch_size: int) -> t
     return config.auto_workers(cost, batch_size, PROBE_SAMPLES)
 
 
+class Supplier(Protocol):
+    """What fills the loader's batches: ``Inline`` (``workers=0``), the ``Engine`` over local
+    workers, or the cluster's engine. The loader asks it only this, never which one it is."""
+
+    def get(self, key: tuple[int, int]) -> tuple[Fields, Report]:
+        """The fields of batch ``key`` (epoch, position) and its report."""
+        ...
+
+    def close(self) -> None:
+        """Let go of its memory (the workers, if any, are stopped by their pool's owner)."""
+        ...
+
+    def prefetch_depth(self) -> int:
+        """Batches it keeps ready ahead of the consumer (0: filled when asked)."""
+        ...
+
+    @property
+    def deepened(self) -> str:
+        """For ``stats()``: how (and why) its prefetch grew since the start; "" if not."""
+        ...
+
+    @property
+    def orphaned(self) -> int:
+        """Batches the consumer kept past their reuse, each given memory of its own."""
+        ...
+
+    def ring(self) -> Ring | None:
+        """The shared-memory ring its batches are views of (a device adapter page-locks it
+        and copies straight out of it), or None when they lie in process memory."""
+        ...
+
+    def warming(self) -> tuple[int, float] | None:
+        """``(batches, seconds)`` filled in this process while the workers launched ahead
+        are starting (:class:`Warming`); None when it is not waiting for workers."""
+        ...
+
+
 class Block(mmap.mmap):
     """Memory of one in-process batch's large fields (private, anonymous, huge pages)."""
 
@@ -99,9 +139,11 @@ class Inline:
     no block. An adapter whose framework keeps batches (tf.data, JAX on CPU) takes a block
     over (``Block.give``) instead of copying it."""
 
+    #: Never grows and keeps no batch past its reuse (a kept batch keeps its own block).
+    deepened, orphaned = "", 0
+
     def __init__(self, assembler: Assembler, layout: SlotLayout) -> None:
         self.assembler, self.layout = assembler, layout
-        self.orphaned = 0
         self.blocks: list[tuple[Block, list[weakref.ref[np.ndarray]]]] = []
 
     def get(self, key: tuple[int, int]) -> tuple[Fields, Report]:
@@ -146,6 +188,18 @@ class Inline:
             block.madvise(mmap.MADV_HUGEPAGE)
         return block
 
+    def prefetch_depth(self) -> int:
+        """0: each batch is filled when asked."""
+        return 0
+
+    def ring(self) -> None:
+        """None: batches lie in process memory, no shared ring."""
+        return None
+
+    def warming(self) -> tuple[int, float] | None:
+        """None: no workers to wait for."""
+        return None
+
     def close(self) -> None:
         """Forget the blocks (each goes when the consumer's last array of it does)."""
         self.blocks = []
@@ -178,6 +232,10 @@ class Warming(Inline):
         self.seconds += time.perf_counter() - t0
         return out
 
+    def warming(self) -> tuple[int, float]:
+        """The batches (and seconds) filled here so far."""
+        return self.batches, self.seconds
+
 
 class Running:
     """What a started loader owns: pool and engine; closed by close() or the finalizer.
@@ -186,7 +244,7 @@ class Running:
 
     def __init__(self) -> None:
         self.pool: WorkerPool | None = None
-        self.engine: Engine | Inline | None = None
+        self.engine: Supplier | None = None
         self.pid = os.getpid()
         self._reason, self.folder = "not started", "-"
         self.started: list[StartReport] = []
@@ -258,12 +316,12 @@ class Running:
     def _take_over(self, ring: tuple[SlotLayout, int, float, Any]) -> Engine | None:
         """For :class:`Warming`: the ring, made now that every worker has started, or None
         while one is still starting; a worker that failed to start is raised here."""
-        warming = self.engine
-        assert self.pool is not None and isinstance(warming, Warming)
+        warmed = None if self.engine is None else self.engine.warming()
+        assert self.pool is not None and warmed is not None
         if not self.pool.poll_started():
             return None
         self.started = self.pool.wait_started()
-        self.warmed, self.waited_s = (warming.batches, warming.seconds), 0.0
+        self.warmed, self.waited_s = warmed, 0.0
         self.engine = self._ring(*ring)
         return self.engine
 
@@ -331,9 +389,9 @@ class Running:
     def here(self) -> tuple[int, float, bool]:
         """``(batches, seconds, still starting)``: the batches filled in this process while the
         workers launched ahead were starting (:class:`Warming`), and whether they still are."""
-        engine = self.engine
-        if isinstance(engine, Warming):
-            return engine.batches, engine.seconds, True
+        warming = None if self.engine is None else self.engine.warming()
+        if warming is not None:
+            return (*warming, True)
         return (*self.warmed, False)
 
     def cluster_stats(self) -> dict[str, Any]:
@@ -347,12 +405,12 @@ class Running:
     def prefetch_reason(self) -> str:
         """Why the ring has the depth it has (and when the engine deepened it)."""
         engine = self.engine
-        return self._reason + (engine.deepened if isinstance(engine, Engine) else "")
+        return self._reason + (engine.deepened if engine is not None else "")
 
     def prefetch(self) -> int:
         """Batches prefetched ahead of the consumer (0 in-process or before the start)."""
         engine = self.engine
-        return 0 if engine is None or isinstance(engine, Inline) else len(engine.segments) - HELD
+        return 0 if engine is None else engine.prefetch_depth()
 
     def close(self, fast: bool = False) -> None:
         """Stop the workers (``fast``: without waiting for them to finish a batch) and unlink

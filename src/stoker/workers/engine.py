@@ -142,6 +142,18 @@ class Engine:
         self.held.append((slot, watched))
         return fields
 
+    def prefetch_depth(self) -> int:
+        """Batches kept ready ahead of the consumer: the slots it does not hold."""
+        return len(self.segments) - HELD
+
+    def ring(self) -> Engine:
+        """Itself: handed-out batches are views of its slots (see ``hold_until``)."""
+        return self
+
+    def warming(self) -> None:
+        """None: its workers have started."""
+        return None
+
     def hold_until(self, array: np.ndarray, fence: Any) -> bool:
         """Keep the slot that ``array`` (a handed-out view) lies in from reuse until
         ``fence.synchronize()`` has returned; False when ``array`` is no held slot's."""
