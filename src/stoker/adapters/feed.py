@@ -28,7 +28,6 @@ __all__ = [
     "Feed",
     "Fence",
     "FieldList",
-    "FieldSpec",
     "Ring",
     "RingSegment",
     "SampleSource",

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, TypeAlias
 import numpy as np
 
 from ..errors import ConfigError
-from .feed import Feed, FieldList, FieldSpec
+from ..schema import FieldSpec
+from .feed import Feed, FieldList
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, DTypeLike
