@@ -18,7 +18,7 @@ import pytest
 
 import stoker
 from stoker.adapters import feed
-from stoker.loader import running
+from stoker.loader import running, supplier
 
 ADAPTERS = pathlib.Path(feed.__file__).parent
 KW = {"batch_size": 4, "image_size": 16, "augment": "train", "seed": 1}
@@ -146,4 +146,4 @@ def test_the_feed_lists_only_what_adapters_use() -> None:
     members = [n for n in _protocol_members(feed.Feed) if not n.startswith("__")]
     unused = [name for name in members if f".{name}" not in sources]
     assert not unused, f"Feed members no adapter uses: {unused}"
-    assert inspect.isclass(feed.Ring) and inspect.isclass(running.Supplier)
+    assert inspect.isclass(feed.Ring) and inspect.isclass(supplier.Supplier)

@@ -31,8 +31,9 @@ from .compat import EpochSampler, Samples
 from .consumer import Guard
 from .options import LoaderKwargs, Options
 from .recipe import Recipe
-from .running import Running, Supplier, auto_workers, warn_if_slow_decoder
+from .running import Running, auto_workers, warn_if_slow_decoder
 from .state import advance_state, check_state, make_state
+from .supplier import Supplier
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; at run time the annotation is never evaluated
     from typing import Unpack

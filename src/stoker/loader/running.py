@@ -10,7 +10,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -27,11 +27,8 @@ from ..workers.launch import StartReport
 from ..workers.pool import WorkerPool
 from . import config
 from .recipe import Recipe
+from .supplier import Fields, Supplier
 
-if TYPE_CHECKING:
-    from ..adapters.feed import Ring
-
-Fields = dict[str, np.ndarray]
 PROBE_SAMPLES = 8
 KEPT_BLOCKS = HELD + 2  # workers=0: blocks remembered for reuse (consumer + adapter ahead)
 _SLOW_DECODER_WARNED: list[bool] = []  # appended to once the warning below has been given
@@ -74,43 +71,6 @@ def auto_workers(assembler: Assembler, layout: SlotLayout, batch_size: int) -> t
     """``workers="auto"``: the worker count (and why) from the measured cost of a sample."""
     cost = _probe_cost(assembler, layout)
     return config.auto_workers(cost, batch_size, PROBE_SAMPLES)
-
-
-class Supplier(Protocol):
-    """What fills the loader's batches: ``Inline`` (``workers=0``), the ``Engine`` over local
-    workers, or the cluster's engine. The loader asks it only this, never which one it is."""
-
-    def get(self, key: tuple[int, int]) -> tuple[Fields, Report]:
-        """The fields of batch ``key`` (epoch, position) and its report."""
-        ...
-
-    def close(self) -> None:
-        """Let go of its memory (the workers, if any, are stopped by their pool's owner)."""
-        ...
-
-    def prefetch_depth(self) -> int:
-        """Batches it keeps ready ahead of the consumer (0: filled when asked)."""
-        ...
-
-    @property
-    def deepened(self) -> str:
-        """For ``stats()``: how (and why) its prefetch grew since the start; "" if not."""
-        ...
-
-    @property
-    def orphaned(self) -> int:
-        """Batches the consumer kept past their reuse, each given memory of its own."""
-        ...
-
-    def ring(self) -> Ring | None:
-        """The shared-memory ring its batches are views of (a device adapter page-locks it
-        and copies straight out of it), or None when they lie in process memory."""
-        ...
-
-    def warming(self) -> tuple[int, float] | None:
-        """``(batches, seconds)`` filled in this process while the workers launched ahead
-        are starting (:class:`Warming`); None when it is not waiting for workers."""
-        ...
 
 
 class Block(mmap.mmap):
