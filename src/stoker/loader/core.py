@@ -38,7 +38,12 @@ from .supplier import Supplier
 if TYPE_CHECKING:  # typing.Unpack is 3.11+; at run time the annotation is never evaluated
     from typing import Unpack
 
+    import tensorflow
+
     from ..adapters.feed import Feed, Ring
+    from ..adapters.jax import JaxLoader
+    from ..adapters.keras import LoaderCheckpoint, StokerPyDataset, WaitReport
+    from ..adapters.torch import TorchLoader
 
 Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
 Fields = dict[str, np.ndarray]
@@ -491,7 +496,7 @@ class Loader:
 
     advance_state = staticmethod(advance_state)
 
-    def keras(self, dtype: Any = None, mean: Any = None, std: Any = None) -> Any:
+    def keras(self, dtype: Any = None, mean: Any = None, std: Any = None) -> StokerPyDataset:
         """A ``keras.utils.PyDataset`` over this loader, for ``model.fit`` on any backend;
         ``dtype``/``mean``/``std`` convert the images (``mean=0, std=1``: [0, 1])."""
         from ..adapters.keras import to_keras
@@ -515,7 +520,7 @@ class Loader:
         ``device_wait``, the GPU's own share, with ``torch(device="cuda")``), else ``None``."""
         return WaitMeter(self._stats, config.positive_int("every", every))
 
-    def keras_report(self) -> Any:
+    def keras_report(self) -> WaitReport:
         """A Keras callback that puts each epoch's ``data_wait`` and ``input_img_s`` into
         ``logs`` (History, the progress bar, CSVLogger, TensorBoard), counting only training
         steps; list it before CSVLogger/TensorBoard in ``callbacks=``."""
@@ -523,27 +528,27 @@ class Loader:
 
         return WaitReport(self)
 
-    def keras_checkpoint(self, path: Any, save_freq: Any = "epoch") -> Any:
+    def keras_checkpoint(self, path: Any, save_freq: Any = "epoch") -> LoaderCheckpoint:
         """A Keras callback that saves this loader's position to ``path`` (JSON) as training
         goes, and restores it now if ``path`` exists; pair it with ``BackupAndRestore``."""
         from ..adapters.keras import LoaderCheckpoint
 
         return LoaderCheckpoint(self, path, save_freq=save_freq)
 
-    def torch(self, device: Any = None, **kwargs: Any) -> Any:
+    def torch(self, device: Any = None, **kwargs: Any) -> TorchLoader:
         """An iterable of torch tensors, copied to ``device`` ahead of use."""
         from ..adapters.torch import to_torch
 
         return to_torch(self, device=device, **kwargs)
 
-    def jax(self, sharding: Any = None, **kwargs: Any) -> Any:
+    def jax(self, sharding: Any = None, **kwargs: Any) -> JaxLoader:
         """An iterable of jax arrays, put on the device(s) ahead of use (``dtype``, ``mean``,
         ``std`` convert the images there)."""
         from ..adapters.jax import to_jax
 
         return to_jax(self, sharding=sharding, **kwargs)
 
-    def tf(self, **kwargs: Any) -> Any:
+    def tf(self, **kwargs: Any) -> tensorflow.data.Dataset:
         """A ``tf.data.Dataset`` of this loader's batches (one epoch per iteration;
         ``dtype``, ``mean``, ``std`` convert the images)."""
         from ..adapters.tf import to_tf
