@@ -566,6 +566,41 @@ def test_a_path_a_node_cannot_read_is_an_error_naming_the_node_and_the_path(
     assert "same path" in text and "shared file system" in text
 
 
+@pytest.mark.timeout(300)
+def test_a_loader_inside_a_ray_actor_killed_by_ray_leaves_no_segment_or_process(
+    ray_cluster, dataset
+):
+    import ray
+
+    class LoaderActor:  # defined here, so that it travels by value
+        """A trainer inside a Ray worker (as under Ray Train): a local loader, one worker."""
+
+        def start(self, folder: str) -> dict:
+            import stoker as st
+
+            self.loader = st.Loader(folder, batch_size=2, image_size=32, workers=1, max_errors=20)
+            self.batches = iter(self.loader)
+            next(self.batches)
+            return {"pid": os.getpid(), "workers": [p.pid for p in self.loader._run.pool.procs]}
+
+    actor = ray.remote(num_cpus=1)(LoaderActor).remote()
+    try:
+        row = ray.get(actor.start.remote(str(dataset)), timeout=240)
+        victims = [row["pid"], *row["workers"], *_reapers_of([row["pid"]])]
+        assert len(victims) == 3 and _segments_of([row["pid"]])
+    finally:
+        ray.kill(actor, no_restart=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        alive = [p for p in victims if _running(p)]
+        left = _segments_of([row["pid"]])
+        if not alive and not left:
+            break
+        time.sleep(0.1)
+    assert not alive, f"processes left: {alive}"
+    assert not left, f"segments or lock files left: {left}"
+
+
 KERAS_TRAINER = """
 import json, sys, ray, keras, stoker
 ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")

@@ -19,8 +19,9 @@ Ctrl-C at the terminal nor a signal sent to the parent's process group reaches i
 A process whose killer also kills its direct children calls :func:`detach` before its first
 segment: its reaper is then started as a grandchild (``reaper.py --detach PARENT``: a
 short-lived middle process forks the reaper proper and exits), so it is no child of the parent
-and watches it through the pipe and a pidfd instead. A Ray actor is such a process: Ray's kill of
-an actor, and its exit at the end of a job, SIGKILL the worker's direct children with it.
+and watches it through the pipe and a pidfd instead. A Ray worker is such a process (Ray's kill
+of an actor, and its exit at the end of a job, SIGKILL the worker's direct children with it), and
+its reaper is detached without being asked (:func:`in_ray_worker`).
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ class _Client:
         if self.pidfd >= 0 and self.owner == os.getpid():
             os.close(self.pidfd)
             self.pidfd = -1
+        self.detached = self.detached or in_ray_worker()
         read, write = os.pipe()
         try:
             if self.detached:
@@ -304,6 +306,21 @@ def _spawn_detached(read: int) -> int:
     if not text.strip().isdigit():
         raise OSError(f"the detached reaper did not start (it said {text!r})")
     return int(text)
+
+
+def in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (a task or an actor: a Ray Train loop, a node's
+    decode actor), whose kill by Ray takes its direct children with it. Ray is never imported
+    here: a process that has not imported it is no Ray worker."""
+    ray = sys.modules.get("ray")
+    try:
+        return bool(
+            ray is not None
+            and ray.is_initialized()
+            and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+        )
+    except Exception:  # noqa: BLE001 - a Ray without these names: start the reaper as usual
+        return False
 
 
 def _running(pid: int, pidfd: int) -> bool:
