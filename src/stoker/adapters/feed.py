@@ -4,8 +4,8 @@ the workers' engine, so the loader's insides can change without an adapter notic
 checks that every adapter asks only for what is listed here (``Loader`` satisfies ``Feed``:
 ``loader/core.py`` proves it to mypy).
 
-Only the standard library and numpy are imported when the program runs; the loader's own
-types named below are imported for the type checker alone (adapters import nothing from
+When the program runs this imports only numpy and ``schema`` (what a batch is); the loader's
+own types named below are imported for the type checker alone (adapters import nothing from
 ``workers/``)."""
 
 from __future__ import annotations
