@@ -35,10 +35,9 @@ from .running import Running, auto_workers, warn_if_slow_decoder
 from .state import advance_state, check_state, make_state
 from .supplier import Supplier
 
-if TYPE_CHECKING:  # typing.Unpack is 3.11+; at run time the annotation is never evaluated
-    from typing import Unpack
-
+if TYPE_CHECKING:  # never evaluated at run time; typing_extensions has Unpack on 3.10 too
     import tensorflow
+    from typing_extensions import Unpack
 
     from ..adapters.feed import Feed, Ring
     from ..adapters.jax import JaxLoader
