@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from types import FrameType
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
 
 def one_line(exc: BaseException) -> str:
     """``"TypeName: first line of the message"`` (just the type name for an empty message)."""
@@ -111,6 +117,25 @@ DATA_ERRORS = (DecodeError, SourceError, OSError)
 class StokerWarning(UserWarning):
     """Warnings about the data (a skipped bad file, a link loop) or the machine (a small
     /dev/shm, more workers than cores)."""
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` made by the function calling this one that
+    points at the first line outside stoker (the user's ``Loader(...)``), however deep the
+    call: frames in stoker's files, and the generated code (``<string>``: dataclass
+    ``__init__``) that stoker's frames call, are passed over."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and _ours(frame):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _ours(frame: FrameType) -> bool:
+    """Whether ``frame`` runs stoker's code, or code generated for it (called from it)."""
+    name = frame.f_code.co_filename
+    if name.startswith(_PACKAGE):
+        return True
+    return name.startswith("<") and frame.f_back is not None and _ours(frame.f_back)
 
 
 class RemoteTraceback(Exception):

@@ -12,7 +12,7 @@ import numpy as np
 import psutil
 
 from ..decode.common import DEFAULT_MAX_PIXELS as DEFAULT_MAX_PIXELS  # the Loader's default
-from ..errors import ConfigError, StokerWarning
+from ..errors import ConfigError, StokerWarning, user_stacklevel
 from ..order import SPLITS
 from ..sources.readahead import PAGE_CACHE, ReadSettings
 
@@ -152,13 +152,12 @@ def auto_count(cpus: int) -> tuple[int, str]:
 
 def workers(value: Any) -> tuple[int, str]:
     """Worker count and the reason for it (``check_workers``, then ``worker_count``)."""
-    return worker_count(check_workers(value, stacklevel=3))
+    return worker_count(check_workers(value))
 
 
-def check_workers(value: Any, stacklevel: int = 7) -> Any:
+def check_workers(value: Any) -> Any:
     """``workers``: "auto" or a count up to ``MAX_WORKERS_PER_CORE`` per usable core (warned
-    past one per core); returned as given. ``stacklevel`` points the warning at the caller of
-    ``Loader(...)``."""
+    past one per core, at the user's line); returned as given."""
     if value == "auto":
         return value
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
@@ -178,7 +177,7 @@ def check_workers(value: Any, stacklevel: int = 7) -> Any:
             f"memory each ({(value - cpus) * WORKER_MIB} MiB) and a slower start; use "
             "workers='auto' unless your samples wait on slow storage",
             StokerWarning,
-            stacklevel=stacklevel,
+            stacklevel=user_stacklevel(),
         )
     return value
 
