@@ -25,7 +25,7 @@ import time
 import common
 import numpy as np
 import psutil
-from common import PeakPss, ratio_line, table
+from common import PeakPss, table
 
 # ---------------------------------------------------------------------------- loader
 
@@ -38,6 +38,9 @@ shared-memory batch ring counted once) is recorded. Epoch 1 includes start-up (w
 imports, the ring being touched for the first time), so drift is measured against epoch 2:
 drift = (PSS after the last epoch - PSS after epoch 2) / PSS after epoch 2, and the spread
 max - min over epochs 2..N. Flat means |drift| and spread under --tolerance (default 5 %).
+
+One pipeline measured epoch after epoch (the figure is the PSS sequence, not rounds of peers),
+so this case has no `common.interleave` rounds.
 
 Usage
     python benchmarks/memory.py loader                       # 10 epochs over /data/imagenet_like
@@ -131,10 +134,12 @@ and ``torch.utils.data.DataLoader(dataset, num_workers=2)``.
 
 Each pipeline runs in its own process (so imports and memory do not mix); the controller
 samples its process tree's PSS (peak reported) and the pipeline reports images/s over
-``--epochs`` timed epochs after one untimed warm-up epoch; ``--rounds`` repeats the whole set,
-the order reversed every other round, and the best round of each pipeline is compared (on a
-shared machine the worst rounds measure the neighbours). Ratios are of figures measured in
-this same run. Usage::
+``--epochs`` timed epochs after one untimed warm-up epoch. The pipelines are the peers of
+`common.interleave` (``--rounds`` rounds, the same order each round): the table gives each
+one's median, interval and range and its ratio to the baseline (numpy's shuffled take, or the
+DataLoader) round by round; the goals compare the best round of each pipeline (on a shared
+machine the worst rounds measure the neighbours). Ratios are of figures measured in this same
+run. Usage::
 
     python benchmarks/memory.py arrays --mode arrays --n 2048 --epochs 3
     python benchmarks/memory.py arrays --mode dataset --n 1024 --epochs 2
@@ -246,19 +251,8 @@ def peer(name: str, n: int, epochs: int, data: str) -> float:
 
 def _run(name: str, n: int, epochs: int, data: str) -> tuple[float, int]:
     """Run ``name`` in a subprocess; its images/s and the peak PSS of its process tree."""
-    cmd = [
-        sys.executable,
-        __file__,
-        "arrays",
-        "--peer",
-        name,
-        "--n",
-        str(n),
-        "--epochs",
-        str(epochs),
-        "--data",
-        data,
-    ]
+    cmd = [sys.executable, __file__, "arrays", "--peer", name, "--n", str(n)]
+    cmd += ["--epochs", str(epochs), "--data", data]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     with PeakPss(proc.pid, interval=0.2) as pss:
         out, _ = proc.communicate()
@@ -267,18 +261,25 @@ def _run(name: str, n: int, epochs: int, data: str) -> tuple[float, int]:
     return json.loads(out.strip().splitlines()[-1])["rate"], pss.peak
 
 
+ARRAY_GOALS = [  # (label, numerator, denominator, goal) on the best rounds
+    ("stoker / numpy shuffled take", "stoker", "numpy-take", ">= 0.9"),
+    ("stoker / numpy slice copy", "stoker", "numpy-slice", ">= 0.9"),
+    ("stoker / tf.data", "stoker", "tf.data", ">= 1.0"),
+    ("stoker / torch DataLoader", "stoker", "torch", ">= 1.0"),
+]
+DATASET_GOALS = [("stoker / DataLoader (2 workers)", "stoker-dataset", "torch-dataset", ">= 1.2")]
+
+
 def arrays_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=ARRAYS_DOC.split("\n\n")[0])
     ap.add_argument("--mode", choices=["arrays", "dataset"], default="arrays")
     ap.add_argument("--n", type=int, default=2048)
     ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=2, help="timed rounds per pipeline")
     ap.add_argument(
-        "--rounds",
-        type=int,
-        default=2,
-        help="rounds, the order of the pipelines reversed every other round; "
-        "the best round of each is reported (the machine is shared and noisy)",
+        "--warmup", type=int, default=0, help="untimed rounds first (each run warms up already)"
     )
+    ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     ap.add_argument("--peer")
     ap.add_argument("--data", default="")
     args = ap.parse_args(argv)
@@ -290,34 +291,28 @@ def arrays_main(argv: list[str] | None = None) -> int:
     if args.mode == "dataset":
         rng = np.random.default_rng(1)
         np.save(data, rng.integers(0, 256, (args.n, 256, 256, 3), dtype=np.uint8))
-        names, base = ["stoker-dataset", "torch-dataset"], "torch-dataset"
+        names, base, goals = ["stoker-dataset", "torch-dataset"], "torch-dataset", DATASET_GOALS
     else:
         names, base = ["stoker", "numpy-take", "numpy-slice", "tf.data", "torch"], "numpy-take"
-    runs: dict[str, list[tuple[float, int]]] = {name: [] for name in names}
-    for r in range(args.rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            runs[name].append(_run(name, args.n, args.epochs, data))
-    results = {k: (max(x[0] for x in v), max(x[1] for x in v)) for k, v in runs.items()}
-    rows = [
-        [k, f"{r:,.0f}", " / ".join(f"{x[0]:,.0f}" for x in runs[k]), f"{p / 2**20:,.0f}"]
-        for k, (r, p) in results.items()
-    ]
-    print(table(rows, ["pipeline", "img/s (best)", "rounds", "peak PSS MiB"]))
-    s = results[names[0]][0]
-    if args.mode == "arrays":
-        ratios = [
-            ratio_line("stoker / numpy shuffled take", s, results["numpy-take"][0], ">= 0.9"),
-            ratio_line("stoker / numpy slice copy", s, results["numpy-slice"][0], ">= 0.9"),
-            ratio_line("stoker / tf.data", s, results["tf.data"][0], ">= 1.0"),
-            ratio_line("stoker / torch DataLoader", s, results["torch"][0], ">= 1.0"),
-        ]
-    else:
-        ratios = [
-            ratio_line("stoker / DataLoader (2 workers)", s, results[base][0], ">= 1.2"),
-            ratio_line("PSS stoker / DataLoader", results[names[0]][1], results[base][1], "<= 1.0"),
-        ]
-    print(table(ratios, ["ratio", "value", "goal", "verdict"]))
+        goals = ARRAY_GOALS
+    peak: dict[str, int] = dict.fromkeys(names, 0)
+
+    def measure(name: str) -> float:
+        rate, pss = _run(name, args.n, args.epochs, data)
+        peak[name] = max(peak[name], pss)
+        return rate
+
+    peers = [common.Peer(name, lambda name=name: measure(name)) for name in names]
+    result = common.interleave(peers, args.rounds, args.warmup, progress="{:,.0f}")
     shutil.rmtree(tmp, ignore_errors=True)  # the data file and its folder
+    common.report(result, base, args.json)
+    best = {name: result.stats(name)["max"] for name in names}
+    rows = [common.ratio_line(label, best[a], best[b], goal) for label, a, b, goal in goals]
+    if args.mode == "dataset":
+        pss_goal = ("PSS stoker / DataLoader", peak[names[0]], peak[base], "<= 1.0")
+        rows.append(common.ratio_line(*pss_goal))
+    print("\npeak PSS MiB: " + ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in peak.items()))
+    print(table(rows, ["ratio (best rounds)", "value", "goal", "verdict"]))
     return 0
 
 
