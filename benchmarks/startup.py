@@ -24,7 +24,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import argparse
 import io
 import json
-import statistics
 import subprocess
 import tempfile
 import time
@@ -206,7 +205,10 @@ its top: what worker start-up costs the person who runs ``python train.py``.
 Each measurement is a FRESH ``python train.py`` (a generated script, run from a temporary
 folder) that imports keras first (or not), then times ``stoker.Loader(folder, batch_size=64,
 image_size=224, workers=2)`` up to its first batch in hand; `import keras` itself comes before
-the clock starts. The script has an ``if __name__ == "__main__":`` guard only with ``--guard``
+the clock starts. The two scripts are the peers of `common.interleave`, ``--repeats`` rounds
+(without keras, then with, each round); the table gives each one's median first-batch seconds,
+interval and range, and the ratio to the script without keras, round by round. The script has
+an ``if __name__ == "__main__":`` guard only with ``--guard``
 (stoker before the own-entry-point launch needed it: its spawned workers re-ran the script,
 ``import keras`` and all).
 
@@ -275,8 +277,9 @@ def first_batch_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=FIRST_BATCH_DOC.split("\n\n")[0])
     ap.add_argument("--root", default="/tmp/stoker_first_batch")
     ap.add_argument("--src", default=None, help="the stoker src folder to measure")
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=5, help="fresh runs of each script")
     ap.add_argument("--guard", action="store_true", help="put the code under a __main__ guard")
+    ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = ap.parse_args(argv)
 
     from stoker.datasets import make_image_folder
@@ -287,25 +290,25 @@ def first_batch_main(argv: list[str] | None = None) -> int:
         f"224 px; {'guarded' if args.guard else 'no guard'}; load average "
         f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
     )
-    for keras in (False, True):
-        runs = [run_once(args.src, script(folder, keras, args.guard)) for _ in range(args.repeats)]
-        good = [r["first_batch_s"] for r in runs if "error" not in r]
-        label = "import keras at the top" if keras else "no keras import       "
-        if len(good) < len(runs):
-            print(
-                f"  {label}: {len(runs) - len(good)} of {len(runs)} runs failed; last error:\n"
-                + next(r["error"] for r in runs if "error" in r)
-            )
-        if good:
-            print(
-                f"  {label}: first batch after Loader() median {statistics.median(good):.2f} s"
-                f" (min {min(good):.2f}, max {max(good):.2f}; "
-                + ", ".join(f"{g:.2f}" for g in good)
-                + ")"
-            )
-            last = [r for r in runs if "error" not in r][-1]
-            if last.get("startup"):
-                print(f"    {last['startup']}")
+    startup: dict[str, str] = {}
+
+    def first_batch_s(name: str, keras: bool) -> float:
+        run = run_once(args.src, script(folder, keras, args.guard))
+        if "error" in run:
+            raise SystemExit(f"first-batch: the {name!r} script failed:\n{run['error']}")
+        startup[name] = run.get("startup", "")
+        return float(run["first_batch_s"])
+
+    peers = [
+        common.Peer(name, lambda name=name, keras=keras: first_batch_s(name, keras))
+        for name, keras in (("no keras import", False), ("import keras at the top", True))
+    ]
+    result = common.interleave(peers, args.repeats, warmup=0, progress="{:.2f}")
+    print("\nfirst batch after Loader(), seconds (lower is better)")
+    common.report(result, "no keras import", args.json, unit="s")
+    for name, line in startup.items():
+        if line:
+            print(f"  {name}, last run: {line}")
     return 0
 
 
