@@ -54,7 +54,8 @@ walks the tree once first):
     reference scan          os.scandir + os.walk + sort of the same tree in the same process
                             (what torchvision's ImageFolder does), to put the scan in context
 
-Medians of --repeats fresh processes.
+The two cache states are `common.interleave` peers, --repeats rounds; each step's table row
+gives its median, interval, range and ratio to the empty cache.
 
 Usage
     python benchmarks/startup.py files                     # 100,000 files, 5 fresh processes
@@ -122,6 +123,35 @@ print(json.dumps({"import_s": t1 - t0, "index_s": t2 - t1, "first_batch_s": t3 -
 """
 
 
+STEPS = [
+    ("import stoker", "import_s"),
+    ("index build (scan)", "index_s"),
+    ("first batch after the constructor", "first_batch_s"),
+    ("close()", "close_s"),
+    ("reference scan (os.walk + sort)", "reference_scan_s"),
+    ("constructor + first batch", "total_s"),
+]
+
+
+def files_child(root: Path, home: str, kind: str) -> dict[str, float]:
+    """One fresh process over ``root`` with ``HOME=home`` (its scan cache); its figures."""
+    env = dict(os.environ, HOME=home)
+    cmd = [sys.executable, "-c", _files_CHILD, str(root)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    if out.returncode != 0:
+        raise SystemExit(f"files: the fresh process failed:\n{out.stderr[-3000:]}")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r["total_s"] = r["index_s"] + r["first_batch_s"]
+    print(
+        f"  {kind:<11}: import {r['import_s']:.2f} s, index "
+        f"{r['index_s']:.2f} s, first batch {r['first_batch_s']:.2f} s, close "
+        f"{r['close_s']:.2f} s; reference scan {r['reference_scan_s']:.2f} s "
+        f"({r['files']:,} files)",
+        flush=True,
+    )
+    return r
+
+
 def files_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=FILES_DOC.split("\n\n")[0])
     ap.add_argument("--root", default="/tmp/stoker_100k")
@@ -131,7 +161,7 @@ def files_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
 
-    facts = common.print_facts()
+    common.print_facts()
     root = Path(args.root)
     made = make_folder(root, args.files, args.data)
     print(
@@ -142,57 +172,31 @@ def files_main(argv: list[str] | None = None) -> int:
     walked = sum(len(f) for _, _, f in os.walk(root))  # warm the dentry cache
     print(f"warm-up walk: {walked:,} entries in {time.perf_counter() - t0:.2f} s")
     runs: dict[str, list[dict[str, float]]] = {"empty cache": [], "cached": []}
-    for i in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="stoker-home-") as home:
-            for kind in runs:
-                env = dict(os.environ, HOME=home)
-                out = subprocess.run(
-                    [sys.executable, "-c", _files_CHILD, str(root)],
-                    capture_output=True,
-                    text=True,
-                    check=False,
-                    env=env,
-                )
-                if out.returncode != 0:
-                    print(out.stderr[-3000:])
-                    return 1
-                r = json.loads(out.stdout.strip().splitlines()[-1])
-                runs[kind].append(r)
-                print(
-                    f"  run {i + 1}, {kind:<11}: import {r['import_s']:.2f} s, index "
-                    f"{r['index_s']:.2f} s, first batch {r['first_batch_s']:.2f} s, close "
-                    f"{r['close_s']:.2f} s; reference scan {r['reference_scan_s']:.2f} s "
-                    f"({r['files']:,} files)",
-                    flush=True,
-                )
-    keys = [
-        ("import stoker", "import_s"),
-        ("index build (scan)", "index_s"),
-        ("first batch after the constructor", "first_batch_s"),
-        ("close()", "close_s"),
-        ("reference scan (os.walk + sort)", "reference_scan_s"),
-    ]
-    rows = []
-    for kind, rs in runs.items():
-        for label, k in keys:
-            v = [r[k] for r in rs]
-            rows.append([kind, label, f"{common.median(v):.3f}", f"{min(v):.3f}", f"{max(v):.3f}"])
-        total = [r["index_s"] + r["first_batch_s"] for r in rs]
-        rows.append(
-            [
-                kind,
-                "constructor + first batch",
-                f"{common.median(total):.3f}",
-                f"{min(total):.3f}",
-                f"{max(total):.3f}",
-            ]
-        )
+    with tempfile.TemporaryDirectory(prefix="stoker-homes-") as homes:
+        home = ""
+
+        def measure(kind: str) -> float:
+            nonlocal home
+            if kind == "empty cache":  # each round: a new HOME, then the cache its run wrote
+                home = tempfile.mkdtemp(dir=homes)
+            runs[kind].append(files_child(root, home, kind))
+            return runs[kind][-1]["total_s"]
+
+        peers = [common.Peer(kind, lambda kind=kind: measure(kind)) for kind in runs]
+        common.interleave(peers, args.repeats, warmup=0)
+    steps = {
+        label: common.Result({k: [r[key] for r in rs] for k, rs in runs.items()}, args.repeats, 0)
+        for label, key in STEPS
+    }
+    rows = [[label, *row] for label, step in steps.items() for row in step.rows("empty cache")]
     print(
-        f"\n{args.files:,} files, batch 256, 2 workers, median of {args.repeats} fresh "
-        "processes (warm dentry/page cache)"
+        f"\n{args.files:,} files, batch 256, 2 workers, {args.repeats} fresh processes each "
+        "(warm dentry/page cache), seconds"
     )
-    print(common.table(rows, ["scan cache", "step", "seconds", "min", "max"]))
-    common.write_json(args.json, {"facts": facts, "files": args.files, "runs": runs})
+    header = steps["constructor + first batch"].header("empty cache", unit="s")
+    print(common.table(rows, ["step", *header]))
+    payload = {label: step.to_json("empty cache") for label, step in steps.items()}
+    common.write_json(args.json, {"files": args.files, "runs": runs, "steps": payload})
     return 0
 
 
