@@ -341,7 +341,8 @@ dataset's modules itself; they are launched by the constructor, and the batches 
 they are still starting are made in the trainer's process (which has the modules loaded), so
 neither the imports nor a set-up between the constructor and the first batch delay the first
 batch. The DataLoader forks its workers at the first ``iter()`` from a trainer that already
-imported everything. Medians of --repeats, the pipelines interleaved. The last stats() line of
+imported everything. Medians of --repeats rounds of `common.interleave` (stoker, then the
+DataLoader). The last stats() line of
 each says who made the first batches and what the workers' start cost (Python, importing
 stoker, importing the dataset's modules).
 
@@ -462,6 +463,28 @@ def run_child(folder: str, kind: str, loader: str, data: str, setup_s: float, li
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def dataset_rounds(
+    folder: str, kind: str, setup: float, args: argparse.Namespace
+) -> tuple[dict[str, list[dict]], float]:
+    """stoker and the DataLoader as `common.interleave` peers: each one's runs, and the median
+    ratio of their constructor + first batch seconds."""
+    runs: dict[str, list[dict]] = {"stoker": [], "DataLoader": []}
+
+    def measure(loader: str) -> float:
+        r = run_child(folder, kind, loader, args.data, setup, args.limit)
+        runs[loader].append(r)
+        print(
+            f"  {kind} set-up {setup:.0f} s {loader}: import {r['import_s']:.2f} s, "
+            f"constructor {r['construct_s']:.2f} s, first batch {r['first_s']:.2f} s",
+            flush=True,
+        )
+        return float(r["total_s"])
+
+    peers = [common.Peer(name, lambda name=name: measure(name)) for name in runs]
+    result = common.interleave(peers, args.repeats, warmup=0)
+    return runs, result.ratio("stoker", "DataLoader")["median"]
+
+
 def dataset_main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=DATASET_DOC.split("\n")[0])
     ap.add_argument("--data", default="/tmp/stoker-bench/jpeg2k")
@@ -475,20 +498,11 @@ def dataset_main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="stoker-startup-") as folder:
         Path(folder, "tv_startup_module.py").write_text(TV_MODULE)
         Path(folder, "hf_startup_module.py").write_text(HF_MODULE)
-        rows, notes = [], []
+        rows, notes, ratios = [], [], []
         for kind in args.kinds.split(","):
             for setup in setups:
-                runs: dict[str, list[dict]] = {"stoker": [], "DataLoader": []}
-                for _ in range(args.repeats):
-                    for loader in runs:
-                        r = run_child(folder, kind, loader, args.data, setup, args.limit)
-                        runs[loader].append(r)
-                        print(
-                            f"  {kind} set-up {setup:.0f} s {loader}: import "
-                            f"{r['import_s']:.2f} s, constructor {r['construct_s']:.2f} s, "
-                            f"first batch {r['first_s']:.2f} s",
-                            flush=True,
-                        )
+                runs, ratio = dataset_rounds(folder, kind, setup, args)
+                ratios.append([kind, f"{setup:.0f}", f"{ratio:.2f}"])
                 for loader, rs in runs.items():
                     med = {
                         k: common.median([r[k] for r in rs])
@@ -528,6 +542,8 @@ def dataset_main(argv: list[str] | None = None) -> None:
             ],
         )
     )
+    print("\nconstructor + first batch, stoker / DataLoader (median of the rounds' ratios):")
+    print(common.table(ratios, ["dataset", "set-up", "stoker / DataLoader"]))
     print("\nstoker's stats() on start-up (last run of each), at the first batch and later:")
     for note in notes:
         print(f"  {note}")
