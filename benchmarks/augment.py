@@ -163,6 +163,7 @@ def ops_main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=2, help="timed epochs per round and setting")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=300, help="calls per op in part 1")
+    p.add_argument("--json", default=None, metavar="PATH", help="write part 2's rounds here")
     args = p.parse_args(argv)
     cv2.setNumThreads(1)  # as in a worker
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (shared machine)")
@@ -183,26 +184,25 @@ def ops_main(argv: list[str] | None = None) -> None:
         TrivialAugmentWide(),
         RandomErasing(p=0.25),
     ]
-    rates: dict[str, list[float]] = {k: [] for k in settings}
     cpus: dict[str, list[float]] = {k: [] for k in settings}
-    for _ in range(args.rounds):
-        for key, augment in settings.items():
-            rate, cpu = loader_rate(args.folder, augment, args.workers, args.batch, args.epochs)
-            rates[key].append(rate)
-            cpus[key].append(cpu)
-    base = statistics.median(rates['"train"'])
-    base_cpu = statistics.median(cpus['"train"'])
+
+    def measure(key: str) -> float:
+        rate, cpu = loader_rate(args.folder, settings[key], args.workers, args.batch, args.epochs)
+        cpus[key].append(cpu)
+        return rate
+
+    peers = [common.Peer(key, lambda key=key: measure(key)) for key in settings]
+    result = common.interleave(peers, args.rounds, warmup=0)
     print(
-        f"\n2. Loader, workers={args.workers}, batch {args.batch}, {SIZE}x{SIZE}: median of "
-        f'{args.rounds} interleaved rounds: img/s (range), its ratio to "train", CPU ms per '
-        "image (process tree) and its ratio"
+        f"\n2. Loader, workers={args.workers}, batch {args.batch}, {SIZE}x{SIZE}: "
+        f'{args.rounds} interleaved rounds: img/s and its ratio to "train"'
     )
-    for key, values in rates.items():
-        med, cpu = statistics.median(values), statistics.median(cpus[key])
-        print(
-            f"  augment={key:56s} {med:7.0f} img/s ({min(values):.0f}-{max(values):.0f})"
-            f"  {med / base:5.2f}x   {cpu:5.2f} ms  {cpu / base_cpu:5.2f}x"
-        )
+    common.report(result, '"train"', args.json)
+    base_cpu = statistics.median(cpus['"train"'])
+    print('CPU ms per image (process tree, median) and its ratio to "train":')
+    for key, values in cpus.items():
+        cpu = statistics.median(values)
+        print(f"  augment={key:56s} {cpu:5.2f} ms  {cpu / base_cpu:5.2f}x")
     print(f"load average at the start {load_start:.1f}, at the end {os.getloadavg()[0]:.1f}")
 
 
