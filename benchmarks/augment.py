@@ -508,6 +508,23 @@ def timed(
         close()
 
 
+def threads_peers(args: argparse.Namespace, policy: Policy) -> list[common.Peer]:
+    """stoker, the DataLoader and stoker with its workers' thread pools alone, as peers."""
+    data, size = args.data, args.batch_size
+    runs = {
+        "stoker": (lambda: stoker_batches(data, policy, size, 1), args.batches),
+        "DataLoader": (lambda: dataloader_batches(data, policy, size), args.batches),
+        "stoker, pools alone": (
+            lambda: stoker_batches(data, policy, size, None),
+            args.alone_batches,
+        ),
+    }
+    return [
+        common.Peer(name, lambda make=make, n=n: timed(make, args.warmup, n))
+        for name, (make, n) in runs.items()
+    ]
+
+
 def threads_main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=THREADS_DOC.split("\n")[0])
     ap.add_argument("--data", default="/tmp/stoker-bench/jpeg2k")
@@ -521,8 +538,9 @@ def threads_main(argv: list[str] | None = None) -> None:
         default=4,
         help="timed batches per run with worker_threads=None (it is slow)",
     )
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=2, help="untimed batches per run first")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=None, metavar="PATH", help="write PATH.POLICY.json")
     args = ap.parse_args(argv)
     common.print_facts()
     print(
@@ -530,42 +548,14 @@ def threads_main(argv: list[str] | None = None) -> None:
         f"{args.rounds} interleaved rounds; trainer torch threads {torch.get_num_threads()}"
     )
     for kind in args.policies.split(","):
-        policy = Policy(kind, args.size)
-        runs: dict[str, list[float]] = {"stoker": [], "DataLoader": [], "stoker, pools alone": []}
-        for r in range(args.rounds):
-            runs["stoker"].append(
-                timed(
-                    lambda p=policy: stoker_batches(args.data, p, args.batch_size, 1),
-                    args.warmup,
-                    args.batches,
-                )
-            )
-            runs["DataLoader"].append(
-                timed(
-                    lambda p=policy: dataloader_batches(args.data, p, args.batch_size),
-                    args.warmup,
-                    args.batches,
-                )
-            )
-            runs["stoker, pools alone"].append(
-                timed(
-                    lambda p=policy: stoker_batches(args.data, p, args.batch_size, None),
-                    args.warmup,
-                    args.alone_batches,
-                )
-            )
-            print(
-                f"  {kind} round {r + 1}: "
-                + ", ".join(f"{name} {v[-1]:,.0f}" for name, v in runs.items())
-                + " img/s",
-                flush=True,
-            )
-        med = {name: statistics.median(v) for name, v in runs.items()}
-        print(f"{kind}: " + "; ".join(f"{name} {v:,.0f} img/s" for name, v in med.items()))
+        print(f"{kind}:", flush=True)
+        peers = threads_peers(args, Policy(kind, args.size))
+        result = common.interleave(peers, args.rounds, warmup=0, progress="{:,.0f}")
+        common.report(result, "DataLoader", args.json and f"{args.json}.{kind}.json")
+        alone = result.ratio("stoker", "stoker, pools alone")["median"]
         print(
-            f"  stoker / DataLoader: {med['stoker'] / med['DataLoader']:.2f}x (goal >= 1.0x); "
-            f"stoker / stoker with the pools alone: "
-            f"{med['stoker'] / med['stoker, pools alone']:.1f}x",
+            f"  stoker / DataLoader: {result.ratio('stoker', 'DataLoader')['median']:.2f}x "
+            f"(goal >= 1.0x); stoker / stoker with the pools alone: {alone:.1f}x",
             flush=True,
         )
 
