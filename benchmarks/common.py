@@ -206,6 +206,9 @@ def time_epoch(batches: Iterable[Any], step: Any = None) -> Epoch:
     return Epoch(images, time.perf_counter() - t0, tree_cpu() - cpu0, n)
 
 
+MAX_DRAIN = 64  # batches drained untimed at most (more than any ring's slots)
+
+
 def time_stream(stream: Iterator[Any], batches: int, ready_s: float = 0.025) -> tuple[Epoch, Epoch]:
     """Time an endless, prefetching batch stream (stoker's); returns ``(steady, cold)``.
 
@@ -214,7 +217,8 @@ def time_stream(stream: Iterator[Any], batches: int, ready_s: float = 0.025) -> 
     head start no continuous run gets. So:
 
     1. drain: batches that arrive within ``ready_s`` (made ahead while idle) are taken untimed
-       (making a batch of 256 takes >= 90 ms even at 2,900 img/s; a ready one comes in ~1 ms);
+       (making a batch of 256 takes >= 90 ms even at 2,900 img/s; a ready one comes in ~1 ms),
+       at most ``MAX_DRAIN`` of them (a batch of a few tiny images never has to be waited for);
     2. cold: the next ``batches`` batches, from the request of the first to the arrival of the
        last -- one epoch timed the way per-epoch peers are timed (the wait for the first
        batch, with every worker starting at once, included);
@@ -225,7 +229,7 @@ def time_stream(stream: Iterator[Any], batches: int, ready_s: float = 0.025) -> 
 
     CPU is the process-tree CPU over the same spans.
     """
-    while True:
+    for _ in range(MAX_DRAIN):  # at most what a ring can hold: tiny batches never wait
         cpu_req, t_req = tree_cpu(), time.perf_counter()
         images = batch_len(next(stream))  # hold no batch: stoker lends its ring slots
         if time.perf_counter() - t_req > ready_s:
