@@ -47,7 +47,9 @@ loader -> stoker's keras PyDataset -> Keras' data adapter (on TF: a tf.data gene
     model only       fit on one in-memory batch repeated (tf.data from_tensors.repeat): the
                      model's own speed, to show it is far above every input rate
 
-Goal: stoker fit / stoker numpy >= 0.9.
+The four blocks are the peers of `common.interleave` (``--repeats`` rounds, the same order each
+round); a block's figure in a round is the median of its epochs, and the goal ratios are the
+medians of the per-round ratios. Goal: stoker fit / stoker numpy >= 0.9.
 
 Usage
     python benchmarks/training.py keras-fit              # 3 measured epochs x 2 repeats each
@@ -105,6 +107,9 @@ def fit_rates(
     return [images_per_epoch / t for t in timer.times[1:]]
 
 
+FIT, KFIT = "stoker fit (loader.keras())", "keras PyDataset fit"
+
+
 def keras_fit_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=KERAS_FIT_DOC.split("\n\n")[0])
     ap.add_argument("--data", default=common.DEFAULT_DATA)
@@ -117,7 +122,7 @@ def keras_fit_main(argv: list[str] | None = None) -> int:
         "--repeats",
         type=int,
         default=2,
-        help="run every block this many times, in reversed order every other time",
+        help="rounds: every block once per round, in the same order (common.interleave)",
     )
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
@@ -126,7 +131,7 @@ def keras_fit_main(argv: list[str] | None = None) -> int:
     import numpy as np
     import tensorflow as tf
 
-    facts = common.print_facts()
+    common.print_facts()
     print(f"keras {keras.__version__}, backend {keras.backend.backend()}, TF {tf.__version__}")
     all_items = common.list_items(args.data)
     items = common.subset(all_items, args.max_images)
@@ -135,7 +140,6 @@ def keras_fit_main(argv: list[str] | None = None) -> int:
     classes = max(y for _, y in items) + 1
     model = build_model(classes)
     bs = args.batch_size
-    results: dict[str, list[float]] = {}
 
     def make_stoker() -> Any:
         return peers.make("stoker", items, data=data, batch_size=bs, workers=args.workers)
@@ -145,94 +149,63 @@ def keras_fit_main(argv: list[str] | None = None) -> int:
     x = np.random.default_rng(0).integers(0, 256, (bs, 224, 224, 3), dtype=np.uint8)
     y = np.zeros(bs, np.int64)
     mem = tf.data.Dataset.from_tensors((x, y)).repeat(n)
-    results["model only (in-memory batch)"] = fit_rates(
-        model, mem, args.epochs, n * bs, shuffle=False
-    )
+    model_only = fit_rates(model, mem, args.epochs, n * bs, shuffle=False)
 
-    def stoker_numpy() -> None:
-        with make_stoker() as pipe:
-            loader = pipe.obj
-            common.time_epoch(loader)  # warm-up
-            results.setdefault("stoker numpy", []).extend(
-                common.time_epoch(loader).rate for _ in range(args.epochs)
-            )
+    epochs: dict[str, list[float]] = {}  # every measured epoch's img/s, per input path
 
-    def stoker_fit() -> None:
+    def block(name: str, rates: Callable[[], list[float]]) -> common.Peer:
+        def measure() -> float:
+            epochs.setdefault(name, []).extend(rates())
+            return common.median(epochs[name][-args.epochs :])
+
+        return common.Peer(name, measure)
+
+    def stoker_numpy() -> list[float]:
         with make_stoker() as pipe:
-            loader = pipe.obj
-            results.setdefault("stoker fit (loader.keras())", []).extend(
-                fit_rates(model, loader.keras(), args.epochs, len(loader) * bs)
-            )
-            stats.append(str(loader.stats()))
+            common.time_epoch(pipe.obj)  # warm-up
+            return [common.time_epoch(pipe.obj).rate for _ in range(args.epochs)]
+
+    def stoker_fit() -> list[float]:
+        with make_stoker() as pipe:
+            rates = fit_rates(model, pipe.obj.keras(), args.epochs, len(pipe.obj) * bs)
+            stats.append(str(pipe.obj.stats()))
             print(stats[-1])
+            return rates
 
-    def keras_numpy() -> None:
+    def keras_numpy() -> list[float]:
         with peers.make("keras-pydataset", items, batch_size=bs, workers=args.workers) as pipe:
             common.time_epoch(pipe.epoch())  # warm-up
-            results.setdefault("keras PyDataset numpy", []).extend(
-                common.time_epoch(pipe.epoch()).rate for _ in range(args.epochs)
-            )
+            return [common.time_epoch(pipe.epoch()).rate for _ in range(args.epochs)]
 
-    def keras_fit() -> None:
+    def keras_fit() -> list[float]:
         ds = peers.keras_pydataset(items, bs, 224, args.workers)
-        results.setdefault("keras PyDataset fit", []).extend(
-            fit_rates(model, ds, args.epochs, len(ds) * bs)
-        )
+        return fit_rates(model, ds, args.epochs, len(ds) * bs)
 
     stats: list[str] = []
-    blocks = [stoker_numpy, stoker_fit] + ([] if args.no_keras_peer else [keras_numpy, keras_fit])
-    for r in range(args.repeats):  # the block order reverses every repeat: drift hits all alike
-        for block in blocks if r % 2 == 0 else blocks[::-1]:
-            block()
-
-    rows = [
-        [name, f"{common.median(r):,.0f}", f"{min(r):,.0f}", f"{max(r):,.0f}"]
-        for name, r in results.items()
-    ]
-    print(
-        f"\n{len(items)} images, batch {bs}, {args.workers} workers; median of "
-        f"{args.epochs} epochs after a warm-up x {args.repeats} repeats (block order "
-        "reversed every other repeat)"
-    )
-    print(common.table(rows, ["input path", "img/s", "min", "max"]))
-
-    def med(name: str) -> float:
-        return common.median(results[name]) if name in results else float("nan")
-
-    ratios = [
-        common.ratio_line(
-            "stoker: fit / numpy", med("stoker fit (loader.keras())"), med("stoker numpy"), ">= 0.9"
-        )
-    ]
+    blocks = [block("stoker numpy", stoker_numpy), block(FIT, stoker_fit)]
     if not args.no_keras_peer:
-        ratios.append(
-            common.ratio_line(
-                "keras PyDataset: fit / numpy (contrast)",
-                med("keras PyDataset fit"),
-                med("keras PyDataset numpy"),
-                ">= 0.9",
-            )
-        )
-        ratios.append(
-            common.ratio_line(
-                "stoker fit / keras PyDataset fit",
-                med("stoker fit (loader.keras())"),
-                med("keras PyDataset fit"),
-                ">= 3.5",
-            )
-        )
-    print()
-    print(common.table(ratios, ["ratio (medians)", "value", "goal", "verdict"]))
-    common.write_json(
-        args.json,
-        {
-            "facts": facts,
-            "images": len(items),
-            "results": results,
-            "ratios": ratios,
-            "stoker_stats": stats,
-        },
+        blocks += [block("keras PyDataset numpy", keras_numpy), block(KFIT, keras_fit)]
+    result = common.interleave(blocks, args.repeats, warmup=0, progress="{:,.0f}")
+    print(
+        f"\n{len(items)} images, batch {bs}, {args.workers} workers; each block's figure is the "
+        f"median of its {args.epochs} epochs after a warm-up; {args.repeats} interleaved rounds"
     )
+    print(f"model only (in-memory batch): {common.median(model_only):,.0f} img/s")
+    common.report(result, "stoker numpy", None)
+    goals = [("stoker: fit / numpy", FIT, "stoker numpy", ">= 0.9")]
+    if not args.no_keras_peer:
+        goals += [
+            ("keras PyDataset: fit / numpy (contrast)", KFIT, "keras PyDataset numpy", ">= 0.9"),
+            ("stoker fit / keras PyDataset fit", FIT, KFIT, ">= 3.5"),
+        ]
+    ratios = [  # the median of the per-round ratios against 1
+        common.ratio_line(label, result.ratio(a, b)["median"], 1.0, goal)
+        for label, a, b, goal in goals
+    ]
+    print()
+    print(common.table(ratios, ["ratio (median of rounds)", "value", "goal", "verdict"]))
+    payload = {"images": len(items), "model_only": model_only, "epochs": epochs, "ratios": ratios}
+    common.write_json(args.json, {**payload, **result.to_json("stoker numpy"), "stats": stats})
     return 0
 
 
