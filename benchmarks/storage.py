@@ -650,7 +650,8 @@ PAGE_CACHE_DOC = """\
 Page-cache citizenship on a dataset that fits in RAM: does ``page_cache="auto"`` cost the
 second epoch anything?
 
-For each policy (``auto``, ``keep``, ``drop``), alternating, in a fresh process each: the
+For each policy (``auto``, ``keep``, ``drop``: the peers of `common.interleave`, ``--rounds``
+rounds, ratios against ``keep``), in a fresh process each: the
 folder's pages are dropped (``posix_fadvise(DONTNEED)``), then a Loader (shuffled,
 RandomResizedCrop 224 + flip, batch 256, 2 workers) runs two epochs. Reported per policy: epoch 1
 (cold) and epoch 2 img/s, and how much the page cache grew over the run. ``auto`` must equal
@@ -710,28 +711,24 @@ def page_cache_main(argv: list[str] | None = None) -> int:
     if args.one:
         print(json.dumps(_page_cache_run_one(args.one, args.data, args.batch_size)))
         return 0
-    facts = common.print_facts()
-    results = []
-    for k in range(args.rounds):
-        print(f"round {k + 1} of {args.rounds}", flush=True)
-        for policy in POLICIES[k % 3 :] + POLICIES[: k % 3]:
-            results.append(_page_cache_measure(policy, Path(args.data), args.batch_size))
-    rows = []
-    for policy in POLICIES:
-        runs = [r for r in results if r["policy"] == policy]
-        rows.append(
-            [policy]
-            + [
-                f"{common.median([r[key] for r in runs]):,.{digits}f}"
-                for key, digits in (
-                    ("epoch1_img_s", 0),
-                    ("epoch2_img_s", 0),
-                    ("cache_growth_gb", 2),
-                )
-            ]
-        )
-    print(common.table(rows, ["page_cache", "epoch 1 img/s", "epoch 2 img/s", "cache growth GB"]))
-    common.write_json(args.json, {"facts": facts, "results": results})
+    common.print_facts()
+    runs: dict[str, list[dict[str, float]]] = {policy: [] for policy in POLICIES}
+
+    def measure(policy: str) -> float:
+        runs[policy].append(_page_cache_measure(policy, Path(args.data), args.batch_size))
+        return runs[policy][-1]["epoch2_img_s"]
+
+    peers = [common.Peer(policy, lambda policy=policy: measure(policy)) for policy in POLICIES]
+    common.interleave(peers, args.rounds, warmup=0)
+    figures = {"epoch 1 img/s": "epoch1_img_s", "epoch 2 img/s": "epoch2_img_s"}
+    figures["cache growth GB"] = "cache_growth_gb"
+    rows, payload = [], {}
+    for label, key in figures.items():
+        result = common.Result({p: [r[key] for r in rs] for p, rs in runs.items()}, args.rounds, 0)
+        payload[label] = result.to_json("keep")
+        rows += [[label, *row] for row in result.rows("keep")]
+    print(common.table(rows, ["figure", *result.header("keep", unit="")]))
+    common.write_json(args.json, {"runs": runs, "figures": payload})
     return 0
 
 
