@@ -1020,9 +1020,10 @@ What it does
 Serves a folder of stoker shards (``stoker convert`` output) from an HTTP server on 127.0.0.1
 that answers every request after ``--delay`` seconds (the latency of an object store), and
 times ``Loader(url)`` over it: shuffled, RandomResizedCrop 224 + flip, batch 64, 2 workers, for
-``--seconds`` after the first batch, once per ``--read-ahead`` value, alternating for
-``--rounds``. ``--src`` imports another stoker checkout instead (to compare an older
-read-ahead), in a subprocess per run.
+``--seconds`` after the first batch, once per ``--read-ahead`` value: the peers of
+`common.interleave` for ``--rounds``, ratios against read_ahead=0 (or the first value).
+``--src`` imports another stoker checkout instead (to compare an older read-ahead), in a
+subprocess per run.
 
 Usage
     python /work/shared/make_dataset.py --out /tmp/rl/images --classes 10 --per-class 60
@@ -1108,27 +1109,26 @@ def remote_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--read-ahead", nargs="+", default=["auto", "0"])
     parser.add_argument("--src", default=os.path.join(os.path.dirname(__file__), "..", "src"))
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = parser.parse_args(argv)
     server, url = serve(args.shards, args.delay)
     env = {**os.environ, "PYTHONPATH": os.path.abspath(args.src), "HOME": "/tmp/rl-home"}
     print(f"delay {args.delay * 1e3:.0f} ms per request; load average {os.getloadavg()[0]:.1f}")
-    results: dict[str, list[float]] = {}
-    for _ in range(args.rounds):
-        for ra in args.read_ahead:
-            kw = {"read_ahead": ra if ra == "auto" else int(ra)}
-            out = subprocess.run(
-                [sys.executable, "-c", RUN, url, json.dumps(kw), str(args.seconds)],
-                env=env,
-                capture_output=True,
-                text=True,
-            )
-            if out.returncode:
-                sys.exit(out.stderr[-2000:])
-            results.setdefault(ra, []).append(json.loads(out.stdout.splitlines()[-1])["img_s"])
-            print(f"read_ahead={ra}: {results[ra][-1]:.0f} img/s", flush=True)
+
+    def measure(ra: str) -> float:
+        kw = {"read_ahead": ra if ra == "auto" else int(ra)}
+        cmd = [sys.executable, "-c", RUN, url, json.dumps(kw), str(args.seconds)]
+        out = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if out.returncode:
+            server.shutdown()
+            sys.exit(out.stderr[-2000:])
+        return float(json.loads(out.stdout.splitlines()[-1])["img_s"])
+
+    peers = [common.Peer(f"read_ahead={ra}", lambda ra=ra: measure(ra)) for ra in args.read_ahead]
+    result = common.interleave(peers, args.rounds, warmup=0, progress="{:,.0f}")
     server.shutdown()
-    for ra, rates in results.items():
-        print(f"read_ahead={ra}: " + ", ".join(f"{r:.0f}" for r in rates) + " img/s")
+    base = "read_ahead=0" if "0" in args.read_ahead else peers[0].name
+    common.report(result, base, args.json)
 
 
 # ---------------------------------------------------------------------------- eval-large
