@@ -961,7 +961,8 @@ def disk_reads() -> int:
 
 
 def io_cpu_main(argv: list[str] | None = None) -> int:
-    """Alternate decode-alone and decode-beside-reads runs; print each and the ratios."""
+    """Decode-alone and decode-beside-reads runs as `common.interleave` peers; print each run,
+    then the table of their ratios to decoding alone."""
     ap = argparse.ArgumentParser(description=IO_CPU_DOC.split("\n")[0])
     ap.add_argument("--data", type=Path, default=Path("/work/data-cold/big"))
     ap.add_argument("--seconds", type=float, default=30.0)
@@ -980,6 +981,7 @@ def io_cpu_main(argv: list[str] | None = None) -> int:
         help="read only each file's first N KiB (0: whole files): is a read's cost "
         "per request or per byte?",
     )
+    ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = ap.parse_args(argv)
     files = [f for f in data_files(args.data) if f.lower().endswith((".jpg", ".jpeg"))]
     if len(files) < 2:
@@ -987,27 +989,42 @@ def io_cpu_main(argv: list[str] | None = None) -> int:
     random.Random(0).shuffle(files)
     n = min(200, len(files) // 2)  # decoded; the rest are read cold
     sample = files[:n]
-    for rnd in range(args.rounds):
-        drop_cache(args.data)
-        alone = one_run(sample, [], args, 0)
+    alone: list[dict[str, Any]] = []
+
+    def decode_alone() -> float:
+        drop_cache(args.data)  # each round starts cold
+        alone.append(one_run(sample, [], args, 0))
         print(
-            f"round {rnd + 1}: decode alone {alone['decodes_s']:,.0f}/s  {cpu_line(alone['cpu'])}",
+            f"round {len(alone)}: decode alone {alone[-1]['decodes_s']:,.0f}/s  "
+            f"{cpu_line(alone[-1]['cpu'])}",
             flush=True,
         )
-        for rate in args.rate or [1000.0]:
-            rest = files[n + rnd * 200_000 :] or files[n:]
-            beside = one_run(sample, rest, args, rate)
-            print(
-                f"round {rnd + 1}: decode beside {beside['files_s']:,.0f} files/s "
-                f"({beside['mb_s']:,.0f} MB/s{', cached' if args.cached else ', O_DIRECT'})"
-                f"{f' first {args.prefix_kb} KiB' if args.prefix_kb else ''}"
-                f" {beside['decodes_s']:,.0f}/s = {beside['decodes_s'] / alone['decodes_s']:.3f}"
-                f" of alone; the reader's own CPU: user {beside['reader_user']:.1%} sys "
-                f"{beside['reader_sys']:.1%} of a core; "
-                f"{beside['requests_s'] / max(beside['files_s'], 1):.2f} disk requests a file"
-                f"  {cpu_line(beside['cpu'])}",
-                flush=True,
-            )
+        return float(alone[-1]["decodes_s"])
+
+    def decode_beside(rate: float) -> float:
+        rest = files[n + (len(alone) - 1) * 200_000 :] or files[n:]
+        beside = one_run(sample, rest, args, rate)
+        print(
+            f"round {len(alone)}: decode beside {beside['files_s']:,.0f} files/s "
+            f"({beside['mb_s']:,.0f} MB/s{', cached' if args.cached else ', O_DIRECT'})"
+            f"{f' first {args.prefix_kb} KiB' if args.prefix_kb else ''}"
+            f" {beside['decodes_s']:,.0f}/s = {beside['decodes_s'] / alone[-1]['decodes_s']:.3f}"
+            f" of alone; the reader's own CPU: user {beside['reader_user']:.1%} sys "
+            f"{beside['reader_sys']:.1%} of a core; "
+            f"{beside['requests_s'] / max(beside['files_s'], 1):.2f} disk requests a file"
+            f"  {cpu_line(beside['cpu'])}",
+            flush=True,
+        )
+        return float(beside["decodes_s"])
+
+    peers = [common.Peer("decode alone", decode_alone)]
+    peers += [
+        common.Peer(f"beside {rate:,.0f} files/s", lambda rate=rate: decode_beside(rate))
+        for rate in args.rate or [1000.0]
+    ]
+    result = common.interleave(peers, args.rounds, warmup=0)
+    print("\ndecodes/s, and the ratio to decoding alone")
+    common.report(result, "decode alone", args.json, unit="decodes/s")
     return 0
 
 
