@@ -667,9 +667,10 @@ to 224x224 with ``cv2.resize`` (bilinear), one image at a time on one pinned cor
 - ``... min_size=224``: the window at the largest DCT scale that keeps >= 224 px;
 
 each with the accurate (islow IDCT, fancy upsampling) and fast (ifast IDCT, plain
-upsampling) settings, plus decode-only rows without the resize. Prints img/s (best of
-``--repeat`` passes, by process CPU time and by wall time) and the speed-up over the
-simplejpeg baseline of the same setting.
+upsampling) settings, plus decode-only rows without the resize. The pipelines of a setting
+are the peers of `common.interleave` (``--repeat`` rounds after a warm-up pass); it prints
+img/s by process CPU time (median, interval, range) and the speed-up over the simplejpeg
+baseline of the same setting (median of the per-round ratios), and the wall-time img/s.
 
     python benchmarks/throughput.py crop-decode [--root /data/imagenet_like] [--n 500]
 """
@@ -729,27 +730,26 @@ def load(root: pathlib.Path, n: int, seed: int) -> list[tuple[bytes, Box, tuple[
     return samples
 
 
-def _crop_decode_measure(fn: Callable[[], object], count: int, repeat: int) -> tuple[float, float]:
-    """Best (CPU-time, wall-time) img/s over ``repeat`` passes of ``fn``.
+def _crop_decode_peer(name: str, fn: Callable[[], object], count: int, wall: dict) -> common.Peer:
+    """``fn`` (one pass over the images) as a peer: its figure is img/s by this process's CPU
+    time (one pinned thread: on a shared machine wall time also counts the time other
+    processes held the core); the wall-time img/s of each pass goes to ``wall[name]``."""
 
-    CPU time (this process's, one pinned thread) is the headline: on a shared machine
-    wall time also counts the time other processes held the core.
-    """
-    fn()  # warm up caches and lazy imports
-    best_cpu = best_wall = math.inf
-    for _ in range(repeat):
-        wall, cpu = time.perf_counter(), time.process_time()
+    def measure() -> float:
+        t_wall, t_cpu = time.perf_counter(), time.process_time()
         fn()
-        best_cpu = min(best_cpu, time.process_time() - cpu)
-        best_wall = min(best_wall, time.perf_counter() - wall)
-    return count / best_cpu, count / best_wall
+        cpu = time.process_time() - t_cpu
+        wall.setdefault(name, []).append(count / (time.perf_counter() - t_wall))
+        return count / cpu
+
+    return common.Peer(name, measure)
 
 
 def crop_decode_main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=CROP_DECODE_DOC.splitlines()[0])
     parser.add_argument("--root", type=pathlib.Path, default=pathlib.Path("/data/imagenet_like"))
     parser.add_argument("--n", type=int, default=500, help="images per pass")
-    parser.add_argument("--repeat", type=int, default=3, help="passes; the best is reported")
+    parser.add_argument("--repeat", type=int, default=3, help="timed rounds (passes) per pipeline")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if not jpegcrop.AVAILABLE:
@@ -766,7 +766,13 @@ def crop_decode_main(argv: list[str] | None = None) -> None:
             simplejpeg_crop(data, box, False), window_crop(data, box, False, size)
         )
 
-    rows: list[tuple[str, tuple[float, float], tuple[float, float]]] = []
+    scaled_share = np.mean([jpegcrop.pick_denom(b[2], b[3], SIZE, SIZE) > 1 for _, b, _ in samples])
+    print(
+        f"{count} images from {args.root}, 1 core (cpu {cpu}), {args.repeat} interleaved rounds "
+        f"after a warm-up, {SIZE}x{SIZE} bilinear; DCT-scaled boxes: {scaled_share:.1%}"
+    )
+    print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
+    wall: dict[str, list[float]] = {}
     for fast in (False, True):
         tag = "fast" if fast else "accurate"
 
@@ -790,41 +796,27 @@ def crop_decode_main(argv: list[str] | None = None) -> None:
             for data, box, size in samples:
                 window_crop(data, box, fast, size)
 
-        reference = _crop_decode_measure(base, count, args.repeat)
-        rows.append((f"simplejpeg full + crop + resize ({tag})", reference, reference))
-        rows.append(
+        ref, decode_ref = f"simplejpeg full + crop + resize ({tag})", f"simplejpeg full ({tag})"
+        groups = [
             (
-                f"jpegcrop window + resize ({tag})",
-                _crop_decode_measure(window, count, args.repeat),
-                reference,
+                ref,
+                {
+                    ref: base,
+                    f"jpegcrop window + resize ({tag})": window,
+                    f"jpegcrop window min_size=224 + resize ({tag})": scaled,
+                },
+            ),
+            (decode_ref, {decode_ref: base_decode, f"jpegcrop window ({tag})": window_decode}),
+        ]
+        for baseline, fns in groups:
+            peers = [_crop_decode_peer(name, fn, count, wall) for name, fn in fns.items()]
+            result = common.interleave(peers, args.repeat, warmup=1)
+            print(f"\n{'decode only, ' if baseline == decode_ref else ''}img/s by CPU time")
+            common.report(result, baseline, None)
+            print(
+                "img/s by wall time (median): "
+                + ", ".join(f"{name} {common.median(wall[name][1:]):,.0f}" for name in fns)
             )
-        )
-        rows.append(
-            (
-                f"jpegcrop window min_size=224 + resize ({tag})",
-                _crop_decode_measure(scaled, count, args.repeat),
-                reference,
-            )
-        )
-        decode_ref = _crop_decode_measure(base_decode, count, args.repeat)
-        rows.append((f"  decode only: simplejpeg full ({tag})", decode_ref, decode_ref))
-        rows.append(
-            (
-                f"  decode only: jpegcrop window ({tag})",
-                _crop_decode_measure(window_decode, count, args.repeat),
-                decode_ref,
-            )
-        )
-
-    scaled_share = np.mean([jpegcrop.pick_denom(b[2], b[3], SIZE, SIZE) > 1 for _, b, _ in samples])
-    print(
-        f"{count} images from {args.root}, 1 core (cpu {cpu}), best of {args.repeat}, "
-        f"{SIZE}x{SIZE} bilinear; DCT-scaled boxes: {scaled_share:.1%}"
-    )
-    print(f"load average: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus")
-    print(f"{'pipeline':<50} {'img/s cpu':>10} {'speed-up':>9} {'img/s wall':>11}")
-    for name, (cpu_rate, wall_rate), (ref_cpu, _) in rows:
-        print(f"{name:<50} {cpu_rate:10.0f} {cpu_rate / ref_cpu:8.2f}x {wall_rate:11.0f}")
 
 
 # ---------------------------------------------------------------------------- gray
