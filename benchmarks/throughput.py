@@ -945,8 +945,8 @@ def paired_main(argv: list[str] | None = None) -> None:
     if len(cores) < 2:
         sys.exit("throughput.py paired needs two usable cores")
     sides = [(_env(args.a_env), args.a_kwargs), (_env(args.b_env), args.b_kwargs)]
-    ratios, rates = [], []
-    for r in range(args.rounds):
+    rates = []
+    for r in range(args.rounds):  # not `common.interleave`: the two sides run at once
         order = cores if r % 2 == 0 else cores[::-1]
         procs = [
             subprocess.Popen(
@@ -971,19 +971,17 @@ def paired_main(argv: list[str] | None = None) -> None:
             sys.exit(f"a side of round {r + 1} failed (its error is above)")
         a, b = (float(out.strip().splitlines()[-1]) for out in outs)
         rates.append((a, b))
-        ratios.append(b / a)
         print(
             f"round {r + 1}: A {a:,.0f} img/s on CPU {order[0]}, B {b:,.0f} on CPU {order[1]}, "
             f"B/A {b / a:.3f}",
             flush=True,
         )
     result = common.Result({"A": [a for a, _ in rates], "B": [b for _, b in rates]}, args.rounds, 0)
-    print(common.table(result.rows("A"), result.header("A")))
-    common.write_json(args.json, result.to_json("A"))
+    common.report(result, "A", args.json)
     print(
-        f"A median {statistics.median(x for x, _ in rates):,.0f} img/s, "
-        f"B median {statistics.median(y for _, y in rates):,.0f} img/s; "
-        f"B/A median of {args.rounds} paired rounds: {statistics.median(ratios):.3f}"
+        f"A median {result.stats('A')['median']:,.0f} img/s, "
+        f"B median {result.stats('B')['median']:,.0f} img/s; "
+        f"B/A median of {args.rounds} paired rounds: {result.ratio('B', 'A')['median']:.3f}"
     )
     print(json.dumps({"a": [x for x, _ in rates], "b": [y for _, y in rates]}))
 
