@@ -31,7 +31,6 @@ import glob
 import json
 import math
 import pathlib
-import statistics
 import subprocess
 import tempfile
 import time
@@ -509,7 +508,8 @@ Data at scale: loader memory vs dataset size, and reads from a cold page cache.
    identical and only the index grows). Goal: within 10%.
 2. Cold cache: loader throughput from the image folder and from Parquet shards when every
    file's pages are dropped before each epoch with posix_fadvise(POSIX_FADV_DONTNEED), as for
-   a dataset bigger than RAM; warm-cache epochs beside them.
+   a dataset bigger than RAM; warm-cache epochs beside them (cold and warm are the peers of
+   `common.interleave` on one loader; cold / warm is the median of the per-round ratios).
 
     python benchmarks/throughput.py scale --data /data/imagenet_like --shards /tmp/shards
 """
@@ -556,15 +556,21 @@ def epoch_rate(loader: stoker.Loader) -> float:
 
 def cold_vs_warm(
     source: str, files: list[str], epochs: int, batch_size: int = 256
-) -> tuple[float, float]:
-    cold, warm = [], []
+) -> common.Result:
+    """Epochs with every file's pages dropped first and epochs on a warm cache, interleaved
+    on one loader after a start-up epoch."""
+
+    def cold(loader: stoker.Loader) -> float:
+        drop_pages(files)
+        return epoch_rate(loader)
+
     with stoker.Loader(source, batch_size=batch_size, image_size=224, workers=2) as loader:
         epoch_rate(loader)  # start-up
-        for _ in range(epochs):
-            drop_pages(files)
-            cold.append(epoch_rate(loader))
-            warm.append(epoch_rate(loader))
-    return statistics.median(cold), statistics.median(warm)
+        peers = [
+            common.Peer("cold", lambda: cold(loader)),
+            common.Peer("warm", lambda: epoch_rate(loader)),
+        ]
+        return common.interleave(peers, epochs, warmup=0)
 
 
 def scale_main(argv: list[str] | None = None) -> None:
@@ -587,10 +593,11 @@ def scale_main(argv: list[str] | None = None) -> None:
         ("folder", args.data, all_files),
         ("shards", args.shards, shard_files),
     ):
-        cold, warm = cold_vs_warm(source, paths, args.epochs, args.batch_size)
+        result = cold_vs_warm(source, paths, args.epochs, args.batch_size)
+        cold, warm = (result.stats(k)["median"] for k in ("cold", "warm"))
         print(
             f"{name}: cold cache {cold:,.0f} img/s, warm {warm:,.0f} img/s "
-            f"(median of {args.epochs})"
+            f"(median of {args.epochs}); cold / warm {result.ratio('cold', 'warm')['median']:.2f}"
         )
 
 
