@@ -23,6 +23,7 @@ import textwrap
 import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -173,6 +174,19 @@ def _bad_names(report) -> list[str]:
     return sorted(name for name, _ in report.bad_files)
 
 
+@contextlib.contextmanager
+def _one_batch_in(
+    dataset: Path, warns: str | None, **kw
+) -> Iterator[tuple[stoker.Loader, Iterator, list[str], list[dict]]]:
+    """A cluster loader one batch into its epoch, under ``pytest.warns(match=warns)``: yields
+    the loader, its batch iterator, the first batch's digest and the nodes' rows."""
+    with pytest.warns(stoker.StokerWarning, match=warns):
+        with _cluster_loader(dataset, **kw) as loader:
+            batches = iter(loader)
+            got = _digests([next(batches)])
+            yield loader, batches, got, loader.stats().cluster["nodes"]
+
+
 @pytest.mark.timeout(300)
 def test_batches_are_bit_identical_to_workers_0_over_tcp_and_the_object_store(ray_cluster, dataset):
     want, bad = _reference(dataset, epochs=2)
@@ -230,21 +244,17 @@ def _when_in_flight(loader: stoker.Loader, index: int, then) -> threading.Thread
 @pytest.mark.timeout(300)
 def test_an_actor_killed_mid_epoch_loses_and_repeats_nothing(ray_cluster, dataset):
     want, bad = _reference(dataset)
-    with pytest.warns(stoker.StokerWarning, match="left"):
-        with _cluster_loader(dataset) as loader:
-            batches = iter(loader)
-            got = _digests([next(batches)])
-            victim = loader.stats().cluster["nodes"][0]
-            _stop(victim["workers"])  # its batches cannot finish: they are in flight at the kill
+    with _one_batch_in(dataset, "left") as (loader, batches, got, rows):
+        _stop(rows[0]["workers"])  # its batches cannot finish: they are in flight at the kill
 
-            def kill(row) -> None:
-                os.kill(row["pid"], signal.SIGKILL)
-                _resume(row["workers"])  # they see their parent gone and exit
+        def kill(row) -> None:
+            os.kill(row["pid"], signal.SIGKILL)
+            _resume(row["workers"])  # they see their parent gone and exit
 
-            watcher = _when_in_flight(loader, 0, kill)
-            got += _digests(batches)
-            watcher.join(10)
-            report = loader.stats()
+        watcher = _when_in_flight(loader, 0, kill)
+        got += _digests(batches)
+        watcher.join(10)
+        report = loader.stats()
     assert got == want
     assert _bad_names(report) == sorted(n for n, _ in bad)
     rows = report.cluster["nodes"]
@@ -255,15 +265,12 @@ def test_an_actor_killed_mid_epoch_loses_and_repeats_nothing(ray_cluster, datase
 @pytest.mark.timeout(300)
 def test_a_hung_node_has_its_batches_reissued_after_the_timeout(ray_cluster, dataset):
     want, bad = _reference(dataset)
-    with pytest.warns(stoker.StokerWarning, match="hung"):
-        with _cluster_loader(dataset, timeout=20.0) as loader:
-            batches = iter(loader)
-            got = _digests([next(batches)])
-            row = loader.stats().cluster["nodes"][0]
-            victims = [row["pid"], *row["workers"], *_reapers_of([row["pid"]])]
-            _stop(row["workers"])  # its actor answers; its batches never come
-            got += _digests(batches)
-            report = loader.stats()
+    with _one_batch_in(dataset, "hung", timeout=20.0) as (loader, batches, got, rows):
+        row = rows[0]
+        victims = _victims(row)
+        _stop(row["workers"])  # its actor answers; its batches never come
+        got += _digests(batches)
+        report = loader.stats()
     assert got == want
     assert _bad_names(report) == sorted(n for n, _ in bad)
     rows = report.cluster["nodes"]
@@ -295,24 +302,20 @@ def test_a_removed_node_loses_and_repeats_nothing(ray_cluster, dataset):
     cluster.wait_for_nodes()
     try:
         want, bad = _reference(dataset)
-        with pytest.warns(stoker.StokerWarning, match="left"):
-            with _cluster_loader(dataset) as loader:
-                batches = iter(loader)
-                got = _digests([next(batches)])
-                rows = loader.stats().cluster["nodes"]
-                index = next(k for k, r in enumerate(rows) if r["id"] == extra.node_id[:12])
-                _stop(rows[index]["workers"])
+        with _one_batch_in(dataset, "left") as (loader, batches, got, rows):
+            index = next(k for k, r in enumerate(rows) if r["id"] == extra.node_id[:12])
+            _stop(rows[index]["workers"])
 
-                def remove(row) -> None:
-                    cluster.remove_node(extra, allow_graceful=False)
-                    with contextlib.suppress(psutil.NoSuchProcess):
-                        psutil.wait_procs([psutil.Process(row["pid"])], timeout=60)
-                    _resume(row["workers"])  # only once the actor is gone with its node
+            def remove(row) -> None:
+                cluster.remove_node(extra, allow_graceful=False)
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.wait_procs([psutil.Process(row["pid"])], timeout=60)
+                _resume(row["workers"])  # only once the actor is gone with its node
 
-                watcher = _when_in_flight(loader, index, remove)
-                got += _digests(batches)
-                watcher.join(30)
-                report = loader.stats()
+            watcher = _when_in_flight(loader, index, remove)
+            got += _digests(batches)
+            watcher.join(30)
+            report = loader.stats()
     finally:
         if extra in cluster.worker_nodes:
             cluster.remove_node(extra)
@@ -330,25 +333,26 @@ def test_every_node_gone_raises_without_local_workers_and_carries_on_with_them(
 ):
     want, _ = _reference(dataset)
     for workers in (0, 1):
-        with pytest.warns(stoker.StokerWarning):
-            with _cluster_loader(dataset, workers=workers, cluster_workers=1) as loader:
-                batches = iter(loader)
-                got = _digests([next(batches)])
-                row = loader.stats().cluster["nodes"][0]
-                _stop(row["workers"])
+        with _one_batch_in(dataset, None, workers=workers, cluster_workers=1) as (
+            loader,
+            batches,
+            got,
+            rows,
+        ):
+            _stop(rows[0]["workers"])
 
-                def kill(row) -> None:
-                    os.kill(row["pid"], signal.SIGKILL)
-                    _resume(row["workers"])
+            def kill(row) -> None:
+                os.kill(row["pid"], signal.SIGKILL)
+                _resume(row["workers"])
 
-                watcher = _when_in_flight(loader, 0, kill)
-                if workers == 0:
-                    with pytest.raises(cluster_mod.ClusterError, match="every cluster node"):
-                        got += _digests(batches)
-                else:
+            watcher = _when_in_flight(loader, 0, kill)
+            if workers == 0:
+                with pytest.raises(cluster_mod.ClusterError, match="every cluster node"):
                     got += _digests(batches)
-                    assert got == want
-                watcher.join(10)
+            else:
+                got += _digests(batches)
+                assert got == want
+            watcher.join(10)
 
 
 @pytest.mark.timeout(300)
@@ -445,6 +449,27 @@ def _running(pid: int) -> bool:
         return False
 
 
+def _victims(row: dict) -> list[int]:
+    """A node's row's processes: its actor, the actor's workers and the actor's reaper."""
+    return [row["pid"], *row["workers"], *_reapers_of([row["pid"]])]
+
+
+def _assert_cleaned_up(
+    pids: list[int], owners: list[int], seconds: float, on: str = "", on_files: str = ""
+) -> None:
+    """Wait up to ``seconds`` until none of ``pids`` runs and no segment or lock file of
+    ``owners`` is left; fail naming what is left (``on``, ``on_files``: where, for the message)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if _running(p)]
+        left = _segments_of(owners)
+        if not alive and not left:
+            break
+        time.sleep(0.1)
+    assert not alive, f"processes left{on}: {alive}"
+    assert not left, f"segments or lock files left{on_files}: {left}"
+
+
 @pytest.mark.timeout(300)
 def test_a_trainer_killed_mid_epoch_leaves_no_segment_lock_or_process_on_any_node(
     ray_cluster, dataset
@@ -469,15 +494,7 @@ def test_a_trainer_killed_mid_epoch_leaves_no_segment_lock_or_process_on_any_nod
         proc.kill()
         proc.wait(30)
         proc.stdout.close()
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if _running(p)]
-        left = _segments_of([proc.pid, *actors])
-        if not alive and not left:
-            break
-        time.sleep(0.1)
-    assert not alive, f"processes left on the cluster: {alive}"
-    assert not left, f"segments or lock files left on the nodes: {left}"
+    _assert_cleaned_up(pids, [proc.pid, *actors], 90, " on the cluster", " on the nodes")
 
 
 @pytest.mark.timeout(300)
@@ -485,26 +502,15 @@ def test_an_actor_killed_by_ray_leaves_no_segment_lock_or_process_on_its_node(ra
     import ray
 
     want, _ = _reference(dataset)
-    with pytest.warns(stoker.StokerWarning, match="left"):
-        with _cluster_loader(dataset) as loader:
-            batches = iter(loader)
-            got = _digests([next(batches)])
-            row = loader.stats().cluster["nodes"][0]
-            victims = [row["pid"], *row["workers"], *_reapers_of([row["pid"]])]
-            assert len(victims) == 3 and _segments_of([row["pid"]])
-            # Ray's own kill: the actor's process exits, killing its direct children with it
-            ray.kill(loader._run.pool.nodes.nodes[0].actor, no_restart=True)  # type: ignore
-            got += _digests(batches)
+    with _one_batch_in(dataset, "left") as (loader, batches, got, rows):
+        row = rows[0]
+        victims = _victims(row)
+        assert len(victims) == 3 and _segments_of([row["pid"]])
+        # Ray's own kill: the actor's process exits, killing its direct children with it
+        ray.kill(loader._run.pool.nodes.nodes[0].actor, no_restart=True)  # type: ignore
+        got += _digests(batches)
     assert got == want
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        alive = [p for p in victims if _running(p)]
-        left = _segments_of([row["pid"]])
-        if not alive and not left:
-            break
-        time.sleep(0.1)
-    assert not alive, f"processes left on the node: {alive}"
-    assert not left, f"segments or lock files left on the node: {left}"
+    _assert_cleaned_up(victims, [row["pid"]], 60, " on the node", " on the node")
 
 
 NODE_CMD = (
@@ -586,19 +592,11 @@ def test_a_loader_inside_a_ray_actor_killed_by_ray_leaves_no_segment_or_process(
     actor = ray.remote(num_cpus=1)(LoaderActor).remote()
     try:
         row = ray.get(actor.start.remote(str(dataset)), timeout=240)
-        victims = [row["pid"], *row["workers"], *_reapers_of([row["pid"]])]
+        victims = _victims(row)
         assert len(victims) == 3 and _segments_of([row["pid"]])
     finally:
         ray.kill(actor, no_restart=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        alive = [p for p in victims if _running(p)]
-        left = _segments_of([row["pid"]])
-        if not alive and not left:
-            break
-        time.sleep(0.1)
-    assert not alive, f"processes left: {alive}"
-    assert not left, f"segments or lock files left: {left}"
+    _assert_cleaned_up(victims, [row["pid"]], 60)
 
 
 KERAS_TRAINER = """
