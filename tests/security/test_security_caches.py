@@ -166,34 +166,36 @@ def test_a_sidecar_index_planted_beside_a_shard_in_a_shared_folder_is_ignored_wi
 
 
 @pytest.mark.timeout(120)
-def test_a_folder_scan_cache_planted_in_a_shared_home_is_not_used(
-    shared, nobody, tmp_path, image_folder, cached, monkeypatch
+@pytest.mark.parametrize(
+    ("make", "name", "source_type", "kind", "labels"),
+    [
+        (_dataset, "data", FolderSource, "scan", [0] * PER_CLASS + [1] * PER_CLASS),
+        (_tar, "data.tar", TarSource, "tar", [0, 1] * PER_CLASS),
+    ],
+    ids=["folder", "tar"],
+)
+def test_a_scan_cache_planted_in_a_shared_home_is_not_used(
+    shared,
+    nobody,
+    tmp_path,
+    image_folder,
+    cached,
+    monkeypatch,
+    make,
+    name,
+    source_type,
+    kind,
+    labels,
 ):
-    root = _dataset(tmp_path / "data", _jpeg(image_folder))
+    data = make(tmp_path / name, _jpeg(image_folder))
     private = tmp_path / "private"
-    truth = FolderSource(root, cache_dir=private)
-    lies = {f".cache/stoker/scan/{rel}": _lying(p) for rel, p in _cache_files(private).items()}
+    truth = source_type(data, cache_dir=private)
+    lies = {f".cache/stoker/{kind}/{rel}": _lying(p) for rel, p in _cache_files(private).items()}
     _plant(nobody, shared, lies)
     monkeypatch.setenv("HOME", str(shared))
     with _warnings() as texts:
-        source = FolderSource(root)
-    assert source.labels.tolist() == truth.labels.tolist() == [0] * PER_CLASS + [1] * PER_CLASS
-    assert _warned(texts, str(shared / ".cache"), "owned by uid 65534"), texts
-
-
-@pytest.mark.timeout(120)
-def test_a_tar_scan_cache_planted_in_a_shared_home_is_not_used(
-    shared, nobody, tmp_path, image_folder, cached, monkeypatch
-):
-    tar = _tar(tmp_path / "data.tar", _jpeg(image_folder))
-    private = tmp_path / "private"
-    truth = TarSource(tar, cache_dir=private)
-    lies = {f".cache/stoker/tar/{rel}": _lying(p) for rel, p in _cache_files(private).items()}
-    _plant(nobody, shared, lies)
-    monkeypatch.setenv("HOME", str(shared))
-    with _warnings() as texts:
-        source = TarSource(tar)
-    assert source.labels.tolist() == truth.labels.tolist() == [0, 1] * PER_CLASS
+        source = source_type(data)
+    assert source.labels.tolist() == truth.labels.tolist() == labels
     assert _warned(texts, str(shared / ".cache"), "owned by uid 65534"), texts
 
 
