@@ -1,4 +1,5 @@
-"""Transforms and sources that tests hand to worker processes (must be importable by name)."""
+"""Transforms and sources that tests hand to worker processes (must be importable by name),
+and the small builders several test files share."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import signal
 import time
 
 import numpy as np
+
+import stoker
 
 # The packages of the framework extras: the core suite (``nox -s core``, no framework
 # installed) skips a test that needs one that is missing, naming it; where it is installed
@@ -167,3 +170,21 @@ def albumentations_style(image, rng):
 def batch_noise(batch, rng):
     """A batch transform drawing from the global numpy RNG."""
     batch["image"][...] = np.clip(batch["image"] + np.random.randint(0, 9), 0, 255)
+
+
+def files_loader(folder, files: dict[str, bytes], **options) -> stoker.Loader:
+    """A plain, unshuffled Loader over ``files`` (name -> bytes) written into ``folder``: one
+    batch of all of them, 16x16, no augment."""
+    paths = []
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+        paths.append(str(folder / name))
+    return stoker.Loader(
+        paths=paths,
+        labels=[0] * len(paths),
+        batch_size=len(paths),
+        image_size=16,
+        augment=None,
+        shuffle=False,
+        **options,
+    )

@@ -352,25 +352,10 @@ def test_augments_on_the_global_rngs_give_the_same_batches_in_workers_inline_and
         assert np.array_equal(a, b) and np.array_equal(a, c)
     again = _run(image_folder, augment, workers=0)
     assert all(np.array_equal(a, b) for a, b in zip(inline, again, strict=True))
+    inline_kw = dict(batch_size=6, image_size=16, augment=augment, workers=0, shuffle=False)
     with (
-        stoker.Loader(
-            image_folder,
-            batch_size=6,
-            image_size=16,
-            seed=3,
-            augment=augment,
-            workers=0,
-            shuffle=False,
-        ) as a,
-        stoker.Loader(
-            image_folder,
-            batch_size=6,
-            image_size=16,
-            seed=4,
-            augment=augment,
-            workers=0,
-            shuffle=False,
-        ) as b,
+        stoker.Loader(image_folder, seed=3, **inline_kw) as a,
+        stoker.Loader(image_folder, seed=4, **inline_kw) as b,
     ):
         assert not np.array_equal(next(iter(a))[0], next(iter(b))[0])  # the seed counts
 

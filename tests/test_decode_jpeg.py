@@ -18,7 +18,7 @@ import pytest
 import simplejpeg
 from PIL import Image
 
-import stoker
+from helpers import files_loader
 from reference import pillow_rgb, run_without_extension
 from stoker.decode import decode, jpeg, probe
 from stoker.errors import DecodeError
@@ -50,23 +50,6 @@ def _after_soi(data: bytes, extra: bytes) -> bytes:
 def _before(data: bytes, marker: bytes, extra: bytes) -> bytes:
     pos = data.index(marker)
     return data[:pos] + extra + data[pos:]
-
-
-def _loader(folder, files: dict[str, bytes], **options) -> stoker.Loader:
-    """A plain, unshuffled Loader over ``files`` (name -> bytes) written into ``folder``."""
-    paths = []
-    for name, data in files.items():
-        (folder / name).write_bytes(data)
-        paths.append(str(folder / name))
-    return stoker.Loader(
-        paths=paths,
-        labels=[0] * len(paths),
-        batch_size=len(paths),
-        image_size=16,
-        augment=None,
-        shuffle=False,
-        **options,
-    )
 
 
 def test_corpus_is_there() -> None:
@@ -120,7 +103,7 @@ def test_a_441_jpeg_loads_in_a_loader(tmp_path) -> None:
     """Finding 1: a 4:4:1 JPEG among good ones made the probe raise KeyError out of the Loader
     (even with max_errors); now it loads like the others."""
     files = {f"{i}.jpg": _read(name) for i, name in enumerate(["s420", "s441", "s444", "s410"])}
-    with _loader(tmp_path, files, workers=0, max_errors=10) as loader:
+    with files_loader(tmp_path, files, workers=0, max_errors=10) as loader:
         images, labels = next(iter(loader))
         assert images.shape == (4, 16, 16, 3) and loader.stats().skipped == 0
 
@@ -199,7 +182,7 @@ def test_libjpeg_warning_cases_decode_like_pillow(case: str) -> None:
 def test_warnings_show_in_stats_not_as_errors(tmp_path) -> None:
     names = ["junk_before_marker", "marker_inside_scan"]
     files = {f"{name}.jpg": WARNING_CASES[name][0] for name in names}
-    with _loader(tmp_path, files, workers=1, max_errors=0) as loader:
+    with files_loader(tmp_path, files, workers=1, max_errors=0) as loader:
         next(iter(loader))
         report = loader.stats()
     assert report.skipped == 0

@@ -62,25 +62,8 @@ def _peeked(source, n, size, seed, augment="train", **kw):
 @pytest.mark.timeout(180)
 def test_show_writes_a_grid_of_the_augmented_samples_with_captions(image_folder, tmp_path, capsys):
     out = tmp_path / "sheet.png"
-    assert (
-        main(
-            [
-                "show",
-                str(image_folder),
-                "--out",
-                str(out),
-                "--rows",
-                "2",
-                "--cols",
-                "3",
-                "--image-size",
-                "32",
-                "--seed",
-                "5",
-            ]
-        )
-        == 0
-    )
+    flags = "--rows 2 --cols 3 --image-size 32 --seed 5".split()
+    assert main(["show", str(image_folder), "--out", str(out), *flags]) == 0
     assert str(out) in capsys.readouterr().out
     sheet = _png(out)
     assert sheet.shape[1::-1] == show_mod.sheet_size(2, 3, 32, 32)
@@ -101,27 +84,8 @@ def test_show_depends_on_the_seed_and_the_augment(image_folder, tmp_path):
     sheets = {}
     for seed, augment in ((0, "train"), (1, "train"), (0, "none")):
         out = tmp_path / f"{seed}-{augment}.png"
-        assert (
-            main(
-                [
-                    "show",
-                    str(image_folder),
-                    "--out",
-                    str(out),
-                    "--rows",
-                    "1",
-                    "--cols",
-                    "2",
-                    "--image-size",
-                    "24",
-                    "--seed",
-                    str(seed),
-                    "--augment",
-                    augment,
-                ]
-            )
-            == 0
-        )
+        flags = f"--rows 1 --cols 2 --image-size 24 --seed {seed} --augment {augment}".split()
+        assert main(["show", str(image_folder), "--out", str(out), *flags]) == 0
         sheets[seed, augment] = _png(out)
     assert not np.array_equal(sheets[0, "train"], sheets[1, "train"])
     assert not np.array_equal(sheets[0, "train"], sheets[0, "none"])
@@ -218,25 +182,8 @@ def test_chart_draws_rate_ceiling_and_wait_where_their_values_are(tmp_path):
 @pytest.mark.timeout(240)
 def test_bench_plot_writes_the_measured_run_beside_its_ceiling(image_folder, tmp_path, capsys):
     out = tmp_path / "bench.png"
-    assert (
-        main(
-            [
-                "bench",
-                str(image_folder),
-                "--batch-size",
-                "4",
-                "--image-size",
-                "32",
-                "--workers",
-                "2",
-                "--epochs",
-                "2",
-                "--plot",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    flags = "--batch-size 4 --image-size 32 --workers 2 --epochs 2".split()
+    assert main(["bench", str(image_folder), *flags, "--plot", str(out)]) == 0
     report = capsys.readouterr().out
     assert f"plot: {out}" in report
     assert re.search(r"busy cores decode ([\d,]+) img/s", report)

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 import stoker
+from helpers import files_loader
 from stoker.decode import decode, probe, refuse_warnings
 from stoker.errors import ConfigError, DecodeError, TooManyErrors
 
@@ -37,20 +38,8 @@ def _damaged_low(data: bytes) -> bytes:
 
 
 def _loader(tmp_path, data: dict[str, bytes], **options) -> stoker.Loader:
-    paths = []
-    for name, blob in data.items():
-        (tmp_path / name).write_bytes(blob)
-        paths.append(str(tmp_path / name))
-    options.setdefault("workers", 0)
-    return stoker.Loader(
-        paths=paths,
-        labels=[0] * len(paths),
-        batch_size=len(paths),
-        image_size=16,
-        augment=None,
-        shuffle=False,
-        **options,
-    )
+    """helpers.files_loader, inline (``workers=0``) unless ``options`` say otherwise."""
+    return files_loader(tmp_path, data, **{"workers": 0, **options})
 
 
 def test_pillow_refuses_the_file_that_libjpeg_decodes_with_a_warning():
