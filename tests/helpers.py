@@ -188,3 +188,14 @@ def files_loader(folder, files: dict[str, bytes], **options) -> stoker.Loader:
         shuffle=False,
         **options,
     )
+
+
+# The loader settings a StatsReport carries that a test of the counting does not look at.
+UNSET_CONFIG = dict(
+    workers=0, workers_reason="", prefetch=0, prefetch_reason="", kept_batches=0, memory_folder=""
+)
+
+
+def report_of(stats, **config) -> stoker.StatsReport:
+    """``stats.report()`` with UNSET_CONFIG for the settings ``config`` does not give."""
+    return stats.report(**{**UNSET_CONFIG, **config})

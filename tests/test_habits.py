@@ -65,6 +65,8 @@ def _same(a, b):
 
 
 KW = dict(batch_size=8, image_size=32, seed=3)
+# a quarter held out, both halves made at once, small and inline
+HALVES = dict(validation_split=0.25, subset="both", batch_size=4, image_size=16, workers=0)
 
 
 @pytest.mark.timeout(300)
@@ -183,14 +185,7 @@ def test_peek_shows_the_next_batch_without_taking_it_workers_running_or_not(imag
 
 def test_dataset_sampler_and_batch_size_read_as_a_dataloader_s(image_folder):
     pytest.importorskip("torch")
-    train, val = stoker.Loader(
-        image_folder,
-        validation_split=0.25,
-        subset="both",
-        batch_size=4,
-        image_size=16,
-        workers=0,
-    )
+    train, val = stoker.Loader(image_folder, **HALVES)
     with train, val:
         assert len(train.dataset) + len(val.dataset) == 36
         assert len(val.dataset) == sum(len(b[1]) for b in val)  # torchvision's evaluate check
@@ -214,11 +209,7 @@ def test_dataset_sampler_and_batch_size_read_as_a_dataloader_s(image_folder):
 def test_subset_both_gives_each_half_its_own_augment_and_batch_transform(image_folder):
     train, val = stoker.Loader(
         image_folder,
-        validation_split=0.25,
-        subset="both",
-        batch_size=4,
-        image_size=16,
-        workers=0,
+        **HALVES,
         augment={"training": "train", "validation": None},
         batch_transform={"training": mixup},
     )

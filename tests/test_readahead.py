@@ -19,10 +19,13 @@ import numpy as np
 import pytest
 
 import stoker
+from helpers import report_of
 from stoker.cli.convert import convert
 from stoker.sources import filereads, open_source
 from stoker.sources.readahead import MIN_WINDOW, ReadAhead, ReadSettings
 from stoker.sources.table import PathSource
+
+IN_ORDER = dict(image_size=16, shuffle=False, workers=0)  # small images, in order, inline
 
 
 @pytest.fixture(params=["native", "python"])
@@ -162,9 +165,7 @@ def test_files_deleted_or_truncated_mid_epoch_are_bad_samples(image_folder, tmp_
         paths=[str(p) for p in paths],
         labels=list(range(20)),
         batch_size=5,
-        image_size=16,
-        shuffle=False,
-        workers=0,
+        **IN_ORDER,
         read_ahead=8,
         max_errors=5,
     ) as loader:
@@ -223,9 +224,7 @@ def test_a_read_that_never_answers_blocks_only_itself(image_folder, tmp_path):
             stoker.Loader(
                 source,
                 batch_size=3,
-                image_size=16,
-                shuffle=False,
-                workers=0,
+                **IN_ORDER,
                 timeout=8.0,
                 max_errors=2,
             ) as loader,
@@ -324,14 +323,8 @@ def test_stats_hint_when_the_disk_is_the_bottleneck():
             stats.add(Report(count=4, read_s=read_s, decode_s=0.01, read_bytes=4_000_000))
             stats.wait_s += 0.5  # the consumer waited half of each step
             stats.end_wait(t0 - 1.0, 4)
-        return stats.report(
-            workers=2,
-            workers_reason="",
-            prefetch=2,
-            prefetch_reason="",
-            kept_batches=0,
-            memory_folder="/dev/shm",
-            from_storage=from_storage,
+        return report_of(
+            stats, workers=2, prefetch=2, memory_folder="/dev/shm", from_storage=from_storage
         )
 
     slow_disk, slow_decode = run(0.2), run(0.001)

@@ -31,6 +31,22 @@ def _env(**extra: str) -> dict[str, str]:
     }
 
 
+def _python(
+    args: list[str], cwd: Path, timeout: float, stdin: str | None = None, **env: str
+) -> subprocess.CompletedProcess:
+    """A fresh interpreter run with ``args`` in ``cwd`` (``stdin`` fed to it, ``env`` added to
+    _env()), its output captured as text."""
+    return subprocess.run(
+        [sys.executable, *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=_env(**env),
+    )
+
+
 def _result(proc: subprocess.CompletedProcess) -> dict:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -78,14 +94,7 @@ print("RESULT " + json.dumps({{
 def test_readme_keras_script_without_a_guard_runs_as_python_train_py(image_folder, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(README_SCRIPT.format(train=str(image_folder), val=str(image_folder)))
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=LIMIT_S,
-        cwd=tmp_path,
-        env=_env(),
-    )
+    proc = _python([str(script)], tmp_path, LIMIT_S)
     out = _result(proc)
     assert proc.stdout.count("SCRIPT START") == 1  # the workers never ran the script
     assert len(out["loss"]) == 1 and len(out["val_loss"]) == 1
@@ -121,15 +130,7 @@ train.close()
 def test_unguarded_script_over_20000_in_memory_images_trains_from_stdin(tmp_path):
     """This script hung forever: the labels went through the start-up pipe of workers that
     died re-running it."""
-    proc = subprocess.run(
-        [sys.executable, "-"],
-        input=MEMORY_SCRIPT,
-        capture_output=True,
-        text=True,
-        timeout=LIMIT_S,
-        cwd=tmp_path,
-        env=_env(KERAS_BACKEND="torch"),
-    )
+    proc = _python(["-"], tmp_path, LIMIT_S, stdin=MEMORY_SCRIPT, KERAS_BACKEND="torch")
     out = _result(proc)
     assert len(out["loss"]) == 1 and out["workers"] == 2 and out["batches"] >= 8
 
@@ -147,14 +148,7 @@ ONE_LINER = (
 
 @pytest.mark.timeout(120)
 def test_python_dash_c_with_a_lambda(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-c", ONE_LINER],
-        capture_output=True,
-        text=True,
-        timeout=100,
-        cwd=tmp_path,
-        env=_env(),
-    )
+    proc = _python(["-c", ONE_LINER], tmp_path, 100)
     assert _result(proc) == {"values": [1], "batches": 6, "workers": 2}
 
 
@@ -178,15 +172,7 @@ SESSION = textwrap.dedent(
 
 @pytest.mark.timeout(120)
 def test_interactive_python_session_through_stdin(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-i"],
-        input=SESSION,
-        capture_output=True,
-        text=True,
-        timeout=100,
-        cwd=tmp_path,
-        env=_env(),
-    )
+    proc = _python(["-i"], tmp_path, 100, stdin=SESSION)
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert _result(proc) == {"values": [1], "batches": 6, "workers": 2}
 
@@ -231,13 +217,6 @@ def test_convert_with_worker_processes_from_python_dash_c(image_folder, tmp_path
         "progress=False); "
         "print('RESULT ' + json.dumps({'rows': m['rows'], 'shards': len(m['shards'])}))"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-        env=_env(),
-    )
+    proc = _python(["-c", code], tmp_path, 120)
     out = _result(proc)
     assert out["rows"] == 36 and out["shards"] >= 2  # several shards, so both workers wrote

@@ -36,8 +36,8 @@ def _pyarrow_values(folder):
     return out
 
 
-def _write_plain(path, images, labels, **kw):
-    """A foreign-style shard with a struct image column (uncompressed unless kw says)."""
+def _write_plain(path, images, labels):
+    """A foreign-style shard with a struct image column, uncompressed, no dictionary."""
     kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     table = pa.table(
         {
@@ -47,7 +47,7 @@ def _write_plain(path, images, labels, **kw):
             "label": pa.array(labels, pa.int64()),
         }
     )
-    pq.write_table(table, path, **kw)
+    pq.write_table(table, path, compression="NONE", use_dictionary=False)
 
 
 @pytest.mark.timeout(60)
@@ -75,7 +75,7 @@ def test_offset_index_gives_the_bytes_pyarrow_reads(shard_folder):
 def test_truncated_shard_is_a_bad_sample_not_a_crash(image_folder, tmp_path):
     images, labels = _jpegs(image_folder)
     path = tmp_path / "t.parquet"
-    _write_plain(path, images[:8], labels[:8], compression="NONE", use_dictionary=False)
+    _write_plain(path, images[:8], labels[:8])
     src = ShardSource(path)
     src.read(0)  # opens the file
     with open(path, "r+b") as f:
@@ -89,11 +89,11 @@ def test_truncated_shard_is_a_bad_sample_not_a_crash(image_folder, tmp_path):
 def test_stale_index_is_rebuilt_when_the_shard_is_rewritten(image_folder, tmp_path):
     images, labels = _jpegs(image_folder)
     path = tmp_path / "data.parquet"
-    _write_plain(path, images[:10], labels[:10], compression="NONE", use_dictionary=False)
+    _write_plain(path, images[:10], labels[:10])
     first = ShardSource(tmp_path)
     assert first.modes == [0] and first.read(3) == images[3]
     first.close()
-    _write_plain(path, images[10:25], labels[10:25], compression="NONE", use_dictionary=False)
+    _write_plain(path, images[10:25], labels[10:25])
     os.utime(path, ns=(1, 1))  # a different mtime even on coarse-clock filesystems
     second = ShardSource(tmp_path)
     assert len(second) == 15

@@ -9,6 +9,7 @@ import time
 import pytest
 
 import stoker
+from helpers import report_of
 from stoker import stats as stats_mod
 
 KW = {"batch_size": 8, "image_size": 16, "workers": 0}
@@ -45,14 +46,7 @@ def test_accounting_keeps_validation_out_of_the_training_loop(monkeypatch) -> No
     t0 = s.begin_wait()
     clock.now += 0.5
     s.end_wait(t0, 8)
-    report = s.report(
-        workers=0,
-        workers_reason="",
-        prefetch=0,
-        prefetch_reason="",
-        kept_batches=0,
-        memory_folder="",
-    )
+    report = report_of(s)
     assert report.first_batch_s == 2.0 and report.elapsed_s == 38.0
     assert report.outside_s == 30.0 and report.train_s == 6.0  # 4 steps of 1 s, 4 waits
     assert report.wait_share == pytest.approx(2.0 / 6.0)
