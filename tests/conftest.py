@@ -211,3 +211,13 @@ def corrupt_files(tmp_path: pathlib.Path) -> dict[str, pathlib.Path]:
         paths[key] = tmp_path / name
         paths[key].write_bytes(data)
     return paths
+
+
+@pytest.fixture
+def needs_namespace() -> None:
+    """Skip, saying why, where this process cannot make a private mount namespace."""
+    import chaos_env  # it imports stoker, which the path set-up above must come first for
+
+    why = chaos_env.namespace_reason()
+    if why is not None:
+        pytest.skip(f"needs a private mount namespace: {why}")

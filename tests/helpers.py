@@ -7,10 +7,12 @@ import ctypes
 import os
 import signal
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-import stoker
+if TYPE_CHECKING:  # stoker is imported on use: conftest imports this before it sets sys.path
+    import stoker
 
 # The packages of the framework extras: the core suite (``nox -s core``, no framework
 # installed) skips a test that needs one that is missing, naming it; where it is installed
@@ -175,6 +177,8 @@ def batch_noise(batch, rng):
 def files_loader(folder, files: dict[str, bytes], **options) -> stoker.Loader:
     """A plain, unshuffled Loader over ``files`` (name -> bytes) written into ``folder``: one
     batch of all of them, 16x16, no augment."""
+    import stoker
+
     paths = []
     for name, data in files.items():
         (folder / name).write_bytes(data)

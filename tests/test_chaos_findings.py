@@ -35,11 +35,12 @@ def small_folder(root: Path, classes: int = 2, per_class: int = 5) -> Path:
     )
 
 
-@pytest.fixture
-def needs_namespace() -> None:
-    why = chaos_env.namespace_reason()
-    if why is not None:
-        pytest.skip(f"needs a private mount namespace: {why}")
+def _marked_loader(marked: int, augment, **kw) -> stoker.Loader:
+    """One worker over 40 in-order 24x24 images in batches of 4, sample ``marked`` poisoned
+    (none if < 0) for ``augment`` to act on."""
+    images = helpers.make_marked_array(n=40, marked=marked)
+    options = dict(batch_size=4, image_size=24, workers=1, augment=augment, shuffle=False)
+    return stoker.Loader(images, labels=np.arange(40), **options, **kw)
 
 
 def run_script(code: str, **namespace: object) -> subprocess.CompletedProcess:
@@ -146,16 +147,7 @@ def test_a_label_path_header_is_read_by_name(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_second_thread_iterating_at_once_gets_a_clear_error_at_once():
-    images = helpers.make_marked_array(n=40, marked=-1)
-    loader = stoker.Loader(
-        images,
-        labels=np.arange(40),
-        batch_size=4,
-        image_size=24,
-        workers=1,
-        augment=helpers.slow,
-        shuffle=False,
-    )
+    loader = _marked_loader(-1, helpers.slow)
     first: list = []
     thread = threading.Thread(target=lambda: first.extend(loader), name="trainer")
     thread.start()
@@ -390,18 +382,7 @@ def test_copy_deepcopy_and_pickle_give_a_new_loader_at_the_same_position(how):
 
 @pytest.mark.timeout(120)
 def test_worker_hung_arrives_within_timeout_plus_one_second():
-    images = helpers.make_marked_array(n=40, marked=5)
-    with stoker.Loader(
-        images,
-        labels=np.arange(40),
-        batch_size=4,
-        image_size=24,
-        workers=1,
-        augment=helpers.hang_on_mark,
-        shuffle=False,
-        timeout=2,
-        prefetch=1,
-    ) as loader:
+    with _marked_loader(5, helpers.hang_on_mark, timeout=2, prefetch=1) as loader:
         it = iter(loader)
         next(it)  # the worker is up; batch 1 holds the sample that hangs
         t0 = time.monotonic()

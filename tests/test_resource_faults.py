@@ -17,13 +17,6 @@ from stoker.shm.segments import ShmFullError
 MiB = 1 << 20
 
 
-@pytest.fixture
-def needs_namespace() -> None:
-    why = chaos_env.namespace_reason()
-    if why is not None:
-        pytest.skip(f"needs a private mount namespace: {why}")
-
-
 def _run(code: str, **namespace: object) -> subprocess.CompletedProcess:
     argv = chaos_env.python(textwrap.dedent(code))
     return chaos_env.run_in_namespace(argv, **namespace)  # type: ignore[arg-type]
