@@ -1,7 +1,7 @@
-"""Write docs/options.md and the LoaderKwargs block of options.py from the option groups in
-src/stoker/loader/options.py.
+"""Write docs/options.md and src/stoker/loader/kwargs.py (LoaderKwargs) from the option groups
+in src/stoker/loader/options.py.
 
-python scripts/gen_options.py           # rewrite the page and the block
+python scripts/gen_options.py           # rewrite the page and the module
 python scripts/gen_options.py --check   # exit 1 if either is out of date
 """
 
@@ -13,7 +13,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "options.md"
-MODULE = ROOT / "src" / "stoker" / "loader" / "options.py"
+MODULE = ROOT / "src" / "stoker" / "loader" / "kwargs.py"
 
 
 def page() -> str:
@@ -25,11 +25,11 @@ def page() -> str:
 
 
 def module() -> str:
-    """``options.py`` with its generated ``LoaderKwargs`` block up to date."""
+    """The text of ``kwargs.py``: the ``LoaderKwargs`` TypedDict."""
     sys.path.insert(0, str(ROOT / "src"))
     from stoker.loader import optiondocs
 
-    return optiondocs.with_kwargs_block(MODULE.read_text())
+    return optiondocs.kwargs_module()
 
 
 def main() -> int:
@@ -38,12 +38,12 @@ def main() -> int:
     args = parser.parse_args()
     wanted = {PAGE: page(), MODULE: module()}
     if args.check:
-        stale = [path for path, text in wanted.items() if path.read_text() != text]
+        stale = [p for p, text in wanted.items() if not p.exists() or p.read_text() != text]
         for path in stale:
             print(f"{path} is out of date: run python scripts/gen_options.py", file=sys.stderr)
         return 1 if stale else 0
     for path, text in wanted.items():
-        if path.read_text() != text:
+        if not path.exists() or path.read_text() != text:
             path.write_text(text)
             print(f"wrote {path}")
     return 0

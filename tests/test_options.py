@@ -18,6 +18,7 @@ import pytest
 
 import stoker
 from stoker.errors import ConfigError
+from stoker.loader import kwargs as loader_kwargs
 from stoker.loader import optiondocs, options
 from stoker.loader.options import Options
 
@@ -140,11 +141,10 @@ def test_docs_options_page_is_generated_from_the_groups() -> None:
 
 
 def test_type_checkers_see_every_keyword_argument_with_its_groups_type() -> None:
-    kwargs = options.LoaderKwargs.__annotations__
+    kwargs = loader_kwargs.LoaderKwargs.__annotations__
     typed = {k: getattr(v, "__forward_arg__", v) for k, v in kwargs.items()}
     assert typed == {f.name: f.type for f in _fields() if f.name != "source"}, (
-        "LoaderKwargs (the end of loader/options.py) is out of date: run "
-        "python scripts/gen_options.py"
+        "LoaderKwargs (loader/kwargs.py) is out of date: run python scripts/gen_options.py"
     )
     hints = inspect.signature(stoker.Loader.__init__).parameters
     assert list(hints) == ["self", "source", "kwargs"]
@@ -158,11 +158,11 @@ def test_gen_options_check_mode_agrees(tmp_path: pathlib.Path) -> None:
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     assert gen.page() == (ROOT / "docs" / "options.md").read_text()
-    assert gen.module() == (ROOT / "src" / "stoker" / "loader" / "options.py").read_text()
+    assert gen.module() == (ROOT / "src" / "stoker" / "loader" / "kwargs.py").read_text()
     gen.PAGE = tmp_path / "options.md"
     gen.PAGE.write_text("# stale\n")
     stale_module = gen.module().replace("    follow_links: bool\n", "")
-    gen.MODULE = tmp_path / "options.py"
+    gen.MODULE = tmp_path / "kwargs.py"
     gen.MODULE.write_text(stale_module)
     argv = sys.argv
     try:

@@ -29,7 +29,7 @@ from ..workers.threads import describe as describe_threads
 from . import config, optiondocs, wiring
 from .compat import EpochSampler, Samples
 from .consumer import Guard
-from .options import LoaderKwargs, Options
+from .options import Options
 from .recipe import Recipe
 from .running import Running, auto_workers, warn_if_slow_decoder
 from .state import advance_state, check_state, make_state
@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # never evaluated at run time; typing_extensions has Unpack o
     from ..adapters.jax import JaxLoader
     from ..adapters.keras import LoaderCheckpoint, StokerPyDataset, WaitReport
     from ..adapters.torch import TorchLoader
+    from .kwargs import LoaderKwargs  # generated: imported for type checkers only
 
 Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
 Fields = dict[str, np.ndarray]

@@ -3,9 +3,10 @@
 Each field of a group is one ``Loader`` argument: its default, its type as a user writes it,
 one line of meaning and its check (``option(default, type, doc, check=...)``). ``parse`` checks
 every argument before a file is opened or anything started; ``help(stoker.Loader)``, its
-``inspect.signature`` and the docs' options page (``scripts/gen_options.py`` writes
-``docs/options.md``) are all generated from the groups (by ``optiondocs``), and
-``tests/test_options.py`` fails while they disagree.
+``inspect.signature``, the docs' options page and the ``LoaderKwargs`` of type checkers
+(``scripts/gen_options.py`` writes ``docs/options.md`` and ``kwargs.py``) are all generated
+from the groups (by ``optiondocs``), and ``tests/test_options.py`` fails while they disagree.
+The field machinery (``option``, the check adapters, ``make_group``) is ``optionfield``.
 
 The groups follow the data: ``source`` (what to load, which samples: read by the source readers
 and the split), ``image`` (how each image is decoded and shaped: the pipeline), ``batch`` (what a
@@ -19,58 +20,27 @@ Adding an argument: one field in its group (default, type, doc, check), the code
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from dataclasses import Field, dataclass, field, fields
-from functools import partial
-from typing import Any, TypedDict
+from collections.abc import Iterator
+from dataclasses import Field, dataclass, fields
+from typing import Any
 
 from .. import pixels
 from ..errors import ConfigError
 from ..workers.cluster import options as ray_options
 from . import config
 from .config import DEFAULT_MAX_PIXELS
+from .optionfield import (
+    color_mode,
+    fast_decode,
+    flag,
+    flag_or_none,
+    kept,
+    make_group,
+    max_errors,
+    of_value,
+    option,
+)
 from .selection import check_split
-
-#: A field's check: ``(name, value) -> the value kept`` (or a ConfigError naming the argument).
-Check = Callable[[str, Any], Any]
-
-
-def option(default: Any, type: str, doc: str, check: Check | None = None) -> Any:
-    """One ``Loader`` argument, as a group's field: ``type`` as a user writes it, ``doc`` one
-    line of meaning, ``check`` run on the value given (or the default) by ``parse``."""
-    return field(default=default, metadata={"type": type, "doc": doc, "check": check})
-
-
-def _value(fn: Callable[[Any], Any]) -> Check:
-    """A check from a function of the value alone."""
-    return lambda name, value: fn(value)
-
-
-def _kept(fn: Callable[[Any], Any]) -> Check:
-    """A check that keeps the value as given (``fn`` only refuses it: the value is resolved
-    later, against the opened source)."""
-
-    def check(name: str, value: Any) -> Any:
-        fn(value)
-        return value
-
-    return check
-
-
-_flag: Check = config.flag
-_flag_or_none: Check = partial(config.flag, allow_none=True)
-
-
-def _color_mode(value: Any) -> None:
-    pixels.channels(value, None)
-
-
-def _fast_decode(value: Any) -> None:
-    config.fast_decode(value, None)
-
-
-def _max_errors(value: Any) -> None:
-    config.max_errors(value, 0)
 
 
 @dataclass(frozen=True)
@@ -140,7 +110,7 @@ class SourceOptions:
         False,
         "bool",
         "With `validation_split`, split each class in the same proportion.",
-        check=_flag,
+        check=flag,
     )
     class_names: Any = option(
         None,
@@ -153,7 +123,7 @@ class SourceOptions:
         "Image folders: follow symbolic links to class folders, subfolders and files (each real "
         "folder walked once, a loop skipped with a warning); `False` skips every link, as "
         "Keras' `follow_links=False` skips linked folders.",
-        check=_flag,
+        check=flag,
     )
 
     def __post_init__(self) -> None:
@@ -169,7 +139,7 @@ class ImageOptions:
         "int | tuple[int, int] | None",
         "Every batch's `(height, width)` (an int for a square); `None` is the arrays' own size "
         "for decoded arrays, 224 for image files.",
-        check=_kept(config.image_size),
+        check=kept(config.image_size),
     )
     augment: Any = option(
         "auto",
@@ -187,21 +157,21 @@ class ImageOptions:
         "str | None",
         '`"grayscale"`, `"rgb"` or `"rgba"`: 1, 3 or 4 channels; `None` is 3 for image files, '
         "and decoded arrays keep their own.",
-        check=_kept(_color_mode),
+        check=kept(color_mode),
     )
     interpolation: str = option(
         "auto",
         "str",
         'Resize filter: `"bilinear"`, `"area"`, `"bicubic"`, `"nearest"`; `"auto"` is bilinear, '
         "area past a 2x shrink.",
-        check=_value(pixels.interpolation),
+        check=of_value(pixels.interpolation),
     )
     crop_to_aspect_ratio: bool = option(
         False,
         "bool",
         "With `augment=None`: crop the centred window of the target aspect (the only part "
         "decoded) before resizing.",
-        check=_flag,
+        check=flag,
     )
     pad_to_aspect_ratio: bool = option(
         False,
@@ -209,7 +179,7 @@ class ImageOptions:
         "With `augment=None`: resize the whole image into the middle of the target, black "
         "borders, placed exactly as Keras places it (`tf.image.resize_with_pad`); not with "
         "masks.",
-        check=_flag,
+        check=flag,
     )
     mask_map: Any = option(
         None,
@@ -228,14 +198,14 @@ class ImageOptions:
         "bool | str",
         "libjpeg's fast integer IDCT (a level or two off on a few pixels, a little faster); "
         '`"auto"` uses it for `augment="train"` only.',
-        check=_kept(_fast_decode),
+        check=kept(fast_decode),
     )
     strict_decode: bool = option(
         False,
         "bool",
         "Count a file that decodes only with libjpeg's warnings (recoverable corrupt data) as a "
         "bad file, whatever part of it a crop decodes (see [decoding](decoding.md)).",
-        check=_flag,
+        check=flag,
     )
 
     def __post_init__(self) -> None:
@@ -260,7 +230,7 @@ class BatchOptions:
         "bool | None",
         "Drop the ragged last batch so every batch has one shape; `None` is `shuffle` (False for "
         '`subset="validation"`).',
-        check=_flag_or_none,
+        check=flag_or_none,
     )
     label_mode: Any = option(
         "auto",
@@ -292,14 +262,14 @@ class OrderOptions:
         True,
         "bool",
         "Shuffle the order every epoch.",
-        check=_flag,
+        check=flag,
     )
     seed: int = option(
         0,
         "int",
         "The order, the splits and every random choice are a pure function of `(seed, epoch)`, "
         "whatever the worker count.",
-        check=_value(config.seed),
+        check=of_value(config.seed),
     )
     rank: int | None = option(
         None,
@@ -316,7 +286,7 @@ class OrderOptions:
         "str",
         'How ranks split an epoch: `"pad"` or `"drop"` to equal counts (as '
         '`DistributedSampler`), `"once"`: every sample on exactly one rank.',
-        check=_value(config.check_rank_split),
+        check=of_value(config.check_rank_split),
     )
 
     def __post_init__(self) -> None:
@@ -333,55 +303,55 @@ class RunOptions:
         'Worker processes; 0 loads in the calling process; `"auto"` is one per usable core (on a '
         "host with more than 8, one core in 8 is left to the training process, and at most 32), "
         "or 0 when a batch is too little work to pay for processes.",
-        check=_value(config.check_workers),
+        check=of_value(config.check_workers),
     )
     worker_threads: int | None = option(
         1,
         "int | None",
         "Threads per pool (torch, OpenMP/BLAS, OpenCV, TensorFlow, XLA) in each worker, set "
         "before your code runs; `None` leaves each library's own default.",
-        check=_value(config.worker_threads),
+        check=of_value(config.worker_threads),
     )
     prefetch: Any = option(
         "auto",
         "int | str",
         'Batches in flight; `"auto"` starts at 1 per worker and deepens to 2 when the workers '
         "are measured waiting while the training loop waited.",
-        check=_value(config.prefetch_arg),
+        check=of_value(config.prefetch_arg),
     )
     max_errors: Any = option(
         0.001,
         "int | float",
         "Bad samples allowed (a count, or a fraction of the dataset rounded up), each named and "
         "replaced by the next good one; past it, `TooManyErrors`.",
-        check=_kept(_max_errors),
+        check=kept(max_errors),
     )
     timeout: float = option(
         300.0,
         "float",
         "Seconds without progress before `WorkerHung`; a single read taking a quarter of it (at "
         "most 60 s) is a bad sample.",
-        check=_value(config.timeout),
+        check=of_value(config.timeout),
     )
     start_method: str = option(
         "spawn",
         "str",
         '`"spawn"`, the only one: each worker is a fresh interpreter (no `__main__` guard needed).',
-        check=_value(config.start_method),
+        check=of_value(config.start_method),
     )
     read_ahead: Any = option(
         "auto",
         "int | str",
         'Reads in flight per worker ahead of decoding; `"auto"` reads ahead only when reads are '
         "slow next to decoding; 0 never.",
-        check=_value(config.check_read_ahead),
+        check=of_value(config.check_read_ahead),
     )
     page_cache: str = option(
         "auto",
         "str",
         '`"auto"` reads around the page cache once the dataset is seen not to fit in RAM; '
         '`"keep"` never, `"drop"` always.',
-        check=_value(config.check_page_cache),
+        check=of_value(config.check_page_cache),
     )
 
 
@@ -450,7 +420,7 @@ class Options:
         for name in kwargs:
             if name not in known:
                 raise TypeError(f"Loader() got an unexpected keyword argument {name!r}")
-        groups = {key: _group(group, kwargs) for key, group in GROUPS}
+        groups = {key: make_group(group, kwargs) for key, group in GROUPS}
         return cls(**groups)
 
     def kwargs(self) -> dict[str, Any]:
@@ -463,71 +433,8 @@ def parse(**kwargs: Any) -> Options:
     return Options.from_kwargs(**kwargs)
 
 
-def _group(group: type, kwargs: dict[str, Any]) -> Any:
-    """One group made from ``kwargs`` (its fields' defaults for the others), each value
-    checked by its field's check, then the group's own checks across fields."""
-    values = {}
-    for f in fields(group):
-        value = kwargs.get(f.name, f.default)
-        check = f.metadata["check"]
-        values[f.name] = value if check is None else check(f.name, value)
-    return group(**values)
-
-
 def entries() -> Iterator[tuple[str, Field[Any]]]:
     """``(group key, field)`` of every argument, in the signature's order."""
     for key, group in GROUPS:
         for f in fields(group):
             yield key, f
-
-
-# --- generated by scripts/gen_options.py from the groups above: do not edit below ---
-
-
-class LoaderKwargs(TypedDict, total=False):
-    """``Loader``'s keyword arguments for type checkers and editors, generated."""
-
-    paths: Any
-    labels: Any
-    masks: Any
-    label_column: Any
-    sample_weight: Any
-    fields: Any
-    spec: Any
-    validation_split: float | None
-    subset: str | None
-    stratify: bool
-    class_names: Any
-    follow_links: bool
-    image_size: Any
-    augment: Any
-    color_mode: str | None
-    interpolation: str
-    crop_to_aspect_ratio: bool
-    pad_to_aspect_ratio: bool
-    mask_map: Any
-    max_pixels: int
-    fast_decode: Any
-    strict_decode: bool
-    batch_size: int
-    drop_last: bool | None
-    label_mode: Any
-    batch: Any
-    batch_transform: Any
-    shuffle: bool
-    seed: int
-    rank: int | None
-    world_size: int | None
-    rank_split: str
-    workers: Any
-    worker_threads: int | None
-    prefetch: Any
-    max_errors: Any
-    timeout: float
-    start_method: str
-    read_ahead: Any
-    page_cache: str
-    cluster: str | None
-    cluster_workers: Any
-    cluster_transport: str
-    cluster_listen: str | None

@@ -1,0 +1,73 @@
+"""The machinery of the option groups (``options``): a group's field is one ``Loader``
+argument, declared once by ``option(default, type, doc, check=...)``, and ``make_group`` builds
+a group from the keywords given, each value checked by its field's check.
+
+The checks here adapt ``config``'s functions to a field's ``(name, value)`` call; a group's
+checks across fields are its own ``__post_init__``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import field, fields
+from functools import partial
+from typing import Any
+
+from .. import pixels
+from . import config
+
+#: A field's check: ``(name, value) -> the value kept`` (or a ConfigError naming the argument).
+Check = Callable[[str, Any], Any]
+
+
+def option(default: Any, type: str, doc: str, check: Check | None = None) -> Any:
+    """One ``Loader`` argument, as a group's field: ``type`` as a user writes it, ``doc`` one
+    line of meaning, ``check`` run on the value given (or the default) by ``make_group``."""
+    return field(default=default, metadata={"type": type, "doc": doc, "check": check})
+
+
+def make_group(group: type, kwargs: dict[str, Any]) -> Any:
+    """One group made from ``kwargs`` (its fields' defaults for the others), each value
+    checked by its field's check, then the group's own checks across fields."""
+    values = {}
+    for f in fields(group):
+        value = kwargs.get(f.name, f.default)
+        check = f.metadata["check"]
+        values[f.name] = value if check is None else check(f.name, value)
+    return group(**values)
+
+
+def of_value(fn: Callable[[Any], Any]) -> Check:
+    """A check from a function of the value alone."""
+    return lambda name, value: fn(value)
+
+
+def kept(fn: Callable[[Any], Any]) -> Check:
+    """A check that keeps the value as given (``fn`` only refuses it: the value is resolved
+    later, against the opened source)."""
+
+    def check(name: str, value: Any) -> Any:
+        fn(value)
+        return value
+
+    return check
+
+
+#: ``True`` or ``False``, named in the error.
+flag: Check = config.flag
+#: ``True``, ``False`` or ``None``, named in the error.
+flag_or_none: Check = partial(config.flag, allow_none=True)
+
+
+def color_mode(value: Any) -> None:
+    """Refuse a ``color_mode`` that names no channel count."""
+    pixels.channels(value, None)
+
+
+def fast_decode(value: Any) -> None:
+    """Refuse a ``fast_decode`` that is neither a bool nor ``"auto"``."""
+    config.fast_decode(value, None)
+
+
+def max_errors(value: Any) -> None:
+    """Refuse a ``max_errors`` that is neither a count nor a rate."""
+    config.max_errors(value, 0)
