@@ -13,7 +13,7 @@ import contextlib
 import inspect
 import math
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import cv2
 import numpy as np
@@ -89,12 +89,12 @@ class Pipeline:
     uniforms = 0
     needs_rng = False
     reduce = True  # may the decoder shrink the region (DCT scaling) down to the output size?
-    channels = 3  # of the output: 1 (grayscale), 3 (RGB) or 4 (RGBA); set by make_pipeline
+    channels = 3  # of the output: 1 (grayscale), 3 (RGB) or 4 (RGBA); set by image_pipeline
     interpolation = "auto"  # the resize filter (see pixels.INTERPOLATIONS)
     mask_map: Any = None  # ``Loader(mask_map=)``: a MaskMap applied to each decoded mask
     post: tuple[Callable[..., np.ndarray], ...] = ()  # ops run on the written output
     #: A file that decodes only with the decoder's warnings (recoverable corrupt data) is bad
-    #: data, as one that does not decode (set by make_pipeline).
+    #: data, as one that does not decode (set by image_pipeline).
     strict_decode = False
 
     def __init__(self, size: tuple[int, int], fast: bool, max_pixels: int) -> None:
@@ -491,30 +491,41 @@ class HorizontalFlip:
         return (image[:, ::-1], mask[:, ::-1]) if flip else (image, mask)
 
 
-def make_pipeline(
-    augment: Any,
-    size: tuple[int, int],
-    fast: bool,
-    max_pixels: int,
-    *,
-    channels: int = 3,
-    interpolation: str = "auto",
-    fit: str | None = None,
-    strict_decode: bool = False,
+class ImageSettings(Protocol):
+    """What a pipeline reads of the loader's image options (``loader.options.ImageOptions``,
+    which this lower stage never imports)."""
+
+    @property
+    def interpolation(self) -> str: ...
+    @property
+    def crop_to_aspect_ratio(self) -> bool: ...
+    @property
+    def pad_to_aspect_ratio(self) -> bool: ...
+    @property
+    def max_pixels(self) -> int: ...
+    @property
+    def strict_decode(self) -> bool: ...
+
+
+def image_pipeline(
+    image: ImageSettings, augment: Any, size: tuple[int, int], *, fast: bool, channels: int
 ) -> Pipeline:
-    """Build the pipeline that ``augment=`` names: "train", "eval", None, a callable, a list of
-    ops, or a stock name followed by ops (``["train", op, ...]``: the ops run on its output);
-    ``channels``, ``interpolation`` and ``fit`` ("crop"/"pad" to the output's aspect ratio,
-    with ``augment=None`` only) shape how its output is written; ``strict_decode`` makes a
-    file decoded only with warnings bad data."""
-    pipeline = _pipeline(augment, size, fast, max_pixels)
+    """The pipeline of the image options ``image``, once the loader has resolved against its
+    source what they leave open: ``augment`` (never "auto"), the output ``size``, ``fast``
+    (the fast IDCT or not) and ``channels``. ``crop_to_aspect_ratio``/``pad_to_aspect_ratio``
+    go with ``augment=None`` only; ``strict_decode`` makes a file decoded only with warnings
+    bad data."""
+    pipeline = make_pipeline(augment, size, fast, image.max_pixels)
+    crop, pad = image.crop_to_aspect_ratio, image.pad_to_aspect_ratio
+    fit = "crop" if crop else "pad" if pad else None
     if fit is not None and type(pipeline) is not ResizePipeline:
         raise ConfigError(
             f"crop_to_aspect_ratio / pad_to_aspect_ratio resize the whole image and go with "
             f"augment=None (not augment={augment!r}, which chooses its own crop)"
         )
+    interpolation = image.interpolation
     pipeline.channels, pipeline.interpolation = channels, interpolation
-    pipeline.strict_decode = strict_decode
+    pipeline.strict_decode = image.strict_decode
     if isinstance(pipeline, ResizePipeline):
         pipeline.fit = fit
         # a point-sampling filter named for pad_to_aspect_ratio samples the whole decode, as
@@ -524,7 +535,11 @@ def make_pipeline(
     return pipeline
 
 
-def _pipeline(augment: Any, size: tuple[int, int], fast: bool, max_pixels: int) -> Pipeline:
+def make_pipeline(augment: Any, size: tuple[int, int], fast: bool, max_pixels: int) -> Pipeline:
+    """The pipeline that ``augment=`` names: "train", "eval", None, a callable, a list of ops,
+    or a stock name followed by ops (``["train", op, ...]``: the ops run on its output), as it
+    writes by default (3 channels, the "auto" filter, no aspect fit: ``image_pipeline`` sets
+    those from the loader's options)."""
     if augment == "train":
         return TrainPipeline(size, fast, max_pixels)
     if augment == "eval":
@@ -564,6 +579,6 @@ def _then_ops(
             f"augment={list(augment)!r}: after {augment[0]!r} come ops (image, rng) -> image, "
             f"such as stoker.ops.TrivialAugmentWide(); got {what}"
         )
-    pipeline = _pipeline(augment[0], size, fast, max_pixels)
+    pipeline = make_pipeline(augment[0], size, fast, max_pixels)
     pipeline.post, pipeline.needs_rng = tuple(ops), True
     return pipeline

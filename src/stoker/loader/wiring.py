@@ -22,7 +22,7 @@ from ..order import Plan
 from ..schema import BatchSchema, Columns, SlotLayout, field_specs, resolve_form
 from ..sources import open_source
 from ..sources.base import Source
-from ..transforms import CustomPipeline, check_mask_ops, make_pipeline
+from ..transforms import CustomPipeline, check_mask_ops, image_pipeline
 from . import config
 from .options import ImageOptions, Options, OrderOptions, SourceOptions
 from .recipe import Recipe
@@ -112,17 +112,13 @@ def _source(opts: SourceOptions, seed: int) -> Source:
 
 
 def _pipeline(opts: ImageOptions, source: Source, image_size: Any, augment: Any) -> Any:
-    """The decode + transform pipeline: augmentation, size, channels, resize, aspect fit."""
-    crop, pad = opts.crop_to_aspect_ratio, opts.pad_to_aspect_ratio
-    return make_pipeline(
+    """The decode + transform pipeline of the image options, resolved against ``source``."""
+    return image_pipeline(
+        opts,
         augment,
         image_size,
-        config.fast_decode(opts.fast_decode, augment),
-        opts.max_pixels,
+        fast=config.fast_decode(opts.fast_decode, augment),
         channels=pixels_mod.channels(opts.color_mode, source.pixel_channels()),
-        interpolation=opts.interpolation,
-        fit="crop" if crop else "pad" if pad else None,
-        strict_decode=opts.strict_decode,
     )
 
 
