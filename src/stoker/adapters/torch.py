@@ -53,7 +53,29 @@ Device: TypeAlias = "torch.device | str | int"
 
 
 class TorchLoader(LoaderView):
-    """Iterable of ``(images, labels)`` torch tensors over a Loader: one epoch per ``iter()``.
+    """Iterable of ``(images, labels)`` torch tensors over a Loader: one epoch per ``iter()``;
+    ``for x, y in to_torch(train, device="cuda"): ...`` (or ``train.torch(...)``).
+
+    - ``device``: ``None`` gives zero-copy CPU tensors; ``"cuda"``/``"cuda:1"`` copies through
+      pinned memory on a side stream, one batch ahead; ``"cpu"`` and others copy plainly.
+    - ``layout``: ``"channels_first"`` (the default) gives PyTorch's ``(B, C, H, W)`` shape, what
+      ``torchvision`` models and a ``DataLoader`` with ``ToTensor`` give, as a free permuted view
+      whose memory stays channels-last (``torch.channels_last`` format, which cuDNN convolutions
+      like); call ``.contiguous()`` if you need NCHW-contiguous memory (``.view`` needs it;
+      ``.reshape``/``.flatten`` do not). ``"channels_last"`` keeps the loader's
+      ``(B, H, W, C)``. The older ``channels_last=True``/``False`` still means the same as
+      ``layout="channels_last"``/``"channels_first"``.
+    - ``dtype``: e.g. ``torch.float32``/``torch.bfloat16``; converts on the device. Without
+      ``mean``/``std`` the values stay 0-255.
+    - ``mean``/``std``: scalars or 3 per-channel values giving ``(x - mean) / std``. Values all
+      <= 1 are read in 0-1 units (torchvision's ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224,
+      0.225)``), otherwise in 0-255 units (``mean=(123.7, 116.3, 103.5)``); the result is the same
+      normalised tensor either way. ``mean=0, std=1`` gives values in [0, 1].
+    - Labels keep the loader's dtype and shape (``int64`` ``(B,)`` class ids, or numeric targets
+      of any dtype ``(B, ...)``), on the same device; other fields of a structured batch
+      (``Loader(batch=...)``) likewise, ``path`` strings stay numpy. For a loader with masks the
+      second tensor is the masks, ``uint8`` ``(B, H, W)`` (class ids, never normalised or permuted);
+      take ``.long()`` for ``CrossEntropyLoss``.
 
     ``state_dict()``/``load_state_dict()`` delegate to the loader, so checkpointing tools that
     save a data loader's state (torchdata's ``StatefulDataLoader`` protocol, ``torch.distributed
@@ -64,6 +86,7 @@ class TorchLoader(LoaderView):
         self,
         loader: Feed,
         device: Device | None = None,
+        *,
         layout: str | None = None,
         channels_last: bool | None = None,
         dtype: torch.dtype | None = None,
@@ -243,41 +266,5 @@ def _layout(layout: str | None, channels_last: bool | None) -> str:
     return older
 
 
-def to_torch(
-    loader: Feed,
-    device: Device | None = None,
-    *,
-    layout: str | None = None,
-    channels_last: bool | None = None,
-    dtype: torch.dtype | None = None,
-    mean: Scale | None = None,
-    std: Scale | None = None,
-    zero_copy: bool | str = "auto",
-    cuda_runtime: CudaRuntime | None = None,
-) -> TorchLoader:
-    """Wrap ``loader`` for PyTorch: ``for x, y in to_torch(train, device="cuda"): ...``.
-
-    - ``device``: ``None`` gives zero-copy CPU tensors; ``"cuda"``/``"cuda:1"`` copies through
-      pinned memory on a side stream, one batch ahead; ``"cpu"`` and others copy plainly.
-    - ``layout``: ``"channels_first"`` (the default) gives PyTorch's ``(B, C, H, W)`` shape, what
-      ``torchvision`` models and a ``DataLoader`` with ``ToTensor`` give, as a free permuted view
-      whose memory stays channels-last (``torch.channels_last`` format, which cuDNN convolutions
-      like); call ``.contiguous()`` if you need NCHW-contiguous memory (``.view`` needs it;
-      ``.reshape``/``.flatten`` do not). ``"channels_last"`` keeps the loader's
-      ``(B, H, W, C)``. The older ``channels_last=True``/``False`` still means the same as
-      ``layout="channels_last"``/``"channels_first"``.
-    - ``dtype``: e.g. ``torch.float32``/``torch.bfloat16``; converts on the device. Without
-      ``mean``/``std`` the values stay 0-255.
-    - ``mean``/``std``: scalars or 3 per-channel values giving ``(x - mean) / std``. Values all
-      <= 1 are read in 0-1 units (torchvision's ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224,
-      0.225)``), otherwise in 0-255 units (``mean=(123.7, 116.3, 103.5)``); the result is the same
-      normalised tensor either way. ``mean=0, std=1`` gives values in [0, 1].
-    - Labels keep the loader's dtype and shape (``int64`` ``(B,)`` class ids, or numeric targets
-      of any dtype ``(B, ...)``), on the same device; other fields of a structured batch
-      (``Loader(batch=...)``) likewise, ``path`` strings stay numpy. For a loader with masks the
-      second tensor is the masks, ``uint8`` ``(B, H, W)`` (class ids, never normalised or permuted);
-      take ``.long()`` for ``CrossEntropyLoss``.
-    """
-    return TorchLoader(
-        loader, device, layout, channels_last, dtype, mean, std, zero_copy, cuda_runtime
-    )
+#: ``to_torch(loader, device, *, layout, ...)``: the function spelling of ``TorchLoader``.
+to_torch = TorchLoader
