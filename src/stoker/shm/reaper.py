@@ -352,29 +352,35 @@ def detach() -> None:
 
 def track_segment(path: str) -> None:
     """Announce a segment path before creating it: the reaper unlinks it if we die."""
-    _client.paths.add(path)
-    _client.tell(f"+S {path}")
+    _listed(_client.paths, "S", path, True)
 
 
 def untrack_segment(path: str) -> None:
     """The segment was unlinked by us; the reaper forgets it."""
-    if path in _client.paths:
-        _client.paths.discard(path)
-        _client.tell(f"-S {path}")
+    _listed(_client.paths, "S", path, False)
 
 
 def hold_lock(path: str) -> None:
     """This process holds the segment lock ``path`` (see :mod:`.ownerlock`): the reaper holds
     it too, until it has removed every listed segment, and then removes it."""
-    _client.locks.add(path)
-    _client.tell(f"+L {path}")
+    _listed(_client.locks, "L", path, True)
 
 
 def release_lock(path: str) -> None:
     """The segment lock ``path`` was removed by us; the reaper lets it go."""
-    if path in _client.locks:
-        _client.locks.discard(path)
-        _client.tell(f"-L {path}")
+    _listed(_client.locks, "L", path, False)
+
+
+def _listed(kept: set[str], kind: str, path: str, add: bool) -> None:
+    """Add ``path`` to (or drop it from) one of the client's lists and tell the reaper
+    (``+S path``, ``-L path``, ...); dropping a path never listed tells nothing."""
+    if add:
+        kept.add(path)
+    elif path in kept:
+        kept.discard(path)
+    else:
+        return
+    _client.tell(f"{'+' if add else '-'}{kind} {path}")
 
 
 def track_process(pid: int) -> None:

@@ -33,7 +33,7 @@ from ..errors import ClusterError, ConfigError, StokerWarning
 from ..schema import SlotLayout
 from ..shm.segments import Segment
 from . import actor as actor_mod
-from .engine import POLL_S, Engine, Key
+from .engine import Engine, Key
 from .nodes import Node, Nodes
 from .pool import WorkerPool
 
@@ -251,10 +251,7 @@ class ClusterEngine(Engine):
             super()._wait_one(key)
             return
         while True:
-            replies = self.pool.receive(POLL_S)
-            if replies:
-                for w, reply in replies:
-                    self._handle(w, reply)
+            if self._handle_replies():
                 return
             self.pool.check_alive(self._context(wid, key))
             if self.inflight.get(key, (-1,))[0] != wid:

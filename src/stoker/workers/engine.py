@@ -234,14 +234,18 @@ class Engine:
             "full with what is kept)"
         )
 
+    def _handle_replies(self) -> bool:
+        """Handle the replies that come within one poll; whether any came."""
+        replies = self.pool.receive(POLL_S)
+        for wid, reply in replies:
+            self._handle(wid, reply)
+        return bool(replies)
+
     def _wait_one(self, key: Key) -> None:
         """Handle replies for up to ``timeout`` seconds; liveness checked between polls."""
         deadline = time.monotonic() + self.timeout
         while True:
-            replies = self.pool.receive(POLL_S)
-            if replies:
-                for wid, reply in replies:
-                    self._handle(wid, reply)
+            if self._handle_replies():
                 return
             wid = self.inflight[key][0] if key in self.inflight else -1
             self.pool.check_alive(self._context(wid, key))
