@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from . import imageops as im
+from .decode.common import Box
 from .errors import ConfigError
 
 # ------------------------------------------------------------------- ColorJitter
@@ -127,7 +128,7 @@ class RandomErasing:
         self.ratio = _sequence_pair("ratio", ratio, 1e-6, math.inf)
         self.value = _erase_value(value)
 
-    def box(self, h: int, w: int, rng: np.random.Generator) -> tuple[int, int, int, int] | None:
+    def box(self, h: int, w: int, rng: np.random.Generator) -> Box | None:
         """torchvision's ``get_params``: the (top, left, height, width) to erase, or None."""
         area = h * w
         log_lo, log_hi = math.log(self.ratio[0]), math.log(self.ratio[1])

@@ -31,6 +31,7 @@ from . import bmp, gif, jpeg, jpegcrop, masks, pillow, png, tiff, webp
 from .common import (
     DEFAULT_MAX_PIXELS,
     IMAGE_EXTENSIONS,
+    Box,
     ImageInfo,
     byte_view,
     check_box,
@@ -107,7 +108,7 @@ def decode(
     data: bytes | memoryview,
     info: ImageInfo | None = None,
     *,
-    box: tuple[int, int, int, int] | None = None,
+    box: Box | None = None,
     min_size: tuple[int, int] | None = None,
     fast: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
@@ -159,7 +160,7 @@ def decode(
 def refuse_warnings(
     data: bytes | memoryview,
     info: ImageInfo,
-    box: tuple[int, int, int, int] | None,
+    box: Box | None,
     notes: list[str],
 ) -> None:
     """``strict_decode``: raise DecodeError when decoding ``box`` of the image gave warnings
@@ -190,7 +191,7 @@ def _decode(data, info, box, min_size, fast, notes, channels) -> np.ndarray:  # 
     return to_channels(image, channels)
 
 
-def _decode_rgba(data: bytes | memoryview, info: ImageInfo, box: tuple[int, int, int, int]):  # type: ignore[no-untyped-def]
+def _decode_rgba(data: bytes | memoryview, info: ImageInfo, box: Box):  # type: ignore[no-untyped-def]
     """The displayed ``box`` with the image's alpha, RGBA (opaque where it has none)."""
     if info.format in ("png", "webp"):
         return _FORMATS[info.format].decode_rgba(data, info, box)

@@ -28,6 +28,8 @@ from types import ModuleType
 
 import numpy as np
 
+from .common import Box
+
 API_VERSION = 2
 """The C extension's interface version this module calls (``STOKER_JPEG_API`` in _jpeg.c)."""
 
@@ -70,7 +72,7 @@ def _ceil_div(a: int, b: int) -> int:
 
 def scaled_region(
     top: int, left: int, height: int, width: int, img_h: int, img_w: int, denom: int
-) -> tuple[int, int, int, int]:
+) -> Box:
     """Map a full-resolution region to the window decoded at scale ``1/denom``.
 
     Returns ``(y0, x0, out_h, out_w)``: the window's top-left corner and size in the
@@ -132,7 +134,7 @@ def header(data: Buffer) -> tuple[int, int, int, int]:
 
 def decode_region(
     data: Buffer,
-    box: tuple[int, int, int, int] | None = None,
+    box: Box | None = None,
     min_size: tuple[int, int] | None = None,
     fast: bool = False,
     *,
