@@ -55,7 +55,14 @@ def _on_cpu(target: Placement | None) -> bool:
 
 
 class JaxLoader(LoaderView):
-    """Iterable of ``(images, labels)`` ``jax.Array`` pairs over a Loader; one epoch per ``iter()``.
+    """Iterable of ``(images, labels)`` ``jax.Array`` pairs over a Loader; one epoch per ``iter()``:
+    ``for x, y in to_jax(train, sharding=...): step(state, x, y)`` (or ``train.jax(...)``).
+
+    ``sharding``: ``None`` (the default device), a ``jax.Device``, a ``jax.sharding.Sharding``
+    (e.g. ``NamedSharding(mesh, PartitionSpec("data"))`` to split the batch across devices), or a
+    pair of them for images and labels. Each batch is ``jax.device_put`` one batch ahead of use.
+    In a multi-process job each process holds its own rank's batch (``Loader(rank=...,
+    world_size=...)``); build global arrays with ``jax.make_array_from_process_local_data``.
 
     ``images`` is ``uint8`` ``(B, H, W, C)`` or ``dtype`` with optional ``mean``/``std``
     (converted on the device, after the copy: see ``adapters.scaling``); labels and other
@@ -128,19 +135,5 @@ def _same(put: Arrays) -> Arrays:
     return put
 
 
-def to_jax(
-    loader: Feed,
-    sharding: Placement | None = None,
-    dtype: DTypeLike | None = None,
-    mean: Scale | None = None,
-    std: Scale | None = None,
-) -> JaxLoader:
-    """Wrap ``loader`` for JAX: ``for x, y in to_jax(train, sharding=...): step(state, x, y)``.
-
-    ``sharding``: ``None`` (the default device), a ``jax.Device``, a ``jax.sharding.Sharding``
-    (e.g. ``NamedSharding(mesh, PartitionSpec("data"))`` to split the batch across devices), or a
-    pair of them for images and labels. Each batch is ``jax.device_put`` one batch ahead of use.
-    In a multi-process job each process holds its own rank's batch (``Loader(rank=...,
-    world_size=...)``); build global arrays with ``jax.make_array_from_process_local_data``.
-    """
-    return JaxLoader(loader, sharding=sharding, dtype=dtype, mean=mean, std=std)
+#: ``to_jax(loader, sharding, dtype, mean, std)``: the function spelling of ``JaxLoader``.
+to_jax = JaxLoader
