@@ -562,10 +562,7 @@ def threads_main(argv: list[str] | None = None) -> None:
 
 # ---------------------------------------------------------------------------- cases
 
-CASES = {
-    "ops": (ops_main, OPS_DOC),
-    "threads": (threads_main, THREADS_DOC),
-}
+CASES = common.cases(ops_main, threads_main)
 
 
 if __name__ == "__main__":

@@ -638,3 +638,14 @@ def run_cases(doc: str, cases: dict[str, Case], argv: list[str] | None = None) -
     sys.argv[0] = f"{script} {name}"  # argparse's usage line names the case
     _RUN.update(script=script, case=name, facts=machine_facts())
     return int(main(rest) or 0)
+
+
+def cases(*mains: Callable[[list[str] | None], Any]) -> dict[str, Case]:
+    """A theme script's ``CASES`` from its case mains: ``NAME_main`` is case ``NAME`` (``_`` as
+    ``-``), and its docstring is the module's ``NAME_DOC`` (upper case)."""
+    table: dict[str, Case] = {}
+    for main in mains:
+        stem = main.__name__.removesuffix("_main")
+        doc = getattr(sys.modules[main.__module__], f"{stem.upper()}_DOC")
+        table[stem.replace("_", "-")] = (main, doc)
+    return table

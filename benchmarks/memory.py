@@ -318,10 +318,7 @@ def arrays_main(argv: list[str] | None = None) -> int:
 
 # ---------------------------------------------------------------------------- cases
 
-CASES = {
-    "loader": (loader_main, LOADER_DOC),
-    "arrays": (arrays_main, ARRAYS_DOC),
-}
+CASES = common.cases(loader_main, arrays_main)
 
 
 if __name__ == "__main__":

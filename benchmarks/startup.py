@@ -551,11 +551,7 @@ def dataset_main(argv: list[str] | None = None) -> None:
 
 # ---------------------------------------------------------------------------- cases
 
-CASES = {
-    "files": (files_main, FILES_DOC),
-    "first-batch": (first_batch_main, FIRST_BATCH_DOC),
-    "dataset": (dataset_main, DATASET_DOC),
-}
+CASES = common.cases(files_main, first_batch_main, dataset_main)
 
 
 if __name__ == "__main__":

@@ -1347,14 +1347,9 @@ def eval_large_main(argv: list[str] | None = None) -> int:
 
 # ---------------------------------------------------------------------------- cases
 
-CASES = {
-    "cold": (cold_main, COLD_DOC),
-    "page-cache": (page_cache_main, PAGE_CACHE_DOC),
-    "mmap-hint": (mmap_hint_main, MMAP_HINT_DOC),
-    "io-cpu": (io_cpu_main, IO_CPU_DOC),
-    "remote": (remote_main, REMOTE_DOC),
-    "eval-large": (eval_large_main, EVAL_LARGE_DOC),
-}
+CASES = common.cases(
+    cold_main, page_cache_main, mmap_hint_main, io_cpu_main, remote_main, eval_large_main
+)
 
 
 if __name__ == "__main__":

@@ -995,14 +995,9 @@ def paired_main(argv: list[str] | None = None) -> None:
 
 # ---------------------------------------------------------------------------- cases
 
-CASES = {
-    "compare": (compare_main, COMPARE_DOC),
-    "scale": (scale_main, SCALE_DOC),
-    "ceiling": (ceiling_main, CEILING_DOC),
-    "crop-decode": (crop_decode_main, CROP_DECODE_DOC),
-    "gray": (gray_main, GRAY_DOC),
-    "paired": (paired_main, PAIRED_DOC),
-}
+CASES = common.cases(
+    compare_main, scale_main, ceiling_main, crop_decode_main, gray_main, paired_main
+)
 
 
 if __name__ == "__main__":

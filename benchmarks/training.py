@@ -508,11 +508,7 @@ def overlap_main(argv: list[str] | None = None) -> int:
 
 # ---------------------------------------------------------------------------- cases
 
-CASES = {
-    "keras-fit": (keras_fit_main, KERAS_FIT_DOC),
-    "keras-pad": (keras_pad_main, KERAS_PAD_DOC),
-    "overlap": (overlap_main, OVERLAP_DOC),
-}
+CASES = common.cases(keras_fit_main, keras_pad_main, overlap_main)
 
 
 if __name__ == "__main__":
