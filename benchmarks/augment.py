@@ -346,46 +346,22 @@ def apply_op(img: torch.Tensor, name: str, mag: float) -> torch.Tensor:
     return img  # Identity
 
 
-def trivial_space(bins: int, h: int, w: int) -> dict[str, tuple[np.ndarray, bool]]:
-    """TrivialAugmentWide's ops: (magnitudes per bin, signed)."""
-    lin = np.linspace
-    return {
-        "Identity": (np.zeros(1), False),
-        "ShearX": (lin(0, 0.99, bins), True),
-        "ShearY": (lin(0, 0.99, bins), True),
-        "TranslateX": (lin(0, 32, bins), True),
-        "TranslateY": (lin(0, 32, bins), True),
-        "Rotate": (lin(0, 135, bins), True),
-        "Brightness": (lin(0, 0.99, bins), True),
-        "Color": (lin(0, 0.99, bins), True),
-        "Contrast": (lin(0, 0.99, bins), True),
-        "Sharpness": (lin(0, 0.99, bins), True),
-        "Posterize": (8 - np.round(np.arange(bins) / ((bins - 1) / 6)), False),
-        "Solarize": (lin(255, 0, bins), False),
-        "AutoContrast": (np.zeros(1), False),
-        "Equalize": (np.zeros(1), False),
-    }
-
-
-def rand_space(bins: int, h: int, w: int) -> dict[str, tuple[np.ndarray, bool]]:
-    """RandAugment's ops: (magnitudes per bin, signed)."""
-    lin = np.linspace
-    return {
-        "Identity": (np.zeros(bins), False),
-        "ShearX": (lin(0, 0.3, bins), True),
-        "ShearY": (lin(0, 0.3, bins), True),
-        "TranslateX": (lin(0, 150 / 331 * w, bins), True),
-        "TranslateY": (lin(0, 150 / 331 * h, bins), True),
-        "Rotate": (lin(0, 30, bins), True),
-        "Brightness": (lin(0, 0.9, bins), True),
-        "Color": (lin(0, 0.9, bins), True),
-        "Contrast": (lin(0, 0.9, bins), True),
-        "Sharpness": (lin(0, 0.9, bins), True),
-        "Posterize": (8 - np.round(np.arange(bins) / ((bins - 1) / 4)), False),
-        "Solarize": (lin(255, 0, bins), False),
-        "AutoContrast": (np.zeros(bins), False),
-        "Equalize": (np.zeros(bins), False),
-    }
+def op_space(kind: str, bins: int, h: int, w: int) -> dict[str, tuple[np.ndarray, bool]]:
+    """TrivialAugmentWide's (``kind="trivial"``) or RandAugment's (``"rand"``) ops, as
+    torchvision tables them: ``{op: (magnitudes per bin, signed)}``."""
+    wide = kind == "trivial"
+    shear, tone = (0.99, 0.99) if wide else (0.3, 0.9)
+    tx, ty, rotate = (32, 32, 135) if wide else (150 / 331 * w, 150 / 331 * h, 30)
+    flat = np.zeros(1 if wide else bins)  # ops without a magnitude
+    space = {"Identity": (flat, False)}
+    tops = {"ShearX": shear, "ShearY": shear, "TranslateX": tx, "TranslateY": ty, "Rotate": rotate}
+    tops.update(dict.fromkeys(("Brightness", "Color", "Contrast", "Sharpness"), tone))
+    for name, top in tops.items():  # the signed ops
+        space[name] = (np.linspace(0, top, bins), True)
+    space["Posterize"] = (8 - np.round(np.arange(bins) / ((bins - 1) / (6 if wide else 4))), False)
+    space["Solarize"] = (np.linspace(255, 0, bins), False)
+    space["AutoContrast"] = space["Equalize"] = (flat, False)
+    return space
 
 
 class Policy:
@@ -405,11 +381,10 @@ class Policy:
             interpolation=cv2.INTER_LINEAR,
         )
         img = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1)
+        space = op_space(self.kind, 31, self.size, self.size)
         if self.kind == "trivial":
-            space = trivial_space(31, self.size, self.size)
             img = self._one(img, space, rng, None)
         else:
-            space = rand_space(31, self.size, self.size)
             for _ in range(2):
                 img = self._one(img, space, rng, 9)
         return img.permute(1, 2, 0).contiguous().numpy()

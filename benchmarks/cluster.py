@@ -184,11 +184,7 @@ def main() -> int:
     parser.add_argument("--batches", type=int, default=24, help="timed batches per run")
     parser.add_argument("--warmup", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument(
-        "--data",
-        default=None,
-        help="an ImageFolder (default: made in a temp folder from benchmarks/photos, 300-500 px)",
-    )
+    parser.add_argument("--data", default=None, help="an ImageFolder (default: benchmarks/photos)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if len(os.sched_getaffinity(0)) < 2 or not (cgroup_throttle_ok() or shutil.which("cpulimit")):

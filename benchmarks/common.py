@@ -101,6 +101,19 @@ def warm_page_cache(paths: Iterable[str]) -> tuple[int, float]:
     return total, time.perf_counter() - t0
 
 
+def child_json(
+    cmd: Sequence[str], what: str, env: dict[str, str] | None = None, timeout: float = 1800
+) -> dict[str, Any]:
+    """Run ``cmd`` (a fresh process) and parse the JSON of its last stdout line; a failure
+    exits with ``what`` and the end of its stderr."""
+    out = subprocess.run(
+        list(cmd), capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"{what} failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
 # ---------------------------------------------------------------------------- process tree
 
 
@@ -607,6 +620,19 @@ def add_round_options(
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
     parser.add_argument("--seconds", type=float, default=seconds, help="timed seconds per trial")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
+
+
+def add_data_options(
+    parser: argparse.ArgumentParser, epochs: int = 3, epochs_help: str = "measured epochs"
+) -> None:
+    """The options of the cases that run a loader over an ImageFolder: ``--data``,
+    ``--epochs``, ``--max-images`` (a random subset, for smoke runs), ``--batch-size``,
+    ``--workers``."""
+    parser.add_argument("--data", default=DEFAULT_DATA, help="ImageFolder dataset")
+    parser.add_argument("--epochs", type=int, default=epochs, help=epochs_help)
+    parser.add_argument("--max-images", type=int, default=0, help="random subset (smoke runs)")
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--workers", type=int, default=2)
 
 
 # ---------------------------------------------------------------------------- theme scripts

@@ -51,11 +51,7 @@ Usage
 
 def loader_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=LOADER_DOC.split("\n\n")[0])
-    ap.add_argument("--data", default=common.DEFAULT_DATA)
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--max-images", type=int, default=0, help="random subset (smoke runs)")
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--workers", type=int, default=2)
+    common.add_data_options(ap, epochs=10)
     ap.add_argument("--tolerance", type=float, default=0.05)
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)

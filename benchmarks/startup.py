@@ -137,18 +137,11 @@ def files_child(root: Path, home: str, kind: str) -> dict[str, float]:
     """One fresh process over ``root`` with ``HOME=home`` (its scan cache); its figures."""
     env = dict(os.environ, HOME=home)
     cmd = [sys.executable, "-c", _files_CHILD, str(root)]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    if out.returncode != 0:
-        raise SystemExit(f"files: the fresh process failed:\n{out.stderr[-3000:]}")
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = common.child_json(cmd, "files: the fresh process", env=env)
     r["total_s"] = r["index_s"] + r["first_batch_s"]
-    print(
-        f"  {kind:<11}: import {r['import_s']:.2f} s, index "
-        f"{r['index_s']:.2f} s, first batch {r['first_batch_s']:.2f} s, close "
-        f"{r['close_s']:.2f} s; reference scan {r['reference_scan_s']:.2f} s "
-        f"({r['files']:,} files)",
-        flush=True,
-    )
+    spans = ("import", "index", "first_batch", "close", "reference_scan")
+    shown = ", ".join(f"{s.replace('_', ' ')} {r[s + '_s']:.2f} s" for s in spans)
+    print(f"  {kind:<11}: {shown} ({r['files']:,} files)", flush=True)
     return r
 
 
@@ -450,17 +443,8 @@ def run_child(folder: str, kind: str, loader: str, data: str, setup_s: float, li
         os.environ,
         PYTHONPATH=os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH", "")) if p),
     )
-    out = subprocess.run(
-        [sys.executable, "-c", _dataset_CHILD, kind, loader, data, str(setup_s), str(limit)],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-        timeout=600,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"{kind}/{loader} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    cmd = [sys.executable, "-c", _dataset_CHILD, kind, loader, data, str(setup_s), str(limit)]
+    return common.child_json(cmd, f"{kind}/{loader}", env=env, timeout=600)
 
 
 def dataset_rounds(

@@ -689,8 +689,7 @@ def _page_cache_measure(policy: str, data: Path, batch_size: int = 256) -> dict[
     drop_cache(data)
     cmd = [sys.executable, __file__, "page-cache", "--one", policy, "--data", str(data)]
     cmd += ["--batch-size", str(batch_size)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=True)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = common.child_json(cmd, f"page-cache --one {policy}")
     print(
         f"  {policy:5s} epoch 1 {result['epoch1_img_s']:7,.0f} img/s  epoch 2 "
         f"{result['epoch2_img_s']:7,.0f} img/s  cache {result['cache_growth_gb']:+.2f} GB  "

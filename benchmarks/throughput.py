@@ -335,18 +335,9 @@ def compare_main(argv: list[str] | None = None) -> int:
         description=COMPARE_DOC.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--data", default=common.DEFAULT_DATA, help="ImageFolder dataset")
-    ap.add_argument("--epochs", type=int, default=3, help="measured rounds after the warm-up")
-    ap.add_argument(
-        "--max-images",
-        type=int,
-        default=0,
-        help="use a fixed random subset of this many images (smoke runs)",
-    )
+    common.add_data_options(ap, epochs_help="measured rounds after the warm-up")
     ap.add_argument("--only", default="", help=f"comma-separated peers ({','.join(peers.PEERS)})")
-    ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--image-size", type=int, default=224)
-    ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
         "--ceiling-seconds",

@@ -112,18 +112,9 @@ FIT, KFIT = "stoker fit (loader.keras())", "keras PyDataset fit"
 
 def keras_fit_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=KERAS_FIT_DOC.split("\n\n")[0])
-    ap.add_argument("--data", default=common.DEFAULT_DATA)
-    ap.add_argument("--epochs", type=int, default=3, help="measured epochs (after 1 warm-up)")
-    ap.add_argument("--max-images", type=int, default=0, help="random subset (smoke runs)")
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--workers", type=int, default=2)
+    common.add_data_options(ap, epochs_help="measured epochs (after 1 warm-up)")
     ap.add_argument("--no-keras-peer", action="store_true", help="skip the PyDataset contrast")
-    ap.add_argument(
-        "--repeats",
-        type=int,
-        default=2,
-        help="rounds: every block once per round, in the same order (common.interleave)",
-    )
+    ap.add_argument("--repeats", type=int, default=2, help="rounds (of common.interleave)")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
 
@@ -387,11 +378,7 @@ def naive_epoch(
 
 def overlap_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=OVERLAP_DOC.split("\n\n")[0])
-    ap.add_argument("--data", default=common.DEFAULT_DATA)
-    ap.add_argument("--epochs", type=int, default=3)
-    ap.add_argument("--max-images", type=int, default=0, help="random subset (smoke runs)")
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--workers", type=int, default=2)
+    common.add_data_options(ap)
     ap.add_argument("--chunk", type=int, default=8000, help="naive: images loaded per chunk")
     ap.add_argument("--busy", action="store_true", help="busy-wait instead of sleep")
     ap.add_argument("--only", default="stoker,naive,torch-pillow")
