@@ -161,96 +161,38 @@ def test_throughput_gray_runs_its_rounds_on_the_harness(tmp_path: Path) -> None:
     assert all(p["median"] > 0 for p in results["peers"].values())
 
 
-@pytest.mark.timeout(300)
-def test_memory_loader_smallest_case(tmp_path: Path, image_folder: Path) -> None:
-    results = _case(
-        "memory",
-        "loader",
-        "--data",
-        str(image_folder),
-        "--epochs",
-        "3",
-        "--batch-size",
-        "6",
-        "--workers",
-        "1",
-        json_path=tmp_path / "m.json",
-    )
-    assert results is not None
-
-
-@pytest.mark.timeout(300)
-def test_storage_page_cache_smallest_case(tmp_path: Path, image_folder: Path) -> None:
-    results = _case(
-        "storage",
-        "page-cache",
-        "--data",
-        str(image_folder),
-        "--rounds",
-        "1",
-        "--batch-size",
-        "6",
-        json_path=tmp_path / "p.json",
-    )
-    assert results is not None
-
-
-@pytest.mark.timeout(300)
-def test_startup_files_smallest_case(tmp_path: Path, image_folder: Path) -> None:
-    results = _case(
-        "startup",
-        "files",
-        "--files",
-        "300",
-        "--repeats",
-        "1",
-        "--root",
-        str(tmp_path / "f"),
-        "--data",
-        str(image_folder),
-        json_path=tmp_path / "s.json",
-    )
-    assert results is not None
-
-
-@pytest.mark.needs("torch")
-@pytest.mark.timeout(300)
-def test_augment_ops_smallest_case(image_folder: Path) -> None:
-    _case(
-        "augment",
-        "ops",
-        str(image_folder),
-        "--workers",
-        "1",
-        "--batch",
-        "6",
-        "--epochs",
-        "1",
-        "--rounds",
-        "1",
-        "--calls",
-        "2",
-    )
-
-
-@pytest.mark.timeout(300)
-def test_training_overlap_smallest_case(tmp_path: Path, image_folder: Path) -> None:
-    results = _case(
+# (theme, case, options, writes --json): the smallest real run of a case; DATA is the test's
+# image folder, TMP its temporary folder.
+SMALL_CASES = [
+    ("memory", "loader", "--data DATA --epochs 3 --batch-size 6 --workers 1", True),
+    ("storage", "page-cache", "--data DATA --rounds 1 --batch-size 6", True),
+    ("startup", "files", "--files 300 --repeats 1 --root TMP/f --data DATA", True),
+    ("augment", "ops", "DATA --workers 1 --batch 6 --epochs 1 --rounds 1 --calls 2", False),
+    (
         "training",
         "overlap",
-        "--data",
-        str(image_folder),
-        "--epochs",
-        "1",
-        "--batch-size",
-        "6",
-        "--workers",
-        "1",
-        "--only",
-        "stoker",
-        json_path=tmp_path / "o.json",
-    )
-    assert results is not None
+        "--data DATA --epochs 1 --batch-size 6 --workers 1 --only stoker",
+        True,
+    ),
+]
+NEEDS = {"augment": [pytest.mark.needs("torch")]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("theme", "case", "options", "writes_json"),
+    [
+        pytest.param(*row, id=f"{row[0]}-{row[1]}", marks=NEEDS.get(row[0], []))
+        for row in SMALL_CASES
+    ],
+)
+def test_the_smallest_run_of_a_case_ends_well(
+    theme: str, case: str, options: str, writes_json: bool, tmp_path: Path, image_folder: Path
+) -> None:
+    args = options.replace("DATA", str(image_folder)).replace("TMP", str(tmp_path)).split()
+    json_path = tmp_path / "out.json" if writes_json else None
+    results = _case(theme, case, *args, json_path=json_path)
+    assert results is not None or not writes_json
 
 
 PARSE_DOCS = r"""
