@@ -37,7 +37,7 @@ import shutil
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -740,9 +740,12 @@ Cold rows of a memory-mapped array through the read-ahead window: page faults al
 What it does
 Maps each given file read-only as raw rows of 224 x 224 x 3 uint8 (150,528 bytes, an ImageNet
 image as a ``.npy`` row) and reads every row once, in a random order, in batches of 64 through
-``ReadAhead``: four variants (read_ahead=0 and "auto", each with and without the hint) take
-turns batch by batch on the same files, so a cache warming up during the run (the machine's or,
-on a virtual machine, the host's) favours none. Each row is copied, as a decode would touch it.
+``ReadAhead``: four variants (read_ahead=0 and "auto", each with and without the hint) are the
+peers of `common.interleave`, a round one batch each (every row is read once, so a round reads
+four different batches of the same file), so a cache warming up during the run (the machine's
+or, on a virtual machine, the host's) favours none. Each row is copied, as a decode would touch
+it. Printed: each variant's rows/s over all its rows (the harmonic mean of its batches' rates),
+then the table of per-batch medians and ratios to read_ahead=0 without the hint.
 
 Cold means cold: pass big files nobody has read since the machine started (old wheels,
 archives; files you just wrote are still in the host's cache on a virtual machine). The files
@@ -791,50 +794,59 @@ def drop(path: str) -> None:
         os.close(fd)
 
 
-def _mmap_hint_measure(files: list[str]) -> tuple[collections.Counter, collections.Counter]:
-    seconds: collections.Counter = collections.Counter()
-    rows: collections.Counter = collections.Counter()
+def _mmap_batches(files: list[str], batch: int) -> Iterator[tuple[list[ReadAhead], np.ndarray]]:
+    """``(a reader per variant, a batch of row indices)`` over every file's rows in a random
+    order, each file's pages dropped before its readers open."""
     for f, path in enumerate(files):
         drop(path)
         readers = [
             ReadAhead(kind(path), ReadSettings(window=w, page_cache="keep")) for w, kind in VARIANTS
         ]
-        n = os.path.getsize(path) // ROW
-        order = np.random.default_rng(f).permutation(n)
-        for j, start in enumerate(range(0, n - BATCH + 1, BATCH)):
-            v = (j + f) % len(VARIANTS)
-            batch, reads = order[start : start + BATCH], readers[v]
-            t0 = time.perf_counter()
-            reads.start(batch)
-            for i in batch:
-                np.array(reads.take(int(i))[0])
-            seconds[v] += time.perf_counter() - t0
-            rows[v] += len(batch)
-        for reads in readers:
-            reads.close()
-    return seconds, rows
+        order = np.random.default_rng(f).permutation(os.path.getsize(path) // ROW)
+        try:
+            for start in range(0, len(order) - batch + 1, batch):
+                yield readers, order[start : start + batch]
+        finally:
+            for reads in readers:
+                reads.close()
+
+
+def _mmap_hint_peer(v: int, batches: Iterator[tuple[list[ReadAhead], np.ndarray]]) -> common.Peer:
+    """Variant ``v``: its rows/s over the next batch of ``batches``, read by its reader."""
+    w, kind = VARIANTS[v]
+
+    def measure() -> float:
+        readers, rows = next(batches)
+        t0 = time.perf_counter()
+        readers[v].start(rows)
+        for i in rows:
+            np.array(readers[v].take(int(i))[0])
+        return len(rows) / (time.perf_counter() - t0)
+
+    hint = "faults only" if kind is FaultsOnly else "MADV_WILLNEED"
+    return common.Peer(f"read_ahead={w!r} {hint}", measure)
 
 
 def mmap_hint_main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=MMAP_HINT_DOC.split("\n")[0])
     parser.add_argument("files", nargs="+", help="big files not read since the machine started")
+    parser.add_argument("--batch", type=int, default=BATCH, help="rows per batch (a trial)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = parser.parse_args(argv)
-    files = [p for p in args.files if os.path.getsize(p) >= BATCH * ROW]
-    print(
-        f"{len(files)} files, {sum(map(os.path.getsize, files)) / 1e9:.2f} GB; "
-        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
-    )
-    seconds, rows = _mmap_hint_measure(files)
-    for v, (w, kind) in enumerate(VARIANTS):
-        hint = "faults only" if kind is FaultsOnly else "MADV_WILLNEED"
-        if not rows[v]:
-            print(f"read_ahead={w!r:6} {hint:13} no rows read: pass more or bigger files")
-            continue
-        rate = rows[v] / seconds[v]
-        print(
-            f"read_ahead={w!r:6} {hint:13} {rate:6.0f} rows/s  {rate * ROW / 1e6:4.0f} MB/s"
-            f"  ({rows[v]} rows)"
-        )
+    files = [p for p in args.files if os.path.getsize(p) >= args.batch * ROW]
+    common.print_facts()
+    print(f"{len(files)} files, {sum(map(os.path.getsize, files)) / 1e9:.2f} GB")
+    rounds = sum(os.path.getsize(p) // ROW // args.batch for p in files) // len(VARIANTS)
+    if not rounds:
+        raise SystemExit("fewer batches than variants: pass more or bigger files")
+    batches = _mmap_batches(files, args.batch)
+    peers = [_mmap_hint_peer(v, batches) for v in range(len(VARIANTS))]
+    result = common.interleave(peers, rounds=rounds, warmup=0)
+    batches.close()
+    for name, rates in result.values.items():
+        rate = len(rates) / sum(1 / r for r in rates)  # all rows / all their seconds
+        print(f"{name:31} {rate:6.0f} rows/s  {rate * ROW / 1e6:4.0f} MB/s  ({len(rates)} batches)")
+    common.report(result, peers[0].name, args.json, unit="rows/s")
 
 
 # ---------------------------------------------------------------------------- io-cpu

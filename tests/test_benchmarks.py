@@ -162,10 +162,11 @@ def test_throughput_gray_runs_its_rounds_on_the_harness(tmp_path: Path) -> None:
 
 
 # (theme, case, options, writes --json): the smallest real run of a case; DATA is the test's
-# image folder, TMP its temporary folder.
+# image folder, TMP its temporary folder, ROWS a 3 MB file of random bytes in it.
 SMALL_CASES = [
     ("memory", "loader", "--data DATA --epochs 3 --batch-size 6 --workers 1", True),
     ("storage", "page-cache", "--data DATA --rounds 1 --batch-size 6", True),
+    ("storage", "mmap-hint", "ROWS --batch 4", True),
     ("startup", "files", "--files 300 --repeats 1 --root TMP/f --data DATA", True),
     ("augment", "ops", "DATA --workers 1 --batch 6 --epochs 1 --rounds 1 --calls 2", False),
     (
@@ -189,7 +190,9 @@ NEEDS = {"augment": [pytest.mark.needs("torch")]}
 def test_the_smallest_run_of_a_case_ends_well(
     theme: str, case: str, options: str, writes_json: bool, tmp_path: Path, image_folder: Path
 ) -> None:
-    args = options.replace("DATA", str(image_folder)).replace("TMP", str(tmp_path)).split()
+    (tmp_path / "rows").write_bytes(os.urandom(3_000_000) if "ROWS" in options else b"")
+    args = options.replace("DATA", str(image_folder)).replace("TMP", str(tmp_path))
+    args = args.replace("ROWS", str(tmp_path / "rows")).split()
     json_path = tmp_path / "out.json" if writes_json else None
     results = _case(theme, case, *args, json_path=json_path)
     assert results is not None or not writes_json
