@@ -210,7 +210,8 @@ For each output size it prints the mean and largest absolute difference (0-255 l
 stoker's batches and Keras' (``interpolation="bilinear"`` for both), whether the black border
 rows and columns are the same in every image, and the largest difference against
 ``tf.image.resize_with_pad`` on libjpeg's accurate decode (stoker's decoder; TensorFlow's own
-default is the fast integer IDCT). Usage::
+default is the fast integer IDCT). Not on `common.interleave`: it measures pixel differences,
+not time, so one pass per size is exact. Usage::
 
     python benchmarks/training.py keras-pad --folder /tmp/keras_pad --per-class 6
 """
@@ -223,6 +224,7 @@ def keras_pad_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--folder", default="/tmp/keras_pad")
     parser.add_argument("--per-class", type=int, default=6)
     parser.add_argument("--interpolation", default="bilinear", help="stoker's interpolation")
+    parser.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = parser.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     import keras
@@ -236,6 +238,7 @@ def keras_pad_main(argv: list[str] | None = None) -> None:
     )
     files = sorted(str(p) for p in root.glob("*/*.jpg"))
     n = len(files)
+    results = []
     for size in SIZES:
         ds = keras.utils.image_dataset_from_directory(
             str(root),
@@ -279,11 +282,14 @@ def keras_pad_main(argv: list[str] | None = None) -> None:
             ]
         )
         d = np.abs(ours - theirs)
+        r = {"size": size, "mean": d.mean(), "max": d.max(), "same_border": same_border}
+        r["max_vs_accurate"] = np.abs(ours - accurate).max()
+        results.append(r)
         print(
-            f"{size[0]}x{size[1]}: vs keras mean {d.mean():.2f} max {d.max():.1f}, same border "
-            f"{same_border}; vs resize_with_pad(accurate decode) max "
-            f"{np.abs(ours - accurate).max():.2f}"
+            f"{size[0]}x{size[1]}: vs keras mean {r['mean']:.2f} max {r['max']:.1f}, same border "
+            f"{same_border}; vs resize_with_pad(accurate decode) max {r['max_vs_accurate']:.2f}"
         )
+    common.write_json(args.json, {"sizes": results})
 
 
 # ---------------------------------------------------------------------------- overlap

@@ -175,15 +175,16 @@ SMALL_CASES = [
         "--data DATA --epochs 1 --batch-size 6 --workers 1 --only stoker",
         True,
     ),
+    ("training", "keras-pad", "--folder TMP/kp --per-class 2", False),
 ]
-NEEDS = {"augment": [pytest.mark.needs("torch")]}
+NEEDS = {"ops": [pytest.mark.needs("torch")], "keras-pad": [pytest.mark.needs("keras")]}
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     ("theme", "case", "options", "writes_json"),
     [
-        pytest.param(*row, id=f"{row[0]}-{row[1]}", marks=NEEDS.get(row[0], []))
+        pytest.param(*row, id=f"{row[0]}-{row[1]}", marks=NEEDS.get(row[1], []))
         for row in SMALL_CASES
     ],
 )
