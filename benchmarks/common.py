@@ -488,10 +488,11 @@ def print_facts(facts: dict[str, Any] | None = None) -> dict[str, Any]:
 @dataclass
 class Peer:
     """One contender of a run: ``measure()`` does one timed trial and returns its figure
-    (higher is better, e.g. images/s)."""
+    (higher is better, e.g. images/s), or several figures of the one trial as ``{label:
+    figure}``, each its own series ``"NAME: label"`` of the `Result`."""
 
     name: str
-    measure: Callable[[], float]
+    measure: Callable[[], float | dict[str, float]]
 
 
 def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
@@ -590,19 +591,25 @@ def interleave(
         raise ValueError(f"peer names must be unique, got {names}")
     if rounds < 1 or warmup < 0:
         raise ValueError(f"rounds must be >= 1 and warmup >= 0, got {rounds} and {warmup}")
-    values: dict[str, list[float]] = {n: [] for n in names}
+    values: dict[str, list[float]] = {}
     for r in range(warmup + rounds):
         figures = [peer.measure() for peer in peers]
         if r < warmup:
             continue
-        for name, figure in zip(names, figures, strict=True):
-            values[name].append(figure)
+        series = [_series(n, x) for n, x in zip(names, figures, strict=True)]
+        for name, figure in (pair for one in series for pair in one):
+            values.setdefault(name, []).append(figure)
         if progress:
-            shown = ", ".join(
-                f"{n} {progress.format(x)}" for n, x in zip(names, figures, strict=True)
-            )
+            shown = ", ".join(f"{n} {progress.format(x)}" for one in series for n, x in one)
             print(f"round {r - warmup + 1}: {shown}", flush=True)
     return Result(values, rounds, warmup)
+
+
+def _series(name: str, figure: float | dict[str, float]) -> list[tuple[str, float]]:
+    """A peer's figure(s) of one round as ``(series name, figure)`` pairs."""
+    if isinstance(figure, dict):
+        return [(f"{name}: {label}", x) for label, x in figure.items()]
+    return [(name, figure)]
 
 
 def report(result: Result, baseline: str | None, path: str | None, unit: str = "img/s") -> None:

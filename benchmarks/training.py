@@ -314,7 +314,9 @@ on this 2-core machine a busy-waiting main thread would take a whole core from t
 For each: L = load-only epoch time, C = compute = batches x T, E = epoch time with the step.
 overlap ratio = E / max(C, L): 1.0 is perfect overlap, 2.0 is no overlap at all. Goal: stoker
 <= 1.05. The load-only and the training epochs ALTERNATE (round r: L_r, then E_r) and the ratio
-is the median of E_r / max(C, L_r): this VM's speed drifts by ~10% over tens of seconds, and
+is the median of E_r / max(C, L_r) (L and E of a pipeline are the peers of `common.interleave`;
+the pipelines themselves run one after another, so that no idle pipeline's workers share the
+cores with the timed one): this VM's speed drifts by ~10% over tens of seconds, and
 with compute and loading balanced exactly, a load-only figure taken a minute earlier decides
 the ratio more than the overlap does. stoker's load-only epoch is its steady stream with the
 batches made ahead while idle drained first (common.time_stream); its training epoch is
@@ -414,14 +416,19 @@ def overlap_main(argv: list[str] | None = None) -> int:
             f"stoker load-only epoch {t_step * n:.2f} s for {n} batches -> "
             f"train step T = {t_step * 1000:.1f} ms ({'busy-wait' if args.busy else 'sleep'})"
         )
-        loads, epochs, wait = [], [], 0.0
-        for _ in range(args.epochs):
-            loads.append(common.time_stream(stream, n)[0].seconds)
+        waits: list[float] = []
+
+        def train() -> float:
             s0 = loader.stats()
-            epochs.append(steady_training(stream, n, step))
+            seconds = steady_training(stream, n, step)
             s1 = loader.stats()
-            wait += (s1.wait_s - s0.wait_s) / max(1e-9, s1.elapsed_s - s0.elapsed_s)
-        share = wait / args.epochs
+            waits.append((s1.wait_s - s0.wait_s) / max(1e-9, s1.elapsed_s - s0.elapsed_s))
+            return seconds
+
+        load = common.Peer("stoker load-only", lambda: common.time_stream(stream, n)[0].seconds)
+        rounds = [common.interleave([load, common.Peer("stoker training", train)], args.epochs, 0)]
+        loads, epochs = rounds[0].values.values()
+        share = sum(waits) / len(waits)
         results["stoker"] = {"load": loads, "epochs": epochs, "wait_share": share}
         print(
             f"  stoker load-only {[round(e, 2) for e in loads]}, with training "
@@ -435,10 +442,16 @@ def overlap_main(argv: list[str] | None = None) -> int:
             "torch-pillow", items, batch_size=args.batch_size, workers=args.workers
         ) as dl:
             common.time_epoch(dl.epoch())  # warm-up: worker start
-            loads, epochs = [], []
-            for _ in range(args.epochs):
-                loads.append(common.time_epoch(dl.epoch()).seconds)
-                epochs.append(common.time_epoch(dl.epoch(), step).seconds)
+            sides = [
+                common.Peer(
+                    "torch-pillow load-only", lambda: common.time_epoch(dl.epoch()).seconds
+                ),
+                common.Peer(
+                    "torch-pillow training", lambda: common.time_epoch(dl.epoch(), step).seconds
+                ),
+            ]
+            rounds.append(common.interleave(sides, args.epochs, 0))
+        loads, epochs = rounds[-1].values.values()
         results["torch-pillow"] = {"load": loads, "epochs": epochs}
         print(
             f"  torch-pillow load-only {[round(e, 2) for e in loads]}, with training "
@@ -447,14 +460,17 @@ def overlap_main(argv: list[str] | None = None) -> int:
 
     if "naive" in only:
         rng = random.Random(0)
-        runs = [
-            naive_epoch(items, n, args.batch_size, args.chunk, step, rng)
-            for _ in range(args.epochs)
-        ]
-        results["naive"] = {"load": [r[1] for r in runs], "epochs": [r[0] for r in runs]}
+
+        def naive() -> dict[str, float]:
+            epoch, loading = naive_epoch(items, n, args.batch_size, args.chunk, step, rng)
+            return {"epoch": epoch, "loading": loading}
+
+        rounds.append(common.interleave([common.Peer("naive", naive)], args.epochs, 0))
+        epochs, loads = rounds[-1].values.values()
+        results["naive"] = {"load": loads, "epochs": epochs}
         print(
-            f"  naive epochs {[round(r[0], 2) for r in runs]} (of which loading "
-            f"{[round(r[1], 2) for r in runs]})"
+            f"  naive epochs {[round(e, 2) for e in epochs]} (of which loading "
+            f"{[round(x, 2) for x in loads]})"
         )
 
     rows = []
@@ -493,9 +509,10 @@ def overlap_main(argv: list[str] | None = None) -> int:
             f"stoker epoch is {results['naive']['epoch_s'] / results['stoker']['epoch_s']:.2f}x"
             " faster than load-then-train"
         )
-    common.write_json(
-        args.json, {"facts": facts, "images": len(items), "step_s": t_step, "results": results}
-    )
+    merged = common.Result({k: v for r in rounds for k, v in r.values.items()}, args.epochs, 0)
+    print(common.table(merged.rows(unit="s"), merged.header(unit="s")))
+    payload = {"facts": facts, "images": len(items), "step_s": t_step, "results": results}
+    common.write_json(args.json, {**payload, "rounds": merged.to_json()})
     return 0
 
 

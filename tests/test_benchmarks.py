@@ -75,6 +75,12 @@ def test_interleave_runs_the_peers_abab_after_untimed_warmup_rounds(common) -> N
         common.interleave([peer("a", []), peer("a", [])], rounds=1)
 
 
+def test_a_peer_with_several_figures_gives_a_series_each(common) -> None:
+    figures = iter([{"epoch": 2.0, "loading": 1.0}, {"epoch": 4.0, "loading": 3.0}])
+    result = common.interleave([common.Peer("naive", lambda: next(figures))], rounds=2, warmup=0)
+    assert result.values == {"naive: epoch": [2.0, 4.0], "naive: loading": [1.0, 3.0]}
+
+
 def test_median_interval_is_the_range_for_few_rounds_and_narrows_with_more(common) -> None:
     low, high, coverage = common.median_ci([5.0, 1.0, 3.0])
     assert (low, high) == (1.0, 5.0) and coverage == pytest.approx(0.75)
