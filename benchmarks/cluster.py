@@ -4,8 +4,9 @@
 
 The trainer (this process, every thread) runs on core 0 and decodes nothing itself; a
 simulated Ray cluster (``ray.cluster_utils.Cluster``: a head without CPUs and one 1-CPU node)
-runs on core 1 (its processes inherit the affinity they were started with). Peers, interleaved
-over ``--rounds`` rounds, each timed over ``--batches`` batches after a warm-up:
+runs on core 1 (its processes inherit the affinity they were started with). Peers of
+`common.interleave` (``--rounds`` rounds; each run gives several figures, a series each), each
+timed over ``--batches`` batches after a warm-up:
 
 - ``local``: one local worker, pinned to core 1 (the node's core);
 - ``remote``: the Ray node only (``workers=0``), over the TCP data path;
@@ -41,7 +42,7 @@ import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import print_facts, table, write_json  # noqa: E402
+from common import Peer, Result, interleave, print_facts, table, write_json  # noqa: E402
 
 import stoker  # noqa: E402
 
@@ -169,6 +170,23 @@ def measure(kind: str, data: Path, args: argparse.Namespace, limit: int = 100) -
     }
 
 
+KINDS = ("local", "remote", "local+remote", "remote_store")
+LIMITS = (25, 50, 75, 100)  # % of the node's core
+
+
+def _peer(
+    kind: str, data: Path, args: argparse.Namespace, limit: int, runs: list[dict[str, Any]]
+) -> Peer:
+    """Peer ``kind`` (the node held to ``limit`` %): each run's figures, kept in ``runs``."""
+
+    def run() -> dict[str, float]:
+        runs.append(measure(kind, data, args, limit))
+        print(runs[-1], flush=True)
+        return {k: v for k, v in runs[-1].items() if k not in ("kind", "limit")}
+
+    return Peer(kind if limit >= 100 else f"{kind} at {limit} %", run)
+
+
 def r_squared(x: list[float], y: list[float]) -> float:
     """R² of the least-squares line through ``(x, y)``."""
     slope, icept = np.polyfit(x, y, 1)
@@ -201,19 +219,23 @@ def main() -> int:
             data = photo_source.make_folder(tmp / "data", 3, args.images // 3, 2)
         cluster = start_cluster()
         runs: list[dict[str, Any]] = []
-        for r in range(args.rounds):
-            for kind in ("local", "remote", "local+remote", "remote_store"):
-                runs.append({**measure(kind, data, args), "round": r})
-                print(runs[-1], flush=True)
-        throttled = []
-        for r in range(args.rounds):
-            for limit in (25, 50, 75, 100):
-                throttled.append({**measure("remote", data, args, limit), "round": r})
-                print(throttled[-1], flush=True)
+        peers = [_peer(kind, data, args, 100, runs) for kind in KINDS]
+        result = interleave(peers, rounds=args.rounds, warmup=0)
+        throttled: list[dict[str, Any]] = []
+        limits = [_peer("remote", data, args, limit, throttled) for limit in LIMITS]
+        throttled_result = interleave(limits, rounds=args.rounds, warmup=0)
+        for group, size in ((runs, len(KINDS)), (throttled, len(LIMITS))):
+            for i, run in enumerate(group):
+                run["round"] = i // size
         report(runs, throttled)
-        write_json(
-            args.json, {"facts": facts, "runs": runs, "throttled": throttled, "args": vars(args)}
+        rates = Result(
+            {k: v for k, v in result.values.items() if k.endswith(": img_s")}, args.rounds, 0
         )
+        print(table(rates.rows("local: img_s"), rates.header("local: img_s")))
+        payload = {"facts": facts, "runs": runs, "throttled": throttled, "args": vars(args)}
+        payload["rounds"] = result.to_json("local: img_s")
+        payload["throttled_rounds"] = throttled_result.to_json()
+        write_json(args.json, payload)
         import ray
 
         ray.shutdown()
@@ -225,10 +247,9 @@ def main() -> int:
 
 def report(runs: list[dict[str, Any]], throttled: list[dict[str, Any]]) -> None:
     """The peers' table, the ratios against one local worker, and the throttle line."""
-    kinds = ("local", "remote", "local+remote", "remote_store")
     med: dict[str, float] = {}
     rows = []
-    for kind in kinds:
+    for kind in KINDS:
         mine = [r for r in runs if r["kind"] == kind]
         rates = [r["img_s"] for r in mine]
         med[kind] = statistics.median(rates)
