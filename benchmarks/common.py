@@ -495,6 +495,11 @@ class Peer:
     measure: Callable[[], float | dict[str, float]]
 
 
+class Skip(Exception):  # noqa: N818 (a verdict, not an error)
+    """Raised by a peer's ``measure`` that cannot go on (its process died, say): `interleave`
+    calls it no more, drops its figures and records the reason in `Result.skipped`."""
+
+
 def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
     """A distribution-free confidence interval of the median: ``(low, high, coverage)``.
 
@@ -522,6 +527,7 @@ class Result:
     values: dict[str, list[float]]
     rounds: int
     warmup: int
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def stats(self, name: str) -> dict[str, float]:
         """Median, confidence interval of the median (`median_ci`), min and max of a peer."""
@@ -558,7 +564,7 @@ class Result:
 
     def header(self, baseline: str | None = None, unit: str = "img/s") -> list[str]:
         """The column names of `rows`."""
-        cov = median_ci(next(iter(self.values.values())))[2]
+        cov = median_ci(next(iter(self.values.values()), []))[2]
         names = ["peer", f"median {unit}", f"{cov:.0%} CI", "min", "max"]
         return names + ([f"/ {baseline}", "CI"] if baseline else [])
 
@@ -569,6 +575,7 @@ class Result:
             "warmup": self.warmup,
             "baseline": baseline,
             "peers": {n: {"values": v, **self.stats(n)} for n, v in self.values.items()},
+            "skipped": self.skipped,
         }
         if baseline:
             out["ratios"] = {n: self.ratio(n, baseline) for n in self.values}
@@ -584,7 +591,8 @@ def interleave(
 ) -> Result:
     """Run every peer once per round, in the same order each round (A B A B ..., never
     A A B B), after ``warmup`` untimed rounds, so a machine that drifts or gets busy during
-    the run slows every peer alike. ``progress`` (a format such as ``"{:,.1f}"``): print each
+    the run slows every peer alike. A peer that raises `Skip` is left out from then on (and
+    of the `Result`). ``progress`` (a format such as ``"{:,.1f}"``): print each
     timed round's figures as it ends."""
     names = [p.name for p in peers]
     if len(set(names)) != len(names):
@@ -592,17 +600,31 @@ def interleave(
     if rounds < 1 or warmup < 0:
         raise ValueError(f"rounds must be >= 1 and warmup >= 0, got {rounds} and {warmup}")
     values: dict[str, list[float]] = {}
+    owner: dict[str, str] = {}  # series -> its peer
+    skipped: dict[str, str] = {}
     for r in range(warmup + rounds):
-        figures = [peer.measure() for peer in peers]
+        figures = {p.name: _measure(p, skipped) for p in peers if p.name not in skipped}
         if r < warmup:
             continue
-        series = [_series(n, x) for n, x in zip(names, figures, strict=True)]
-        for name, figure in (pair for one in series for pair in one):
-            values.setdefault(name, []).append(figure)
+        series = [_series(n, x) for n, x in figures.items() if n not in skipped]
+        for peer, one in zip([n for n in figures if n not in skipped], series, strict=True):
+            for name, figure in one:
+                values.setdefault(name, []).append(figure)
+                owner[name] = peer
         if progress:
             shown = ", ".join(f"{n} {progress.format(x)}" for one in series for n, x in one)
             print(f"round {r - warmup + 1}: {shown}", flush=True)
-    return Result(values, rounds, warmup)
+    kept = {n: v for n, v in values.items() if owner[n] not in skipped}
+    return Result(kept, rounds, warmup, skipped)
+
+
+def _measure(peer: Peer, skipped: dict[str, str]) -> float | dict[str, float]:
+    """``peer.measure()``; a `Skip` puts the peer in ``skipped`` with its reason."""
+    try:
+        return peer.measure()
+    except Skip as exc:
+        skipped[peer.name] = str(exc)
+        return float("nan")
 
 
 def _series(name: str, figure: float | dict[str, float]) -> list[tuple[str, float]]:
@@ -615,6 +637,8 @@ def _series(name: str, figure: float | dict[str, float]) -> list[tuple[str, floa
 def report(result: Result, baseline: str | None, path: str | None, unit: str = "img/s") -> None:
     """Print ``result`` as a table (ratios against ``baseline``) and write it to ``path``."""
     print(table(result.rows(baseline, unit), result.header(baseline, unit)))
+    for name, reason in result.skipped.items():
+        print(f"skipped {name}: {(reason.strip().splitlines() or [''])[-1][:200]}")
     write_json(path, result.to_json(baseline))
 
 

@@ -66,10 +66,11 @@ How it is measured
 - Every peer lives in its own *runner* process (spawned), so each one's memory (PSS) and CPU
   are its own process tree, TensorFlow/PyTorch thread pools are fresh, and no fork happens
   from a process that has another framework's threads running.
-- Runs are INTERLEAVED: one warm-up epoch of each peer (worker start-up, tracing, page cache),
-  then round 1 = one epoch of each peer, round 2 = one epoch of each, ... The order rotates
-  every round. Machine noise therefore hits every peer alike. Only the controller asks for an
-  epoch at a time; idle runners sleep.
+- Runs are INTERLEAVED (the runners are `common.interleave` peers): one warm-up epoch of each
+  peer (worker start-up, tracing, page cache), then round 1 = one epoch of each peer, round 2 =
+  one epoch of each, ..., in the same order every round. Machine noise therefore hits every
+  peer alike; a runner that fails is skipped from then on, its reason printed. Only the
+  controller asks for an epoch at a time; idle runners sleep.
 - img/s = images delivered / wall time of the epoch (first request to last batch); reported as
   the median (and min, max) over the rounds. stoker is the exception, because its workers
   keep prefetching across epoch boundaries (also while idle, so its next epoch would get a
@@ -295,6 +296,20 @@ class Runner:
             self.proc.join()
 
 
+def _compare_peer(r: Runner, pss_interval: float) -> common.Peer:
+    """Runner ``r`` as a peer: its first call is the warm-up; a failed runner is skipped."""
+    calls: list[None] = []
+
+    def measure() -> float:
+        _compare_measure(r, pss_interval, warmup=not calls)
+        calls.append(None)
+        if r.failed:
+            raise common.Skip(r.failed)
+        return r.summary.rates[-1] if r.summary.rates else float("nan")
+
+    return common.Peer(r.name, measure)
+
+
 def _compare_measure(r: Runner, pss_interval: float, warmup: bool) -> None:
     """One epoch (or ceiling sample) of runner ``r``, recorded in its summary."""
     if r.failed:
@@ -399,14 +414,8 @@ def compare_main(argv: list[str] | None = None) -> int:
             except (RuntimeError, TimeoutError, OSError) as exc:
                 r.failed = str(exc)
                 print(f"could not start {name}:\n{exc}", flush=True)
-        print("warm-up round (not counted):")
-        for r in runners:
-            _compare_measure(r, args.pss_interval, warmup=True)
-        for rnd in range(args.epochs):
-            shift = rnd % len(runners)
-            print(f"round {rnd + 1}/{args.epochs}:")
-            for r in runners[shift:] + runners[:shift]:
-                _compare_measure(r, args.pss_interval, warmup=False)
+        peers_ = [_compare_peer(r, args.pss_interval) for r in runners]
+        result = common.interleave(peers_, args.epochs, warmup=1, progress="{:,.0f}")
     finally:
         for r in runners:
             r.close()
@@ -461,6 +470,9 @@ def compare_main(argv: list[str] | None = None) -> int:
     ]
     print()
     print(common.table(ratio_rows, ["ratio (medians)", "value", "goal", "verdict"]))
+    base = "stoker" if "stoker" in result.values else None
+    print(f"\nrounds (ratios: medians of the per-round ratios to {base}):")
+    common.report(result, base, None)
     for r in runners:
         if r.stats:
             print(f"\n{r.name} stats() after the run:\n{r.stats}")
@@ -484,6 +496,7 @@ def compare_main(argv: list[str] | None = None) -> int:
                 for r in runners
             },
             "ratios": ratio_rows,
+            "rounds": result.to_json(base),
         },
     )
     return 1 if any(r.failed for r in runners) else 0

@@ -81,6 +81,22 @@ def test_a_peer_with_several_figures_gives_a_series_each(common) -> None:
     assert result.values == {"naive: epoch": [2.0, 4.0], "naive: loading": [1.0, 3.0]}
 
 
+def test_a_peer_that_skips_is_left_out_with_its_reason(common) -> None:
+    calls: list[int] = []
+
+    def flaky() -> float:
+        calls.append(1)
+        if len(calls) == 2:
+            raise common.Skip("its process died")
+        return 1.0
+
+    peers = [common.Peer("ok", lambda: 2.0), common.Peer("flaky", flaky)]
+    result = common.interleave(peers, rounds=3, warmup=0)
+    assert len(calls) == 2 and result.values == {"ok": [2.0, 2.0, 2.0]}
+    assert result.skipped == {"flaky": "its process died"}
+    assert result.to_json()["skipped"] == {"flaky": "its process died"}
+
+
 def test_median_interval_is_the_range_for_few_rounds_and_narrows_with_more(common) -> None:
     low, high, coverage = common.median_ci([5.0, 1.0, 3.0])
     assert (low, high) == (1.0, 5.0) and coverage == pytest.approx(0.75)
@@ -170,6 +186,12 @@ def test_throughput_gray_runs_its_rounds_on_the_harness(tmp_path: Path) -> None:
 # (theme, case, options, writes --json): the smallest real run of a case; DATA is the test's
 # image folder, TMP its temporary folder, ROWS a 3 MB file of random bytes in it.
 SMALL_CASES = [
+    (
+        "throughput",
+        "compare",
+        "--data DATA --epochs 1 --batch-size 6 --workers 1 --only stoker --no-ceiling",
+        True,
+    ),
     ("memory", "loader", "--data DATA --epochs 3 --batch-size 6 --workers 1", True),
     ("storage", "page-cache", "--data DATA --rounds 1 --batch-size 6", True),
     ("storage", "mmap-hint", "ROWS --batch 4", True),
