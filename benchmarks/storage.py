@@ -64,15 +64,18 @@ What it does
    measurement on shards and tars.
 2. Before each cold run, drops every file's pages from the page cache
    (``posix_fadvise(DONTNEED)`` on each file, after one ``sync``), so the run reads from disk.
-3. Runs each pipeline in its own process for ``--seconds`` after its first batch, alternating
-   peers, ``--rounds`` times: stoker (defaults: read_ahead="auto", page_cache="auto"),
-   stoker with read_ahead=0 (each worker reads, then decodes: the old path), torch DataLoader
-   + simplejpeg (2 workers) and tf.data with decode_and_crop_jpeg (num_parallel_calls
-   AUTOTUNE). Same work for all: shuffled, RandomResizedCrop 224 + flip, batch 256, 2 workers.
+3. Runs each pipeline in its own process for ``--seconds`` after its first batch, the runs
+   being the peers of `common.interleave` (``--rounds`` rounds, the cold runs then the warm
+   ones in one order each round; a run that fails skips its peer): stoker (defaults:
+   read_ahead="auto", page_cache="auto"), stoker with read_ahead=0 (each worker reads, then
+   decodes: the old path), torch DataLoader + simplejpeg (2 workers) and tf.data with
+   decode_and_crop_jpeg (num_parallel_calls AUTOTUNE). Same work for all: shuffled,
+   RandomResizedCrop 224 + flip, batch 256, 2 workers.
    Then the same pipelines warm, on ``--warm-copies`` copies of the base set (6 by default,
    ~3.5 GB: it fits in RAM, read once before, and no pipeline reaches an epoch's end in a
    timed run; 1: the base set itself).
-4. Reports img/s (median of rounds), MB/s read (the process tree's read_bytes from storage per
+4. Reports img/s (median of rounds; then `common.report`'s table, ratios to stoker cold as
+   medians of the per-round ratios), MB/s read (the process tree's read_bytes from storage per
    second), peak PSS of the process tree (sampled every 0.5 s from this process), page-cache
    growth (the system's Cached memory, end minus start of the timed window: other processes'
    I/O counts too), the machine's CPU time by kind over each timed run (``/proc/stat``: user,
@@ -480,6 +483,29 @@ def _cold_measure(name: str, data: Path, seconds: float, cold: bool) -> dict[str
     return result
 
 
+def _cold_peer(
+    name: str,
+    data: Path,
+    seconds: float,
+    cold: bool,
+    results: list[dict[str, Any]],
+    warm_first: Path | None = None,
+) -> common.Peer:
+    """A `_cold_measure` run of ``name`` on ``data`` as a peer (its img/s), each run kept in
+    ``results``; ``warm_first``: a folder read into the page cache (every file) before each run;
+    a failed run skips the peer."""
+
+    def measure() -> float:
+        if warm_first is not None:
+            common.warm_page_cache(data_files(warm_first))
+        results.append(_cold_measure(name, data, seconds, cold))
+        if "error" in results[-1]:
+            raise common.Skip(results[-1]["error"])
+        return float(results[-1]["img_s"])
+
+    return common.Peer(f"{name} {'cold' if cold else 'warm'}", measure)
+
+
 def cpu_line(cpu: dict[str, float]) -> str:
     """``cpu_shares`` in one line: user, sys, irq (hard + soft), steal, idle (+ iowait)."""
     irq = cpu["irq"] + cpu["softirq"]
@@ -591,28 +617,16 @@ def cold_main(argv: list[str] | None = None) -> int:
         common.write_json(args.json, {"facts": facts, "disk": disk})
         return 0
     results: list[dict[str, Any]] = []
-    if not args.no_warm:
-        common.warm_page_cache(p for p, _ in common.list_items(warm))
-    for k in range(args.rounds):
-        print(f"round {k + 1} of {args.rounds}", flush=True)
-        shift = k % len(names) if names else 0  # --peers "": the shard and tar peers only
-        order = names[shift:] + names[:shift]
-        for name in order:
-            results.append(_cold_measure(name, big, args.seconds, cold=True))
-        for name in SHARD_PEERS if shards else ():
-            results.append(_cold_measure(name, shards, args.seconds, cold=True))
-        for name in TAR_PEERS if tars else ():
-            results.append(_cold_measure(name, tars, args.seconds, cold=True))
-        if not args.no_warm:
-            common.warm_page_cache(p for p, _ in common.list_items(warm))
-            for name in order:
-                results.append(_cold_measure(name, warm, args.seconds, cold=False))
-            if base_shards is not None:
-                common.warm_page_cache(data_files(base_shards))
-                results.append(_cold_measure(SHARD_PEERS[0], base_shards, args.seconds, cold=False))
-            if base_tars is not None:
-                common.warm_page_cache(data_files(base_tars))
-                results.append(_cold_measure(TAR_PEERS[0], base_tars, args.seconds, cold=False))
+    runs = [(n, big, None) for n in names]
+    runs += [(n, shards, None) for n in SHARD_PEERS if shards]
+    runs += [(n, tars, None) for n in TAR_PEERS if tars]
+    cold_peers = [_cold_peer(n, d, args.seconds, True, results) for n, d, _ in runs]
+    warm_runs = [(n, warm, warm if i == 0 else None) for i, n in enumerate(names)]
+    for name, folder in ((SHARD_PEERS[0], base_shards), (TAR_PEERS[0], base_tars)):
+        warm_runs += [(name, folder, folder)] if folder is not None else []
+    warm_peers = [_cold_peer(n, d, args.seconds, False, results, w) for n, d, w in warm_runs]
+    every = cold_peers + ([] if args.no_warm else warm_peers)
+    rounds = common.interleave(every, args.rounds, warmup=0, progress="{:,.0f}")
     header = [
         "pipeline",
         "cache",
@@ -638,9 +652,11 @@ def cold_main(argv: list[str] | None = None) -> int:
     for r in results:
         if r.get("stats") and r["name"] == "stoker" and r["cold"]:
             print("stoker stats() of its last cold run:\n" + r["stats"])
-    common.write_json(
-        args.json, {"facts": facts, "size_gb": size / GB, "disk": disk, "results": results}
-    )
+    base = "stoker cold" if "stoker cold" in rounds.values else None
+    print(f"\nrounds (ratios: medians of the per-round ratios to {base}):")
+    common.report(rounds, base, None)
+    payload = {"facts": facts, "size_gb": size / GB, "disk": disk, "results": results}
+    common.write_json(args.json, {**payload, "rounds": rounds.to_json(base)})
     return 0
 
 
