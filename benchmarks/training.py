@@ -219,6 +219,12 @@ not time, so one pass per size is exact. Usage::
 SIZES = [(32, 32), (48, 80), (100, 60), (224, 224)]
 
 
+def accurate_pad(tf: Any, path: str, size: tuple[int, int]) -> np.ndarray:
+    """``tf.image.resize_with_pad`` (bilinear) of ``path`` decoded by libjpeg's accurate IDCT."""
+    image = tf.io.decode_jpeg(tf.io.read_file(path), channels=3, dct_method="INTEGER_ACCURATE")
+    return np.asarray(tf.image.resize_with_pad(image, *size, method="bilinear").numpy())
+
+
 def keras_pad_main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=KERAS_PAD_DOC.split("\n")[0])
     parser.add_argument("--folder", default="/tmp/keras_pad")
@@ -240,27 +246,13 @@ def keras_pad_main(argv: list[str] | None = None) -> None:
     n = len(files)
     results = []
     for size in SIZES:
+        both = {"image_size": size, "batch_size": n, "shuffle": False, "pad_to_aspect_ratio": True}
         ds = keras.utils.image_dataset_from_directory(
-            str(root),
-            image_size=size,
-            batch_size=n,
-            shuffle=False,
-            verbose=False,
-            pad_to_aspect_ratio=True,
-            interpolation="bilinear",
+            str(root), **both, verbose=False, interpolation="bilinear"
         )
         theirs = np.concatenate([x.numpy() for x, _ in ds])
-        with stoker.Loader(
-            root,
-            image_size=size,
-            augment=None,
-            shuffle=False,
-            batch_size=n,
-            workers=0,
-            interpolation=args.interpolation,
-            pad_to_aspect_ratio=True,
-            drop_last=False,
-        ) as loader:
+        mine = {"augment": None, "workers": 0, "interpolation": args.interpolation}
+        with stoker.Loader(root, **both, **mine, drop_last=False) as loader:
             ours = np.concatenate([x for x, _ in loader]).astype(np.float32)
         same_border = all(
             np.array_equal(
@@ -269,18 +261,7 @@ def keras_pad_main(argv: list[str] | None = None) -> None:
             for i in range(n)
             for a in (0, 1)
         )
-        accurate = np.stack(
-            [
-                tf.image.resize_with_pad(
-                    tf.io.decode_jpeg(
-                        tf.io.read_file(f), channels=3, dct_method="INTEGER_ACCURATE"
-                    ),
-                    *size,
-                    method="bilinear",
-                ).numpy()
-                for f in files
-            ]
-        )
+        accurate = np.stack([accurate_pad(tf, f, size) for f in files])
         d = np.abs(ours - theirs)
         r = {"size": size, "mean": d.mean(), "max": d.max(), "same_border": same_border}
         r["max_vs_accurate"] = np.abs(ours - accurate).max()
