@@ -266,14 +266,7 @@ def report(runs: list[dict[str, Any]], throttled: list[dict[str, Any]]) -> None:
     print(
         table(
             rows,
-            [
-                "peer",
-                "img/s",
-                "range",
-                "trainer CPU ms/img",
-                "receive ms/img",
-                "KB/img on the wire",
-            ],
+            "peer|img/s|range|trainer CPU ms/img|receive ms/img|KB/img on the wire".split("|"),
         )
     )
     print(f"remote / local: {med['remote'] / med['local']:.2f} (goal >= 0.9)")

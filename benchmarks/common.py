@@ -387,19 +387,9 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-_DISTS = (
-    "stoker",
-    "numpy",
-    "simplejpeg",
-    "opencv-python-headless",
-    "opencv-python",
-    "pillow",
-    "pillow-simd",
-    "tensorflow-cpu",
-    "tensorflow",
-    "keras",
-    "torch",
-    "psutil",
+_DISTS = tuple(
+    "stoker numpy simplejpeg opencv-python-headless opencv-python pillow pillow-simd"
+    " tensorflow-cpu tensorflow keras torch psutil".split()
 )
 
 

@@ -386,14 +386,8 @@ def _keras(items: Items, batch_size: int, size: int, workers: int, seed: int) ->
 
 # ---------------------------------------------------------------------------- registry
 
-PEERS = (
-    "stoker",
-    "stoker-exact",
-    "tf-fused",
-    "tf-plain",
-    "torch-pillow",
-    "torch-simplejpeg",
-    "keras-pydataset",
+PEERS = tuple(
+    "stoker stoker-exact tf-fused tf-plain torch-pillow torch-simplejpeg keras-pydataset".split()
 )
 
 

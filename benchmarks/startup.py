@@ -515,15 +515,7 @@ def dataset_main(argv: list[str] | None = None) -> None:
     print(
         common.table(
             rows,
-            [
-                "dataset",
-                "set-up",
-                "loader",
-                "import",
-                "constructor",
-                "first batch",
-                "constructor + first",
-            ],
+            "dataset|set-up|loader|import|constructor|first batch|constructor + first".split("|"),
         )
     )
     print("\nconstructor + first batch, stoker / DataLoader (median of the rounds' ratios):")

@@ -627,16 +627,9 @@ def cold_main(argv: list[str] | None = None) -> int:
     warm_peers = [_cold_peer(n, d, args.seconds, False, results, w) for n, d, w in warm_runs]
     every = cold_peers + ([] if args.no_warm else warm_peers)
     rounds = common.interleave(every, args.rounds, warmup=0, progress="{:,.0f}")
-    header = [
-        "pipeline",
-        "cache",
-        "img/s",
-        "range",
-        "MB/s read",
-        "peak PSS MiB",
-        "cache growth GB",
-        "first batch s",
-    ]
+    header = (
+        "pipeline|cache|img/s|range|MB/s read|peak PSS MiB|cache growth GB|first batch s".split("|")
+    )
     print(common.table(summarize(results), header))
     if "stoker" in names and not args.no_warm:
         cold_rate, warm_rate = (

@@ -474,15 +474,7 @@ def overlap_main(argv: list[str] | None = None) -> int:
     print(
         common.table(
             rows,
-            [
-                "pipeline",
-                "load-only s",
-                "compute s",
-                "epoch s",
-                "epoch/max(C,L)",
-                "goal",
-                "verdict",
-            ],
+            "pipeline|load-only s|compute s|epoch s|epoch/max(C,L)|goal|verdict".split("|"),
         )
     )
     if "naive" in results and "stoker" in results:
