@@ -507,12 +507,7 @@ def threads_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--batches", type=int, default=20, help="timed batches per run")
-    ap.add_argument(
-        "--alone-batches",
-        type=int,
-        default=4,
-        help="timed batches per run with worker_threads=None (it is slow)",
-    )
+    ap.add_argument("--alone-batches", type=int, default=4, help="with worker_threads=None")
     ap.add_argument("--warmup", type=int, default=2, help="untimed batches per run first")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", default=None, metavar="PATH", help="write PATH.POLICY.json")

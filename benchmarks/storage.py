@@ -550,41 +550,16 @@ def _cold_rate(results: list[dict[str, Any]], name: str, cold: bool) -> float:
 def cold_main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=COLD_DOC.split("\n\n")[0])
     ap.add_argument("--root", default="/work/data-cold", help="where the data is built")
-    ap.add_argument(
-        "--size", default="", help="GB of the big folder, or 'small' (2 GB); default 1.5 x RAM"
-    )
+    ap.add_argument("--size", default="", help="GB of the big folder, 'small' (2); 1.5 x RAM")
     ap.add_argument("--seconds", type=float, default=45.0, help="timed seconds per run")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--peers", default=",".join(PEERS))
-    ap.add_argument(
-        "--parquet-gb",
-        type=float,
-        default=0.0,
-        help="also measure stoker on Parquet shards of this many GB (0: skip)",
-    )
-    ap.add_argument(
-        "--tar-gb",
-        type=float,
-        default=0.0,
-        help="also measure stoker on WebDataset tars of this many GB (0: skip)",
-    )
-    ap.add_argument(
-        "--warm-copies",
-        type=int,
-        default=6,
-        help="the warm set: this many copies of the base set (fits in RAM; big "
-        "enough that no pipeline reaches an epoch's end in a timed run)",
-    )
+    ap.add_argument("--parquet-gb", type=float, default=0.0, help="GB of Parquet shards (0: none)")
+    ap.add_argument("--tar-gb", type=float, default=0.0, help="GB of WebDataset tars (0: none)")
+    ap.add_argument("--warm-copies", type=int, default=6, help="copies of the base set, warm")
     ap.add_argument("--no-warm", action="store_true", help="skip the warm runs")
-    ap.add_argument(
-        "--disk-seconds",
-        type=float,
-        default=15.0,
-        help="seconds of the disk's random-read probe (0: skip)",
-    )
-    ap.add_argument(
-        "--disk-only", action="store_true", help="measure the disk's random-read rate and exit"
-    )
+    ap.add_argument("--disk-seconds", type=float, default=15.0, help="of the disk probe (0: none)")
+    ap.add_argument("--disk-only", action="store_true", help="only the disk's random-read rate")
     ap.add_argument("--json", default=None)
     ap.add_argument("--clean", action="store_true", help="delete --root's data and exit")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
@@ -987,20 +962,9 @@ def io_cpu_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", type=Path, default=Path("/work/data-cold/big"))
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument(
-        "--rate",
-        type=float,
-        action="append",
-        help="files/s to read beside the decoders (repeatable; default 1000)",
-    )
+    ap.add_argument("--rate", type=float, action="append", help="files/s read (default 1000)")
     ap.add_argument("--cached", action="store_true", help="read through the page cache")
-    ap.add_argument(
-        "--prefix-kb",
-        type=int,
-        default=0,
-        help="read only each file's first N KiB (0: whole files): is a read's cost "
-        "per request or per byte?",
-    )
+    ap.add_argument("--prefix-kb", type=int, default=0, help="read each file's first N KiB only")
     ap.add_argument("--json", default=None, metavar="PATH", help="write the results here")
     args = ap.parse_args(argv)
     files = [f for f in data_files(args.data) if f.lower().endswith((".jpg", ".jpeg"))]

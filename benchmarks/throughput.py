@@ -354,16 +354,9 @@ def compare_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help=f"comma-separated peers ({','.join(peers.PEERS)})")
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument(
-        "--ceiling-seconds",
-        type=float,
-        default=0,
-        help="seconds per ceiling sample (default: about one stoker epoch)",
-    )
+    ap.add_argument("--ceiling-seconds", type=float, default=0, help="per sample (0: ~1 epoch)")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the 2-core ceiling")
-    ap.add_argument(
-        "--no-raw-ceiling", action="store_true", help="skip the crop-window decoder ceiling"
-    )
+    ap.add_argument("--no-raw-ceiling", action="store_true", help="skip the decoder ceilings")
     ap.add_argument("--pss-interval", type=float, default=1.0)
     ap.add_argument("--timeout", type=float, default=900, help="seconds per runner request")
     ap.add_argument("--json", default="", help="write all numbers here")
