@@ -47,6 +47,7 @@ import numpy as np
 import psutil
 
 from stoker.sources.arrays import NpySource
+from stoker.sources.base import drop_pages
 from stoker.sources.readahead import ReadAhead, ReadSettings
 
 # ---------------------------------------------------------------------------- cold
@@ -273,8 +274,6 @@ def data_files(folder: Path) -> list[str]:
 
 def drop_cache(folder: Path) -> float:
     """``posix_fadvise(DONTNEED)`` on every file under ``folder``; returns the seconds."""
-    from stoker.sources.base import drop_pages
-
     t0 = time.perf_counter()
     os.sync()
     with cf.ThreadPoolExecutor(4) as pool:
@@ -770,19 +769,11 @@ class FaultsOnly(RawRows):
 VARIANTS = [(w, kind) for w in (0, "auto") for kind in (FaultsOnly, RawRows)]
 
 
-def drop(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def _mmap_batches(files: list[str], batch: int) -> Iterator[tuple[list[ReadAhead], np.ndarray]]:
     """``(a reader per variant, a batch of row indices)`` over every file's rows in a random
     order, each file's pages dropped before its readers open."""
     for f, path in enumerate(files):
-        drop(path)
+        drop_pages(path)
         readers = [
             ReadAhead(kind(path), ReadSettings(window=w, page_cache="keep")) for w, kind in VARIANTS
         ]

@@ -52,6 +52,7 @@ from stoker import decode as dec
 from stoker.cli.bench import busy_cores_rate, tree_pss
 from stoker.decode import jpegcrop
 from stoker.decode.common import Box
+from stoker.sources.base import drop_pages
 
 # ---------------------------------------------------------------------------- compare
 
@@ -535,15 +536,6 @@ def steady_pss(source: str, batches: int = 12, batch_size: int = 256) -> tuple[f
     return pss, per
 
 
-def drop_pages(paths: list[str]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def epoch_rate(loader: stoker.Loader) -> float:
     t0, n = time.perf_counter(), 0
     for x, _ in loader:
@@ -558,7 +550,8 @@ def cold_vs_warm(
     on one loader after a start-up epoch."""
 
     def cold(loader: stoker.Loader) -> float:
-        drop_pages(files)
+        for path in files:
+            drop_pages(path)
         return epoch_rate(loader)
 
     with stoker.Loader(source, batch_size=batch_size, image_size=224, workers=2) as loader:
