@@ -29,7 +29,6 @@ import contextlib
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -172,6 +171,8 @@ def measure(kind: str, data: Path, args: argparse.Namespace, limit: int = 100) -
 
 KINDS = ("local", "remote", "local+remote", "remote_store")
 LIMITS = (25, 50, 75, 100)  # % of the node's core
+FIGURES = ("trainer_cpu_ms", "receive_ms", "wire_bytes")  # besides img_s
+HEADER = "peer|img/s|range|trainer CPU ms/img|receive ms/img|KB/img on the wire".split("|")
 
 
 def _peer(
@@ -184,7 +185,12 @@ def _peer(
         print(runs[-1], flush=True)
         return {k: v for k, v in runs[-1].items() if k not in ("kind", "limit")}
 
-    return Peer(kind if limit >= 100 else f"{kind} at {limit} %", run)
+    return Peer(_name(kind, limit), run)
+
+
+def _name(kind: str, limit: int) -> str:
+    """The peer ``kind`` with its node held to ``limit`` %."""
+    return kind if limit >= 100 else f"{kind} at {limit} %"
 
 
 def r_squared(x: list[float], y: list[float]) -> float:
@@ -227,11 +233,7 @@ def main() -> int:
         for group, size in ((runs, len(KINDS)), (throttled, len(LIMITS))):
             for i, run in enumerate(group):
                 run["round"] = i // size
-        report(runs, throttled)
-        rates = Result(
-            {k: v for k, v in result.values.items() if k.endswith(": img_s")}, args.rounds, 0
-        )
-        print(table(rates.rows("local: img_s"), rates.header("local: img_s")))
+        report(result, throttled_result)
         payload = {"facts": facts, "runs": runs, "throttled": throttled, "args": vars(args)}
         payload["rounds"] = result.to_json("local: img_s")
         payload["throttled_rounds"] = throttled_result.to_json()
@@ -245,36 +247,26 @@ def main() -> int:
     return 0
 
 
-def report(runs: list[dict[str, Any]], throttled: list[dict[str, Any]]) -> None:
-    """The peers' table, the ratios against one local worker, and the throttle line."""
-    med: dict[str, float] = {}
+def report(result: Result, throttled: Result) -> None:
+    """The peers' table, the ratios against one local worker, the table of the per-round
+    ratios, and the throttle line."""
     rows = []
     for kind in KINDS:
-        mine = [r for r in runs if r["kind"] == kind]
-        rates = [r["img_s"] for r in mine]
-        med[kind] = statistics.median(rates)
-        rows.append(
-            [
-                kind,
-                f"{med[kind]:,.0f}",
-                f"{min(rates):,.0f}-{max(rates):,.0f}",
-                f"{statistics.median(r['trainer_cpu_ms'] for r in mine):.3f}",
-                f"{statistics.median(r['receive_ms'] for r in mine):.3f}",
-                f"{statistics.median(r['wire_bytes'] for r in mine) / 1e3:,.1f}",
-            ]
-        )
-    print(
-        table(
-            rows,
-            "peer|img/s|range|trainer CPU ms/img|receive ms/img|KB/img on the wire".split("|"),
-        )
-    )
+        st = result.stats(f"{kind}: img_s")
+        cpu, receive, wire = (result.stats(f"{kind}: {f}")["median"] for f in FIGURES)
+        rows.append([kind, f"{st['median']:,.0f}", f"{st['min']:,.0f}-{st['max']:,.0f}"])
+        rows[-1] += [f"{cpu:.3f}", f"{receive:.3f}", f"{wire / 1e3:,.1f}"]
+    print(table(rows, HEADER))
+    med = {kind: result.stats(f"{kind}: img_s")["median"] for kind in KINDS}
     print(f"remote / local: {med['remote'] / med['local']:.2f} (goal >= 0.9)")
     print(f"local+remote / local: {med['local+remote'] / med['local']:.2f} (goal >= 1.8)")
     print(f"object store / tcp: {med['remote_store'] / med['remote']:.2f}")
-    limits = sorted({t["limit"] for t in throttled})
-    x = [float(limit) for limit in limits]
-    y = [statistics.median(t["img_s"] for t in throttled if t["limit"] == lim) for lim in limits]
+    rates = Result(
+        {k: v for k, v in result.values.items() if k.endswith(": img_s")}, result.rounds, 0
+    )
+    print(table(rates.rows("local: img_s"), rates.header("local: img_s")))
+    x = [float(limit) for limit in LIMITS]
+    y = [throttled.stats(f"{_name('remote', limit)}: img_s")["median"] for limit in LIMITS]
     print(
         "throttled node: "
         + ", ".join(f"{int(a)} % {b:,.0f} img/s" for a, b in zip(x, y, strict=True))
