@@ -91,6 +91,15 @@ def subset(
     return [items[i] for i in sorted(pick)]
 
 
+def data_items(args: argparse.Namespace) -> tuple[list[tuple[str, int]], str | None]:
+    """The items of ``args.data`` (its ``--max-images`` subset), their files read into the page
+    cache; and the folder itself when every item is used (None for a subset)."""
+    all_items = list_items(args.data)
+    items = subset(all_items, args.max_images)
+    warm_page_cache(p for p, _ in items)
+    return items, (args.data if len(items) == len(all_items) else None)
+
+
 def warm_page_cache(paths: Iterable[str]) -> tuple[int, float]:
     """Read every file once so epochs run on a warm page cache; returns (bytes, seconds)."""
     t0, total = time.perf_counter(), 0

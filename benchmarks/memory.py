@@ -61,14 +61,9 @@ def loader_main(argv: list[str] | None = None) -> int:
     import stoker
 
     facts = common.print_facts()
-    all_items = common.list_items(args.data)
-    items = common.subset(all_items, args.max_images)
-    common.warm_page_cache(p for p, _ in items)
-    src = (
-        {"source": args.data}
-        if len(items) == len(all_items)
-        else {"paths": [p for p, _ in items], "labels": [y for _, y in items]}
-    )
+    items, data = common.data_items(args)
+    subset = {"paths": [p for p, _ in items], "labels": [y for _, y in items]}
+    src = {"source": data} if data else subset
     rows, pss = [], []
     with stoker.Loader(
         **src, batch_size=args.batch_size, image_size=224, augment="train", workers=args.workers

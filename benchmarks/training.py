@@ -124,10 +124,7 @@ def keras_fit_main(argv: list[str] | None = None) -> int:
 
     common.print_facts()
     print(f"keras {keras.__version__}, backend {keras.backend.backend()}, TF {tf.__version__}")
-    all_items = common.list_items(args.data)
-    items = common.subset(all_items, args.max_images)
-    common.warm_page_cache(p for p, _ in items)
-    data = args.data if len(items) == len(all_items) else None
+    items, data = common.data_items(args)
     classes = max(y for _, y in items) + 1
     model = build_model(classes)
     bs = args.batch_size
@@ -376,10 +373,7 @@ def overlap_main(argv: list[str] | None = None) -> int:
     only = set(args.only.split(","))
 
     facts = common.print_facts()
-    all_items = common.list_items(args.data)
-    items = common.subset(all_items, args.max_images)
-    common.warm_page_cache(p for p, _ in items)
-    data = args.data if len(items) == len(all_items) else None
+    items, data = common.data_items(args)
     results: dict[str, dict[str, Any]] = {}
 
     # stoker first: it defines T
