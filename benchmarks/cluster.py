@@ -17,9 +17,10 @@ Then the node throttled to 25/50/75/100 % of its core, for the linearity of rate
 (R², over the median of each limit's rounds): where the CPU cgroup controller can be written
 (root), the node's actor and worker share one CFS quota (limit % of every 100 ms period, the
 kernel's own scheduler accounting); elsewhere each is held to the limit by ``cpulimit``, whose
-stop/continue duty cycle is coarser. Reported: img/s, the
-trainer process's CPU per image (all its threads: receiving, the consumer loop), the receiver
-threads' own CPU per image (``stats()``), and bytes on the wire per image.
+stop/continue duty cycle is coarser (``--throttle`` picks one; with neither, or with
+``--throttle none``, the throttled runs are left out and the JSON's ``throttled`` is empty).
+Reported: img/s, the trainer process's CPU per image (all its threads: receiving, the consumer
+loop), the receiver threads' own CPU per image (``stats()``), and bytes on the wire per image.
 """
 
 from __future__ import annotations
@@ -97,13 +98,30 @@ def cgroup_throttle_ok() -> bool:
     return (CGROUP_CPU / "cpu.cfs_quota_us").exists() and os.access(CGROUP_CPU, os.W_OK)
 
 
+THROTTLES = ("auto", "cgroup", "cpulimit", "none")
+
+
+def throttle_for(requested: str) -> str:
+    """The throttle ``--throttle requested`` gets here: ``auto`` is the cgroup where it can be
+    written, else ``cpulimit`` where installed, else ``none``; a named one that cannot be used
+    raises ``SystemExit`` with what it needs."""
+    usable = {"cgroup": cgroup_throttle_ok(), "cpulimit": shutil.which("cpulimit") is not None}
+    if requested == "auto":
+        return next((name for name, ok in usable.items() if ok), "none")
+    if requested != "none" and not usable[requested]:
+        need = {"cgroup": "root and cgroup v1's cpu controller", "cpulimit": "cpulimit installed"}
+        raise SystemExit(f"--throttle {requested} needs {need[requested]}")
+    return requested
+
+
 @contextlib.contextmanager
-def throttled_to(pids: list[int], limit: int) -> Iterator[None]:
-    """``pids`` held to ``limit`` % of one core together while the block runs."""
-    if limit >= 100:
+def throttled_to(pids: list[int], limit: int, throttle: str) -> Iterator[None]:
+    """``pids`` held to ``limit`` % of one core together while the block runs, by ``throttle``
+    (``cgroup`` or ``cpulimit``; ``none`` holds nothing back)."""
+    if limit >= 100 or throttle == "none":
         yield
         return
-    if not cgroup_throttle_ok():
+    if throttle == "cpulimit":
         yield from _cpulimit(pids, limit)
         return
     group = CGROUP_CPU / f"stoker_bench_{os.getpid()}"
@@ -150,7 +168,8 @@ def measure(kind: str, data: Path, args: argparse.Namespace, limit: int = 100) -
             for proc in loader._run.pool.procs:  # type: ignore[union-attr]
                 pin_threads(proc.pid, NODE_CORE)
         node = loader.stats().cluster["nodes"][0] if kind != "local" else {}
-        with throttled_to([node["pid"], *node["workers"]] if node else [], limit):
+        pids = [node["pid"], *node["workers"]] if node else []
+        with throttled_to(pids, limit, args.throttle):
             for _ in range(args.warmup):
                 next(stream)
             cpu0, t0, images = sum(me.cpu_times()[:2]), time.perf_counter(), 0
@@ -210,10 +229,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data", default=None, help="an ImageFolder (default: benchmarks/photos)")
     parser.add_argument("--json", default=None)
+    parser.add_argument(
+        "--throttle",
+        choices=THROTTLES,
+        default="auto",
+        help="how the node is held to 25/50/75 %% of its core: a CPU cgroup (root), cpulimit, "
+        "or none (the throttled runs are left out); auto: the first of these that works here",
+    )
     args = parser.parse_args()
-    if len(os.sched_getaffinity(0)) < 2 or not (cgroup_throttle_ok() or shutil.which("cpulimit")):
-        print("needs 2 cores, and root (a CPU cgroup) or cpulimit (apt-get install -y cpulimit)")
+    if len(os.sched_getaffinity(0)) < 2:
+        print("needs 2 cores (the trainer's and the node's)")
         return 2
+    requested, args.throttle = args.throttle, throttle_for(args.throttle)
+    if args.throttle == "none" and requested == "auto":
+        print("note: no CPU cgroup can be written and cpulimit is not installed: the throttled")
+        print("runs are left out (apt-get install -y cpulimit, or run as root, to measure them)")
     facts = print_facts()
     tmp = Path(tempfile.mkdtemp(prefix="stoker_cluster_bench_"))
     try:
@@ -228,15 +258,17 @@ def main() -> int:
         peers = [_peer(kind, data, args, 100, runs) for kind in KINDS]
         result = interleave(peers, rounds=args.rounds, warmup=0)
         throttled: list[dict[str, Any]] = []
-        limits = [_peer("remote", data, args, limit, throttled) for limit in LIMITS]
-        throttled_result = interleave(limits, rounds=args.rounds, warmup=0)
+        throttled_result = None
+        if args.throttle != "none":
+            limits = [_peer("remote", data, args, limit, throttled) for limit in LIMITS]
+            throttled_result = interleave(limits, rounds=args.rounds, warmup=0)
         for group, size in ((runs, len(KINDS)), (throttled, len(LIMITS))):
             for i, run in enumerate(group):
                 run["round"] = i // size
         report(result, throttled_result)
         payload = {"facts": facts, "runs": runs, "throttled": throttled, "args": vars(args)}
         payload["rounds"] = result.to_json("local: img_s")
-        payload["throttled_rounds"] = throttled_result.to_json()
+        payload["throttled_rounds"] = throttled_result.to_json() if throttled_result else None
         write_json(args.json, payload)
         import ray
 
@@ -247,9 +279,9 @@ def main() -> int:
     return 0
 
 
-def report(result: Result, throttled: Result) -> None:
+def report(result: Result, throttled: Result | None) -> None:
     """The peers' table, the ratios against one local worker, the table of the per-round
-    ratios, and the throttle line."""
+    ratios, and the throttle line (``throttled`` None: the throttled runs were left out)."""
     rows = []
     for kind in KINDS:
         st = result.stats(f"{kind}: img_s")
@@ -265,6 +297,9 @@ def report(result: Result, throttled: Result) -> None:
         {k: v for k, v in result.values.items() if k.endswith(": img_s")}, result.rounds, 0
     )
     print(table(rates.rows("local: img_s"), rates.header("local: img_s")))
+    if throttled is None:
+        print("throttled node: not measured (--throttle none)")
+        return
     x = [float(limit) for limit in LIMITS]
     y = [throttled.stats(f"{_name('remote', limit)}: img_s")["median"] for limit in LIMITS]
     print(

@@ -287,3 +287,53 @@ def test_every_benchmark_command_the_docs_cite_names_a_case_and_parses() -> None
     proc = _run("-c", PARSE_DOCS.format(root=str(ROOT)))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert int(proc.stdout.split("checked")[-1]) >= 50
+
+
+CLUSTER_KINDS = ("local", "remote", "local+remote", "remote_store")
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_the_smallest_cluster_run_starts_a_ray_cluster_and_writes_its_peers(
+    tmp_path: Path, image_folder: Path
+) -> None:
+    pytest.importorskip("ray")
+    out_path = tmp_path / "cluster.json"
+    options = "--batch 6 --batches 2 --warmup 0 --rounds 1 --throttle none"
+    proc = _run(
+        str(BENCH / "cluster.py"),
+        *options.split(),
+        *("--data", str(image_folder), "--json", str(out_path)),
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "throttled node: not measured" in proc.stdout
+    out = json.loads(out_path.read_text())
+    assert out["schema"] == "stoker-bench/1" and out["script"] == "cluster.py"
+    results = out["results"]
+    assert [run["kind"] for run in results["runs"]] == list(CLUSTER_KINDS)
+    assert results["throttled"] == [] and results["throttled_rounds"] is None
+    peers = results["rounds"]["peers"]
+    for kind in CLUSTER_KINDS:
+        assert peers[f"{kind}: img_s"]["median"] > 0
+        # the process's CPU times tick in 10 ms: 12 images may cost less than one tick
+        assert peers[f"{kind}: trainer_cpu_ms"]["median"] >= 0
+    for kind in CLUSTER_KINDS[1:]:  # the node's peers: the receiver's cost and the wire's bytes
+        assert peers[f"{kind}: receive_ms"]["median"] > 0
+        assert peers[f"{kind}: wire_bytes"]["median"] > 0
+
+
+def test_the_cluster_throttle_falls_back_to_none_and_a_named_one_says_what_it_needs(
+    common, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    monkeypatch.setattr(sys, "path", list(sys.path))  # cluster.py adds its folder again
+    request.addfinalizer(lambda: sys.modules.pop("cluster", None))
+    import cluster  # on the path the common fixture set
+
+    monkeypatch.setattr(cluster, "cgroup_throttle_ok", lambda: False)
+    monkeypatch.setattr(cluster.shutil, "which", lambda name: None)
+    assert cluster.throttle_for("auto") == "none" and cluster.throttle_for("none") == "none"
+    with pytest.raises(SystemExit, match="cpulimit installed"):
+        cluster.throttle_for("cpulimit")
+    monkeypatch.setattr(cluster.shutil, "which", lambda name: "/usr/bin/cpulimit")
+    assert cluster.throttle_for("auto") == "cpulimit"
