@@ -1,4 +1,6 @@
-"""The Loader and what it owns: ``core`` (the ``Loader`` class: iteration, state, stats, close),
+"""The Loader and what it owns: ``core`` (the ``Loader`` class: iteration, peek, state, close),
+``starting`` (its start-up: workers settled and started at the first batch), ``views`` (its
+``stats()`` report and its Keras, torch, JAX and tf.data views),
 ``options`` (its keyword arguments, each declared once in a frozen group with its default, type,
 doc and check; ``optiondocs`` makes the signature, ``help()`` and the docs page from them),
 ``config`` (the checks, with the fix in each message, and the sized choices),

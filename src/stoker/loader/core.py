@@ -1,4 +1,7 @@
-"""Loader: wires source, order, workers, prefetch and adapters; iteration, state, stats, close."""
+"""Loader: wires source, order, workers, prefetch and adapters; iteration, peek, state, close.
+
+Its start-up (``starting.Starting``) and its report and framework views (``views.Views``) are
+mixins in their own modules."""
 
 from __future__ import annotations
 
@@ -10,39 +13,30 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import order as order_mod
 from ..assemble import Assembler, Report
-from ..decode import decoder_name
 from ..errors import ConfigError, StokerError, StokerWarning, TooManyErrors
 from ..order import Plan
 from ..schema import BatchSchema, Columns, SlotLayout
 from ..seeding import user_states_kept
 from ..sources.base import Source
 from ..sources.readahead import ReadSettings
-from ..sources.targets import class_ids
-from ..stats import Stats, StatsReport, WaitMeter
+from ..stats import Stats
 from ..transforms import Pipeline
 from ..workers.cluster import options as cluster_options
-from ..workers.cluster import probe_digest
-from ..workers.launch import describe as describe_start
-from ..workers.threads import describe as describe_threads
 from . import config, optiondocs, wiring
 from .compat import EpochSampler, Samples
 from .consumer import Guard
 from .options import Options
 from .recipe import Recipe
-from .running import Running, auto_workers, warn_if_slow_decoder
+from .running import Running, warn_if_slow_decoder
+from .starting import Starting
 from .state import advance_state, check_state, make_state
-from .supplier import Supplier
+from .views import Views
 
 if TYPE_CHECKING:  # never evaluated at run time; typing_extensions has Unpack on 3.10 too
-    import tensorflow
     from typing_extensions import Unpack
 
-    from ..adapters.feed import Feed, Ring
-    from ..adapters.jax import JaxLoader
-    from ..adapters.keras import LoaderCheckpoint, StokerPyDataset, WaitReport
-    from ..adapters.torch import TorchLoader
+    from ..adapters.feed import Feed
     from .kwargs import LoaderKwargs  # generated: imported for type checkers only
 
 Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
@@ -54,7 +48,7 @@ def _boxed(batch: Any) -> list[Any] | None:
     return None if batch is None else [batch]
 
 
-class Loader:
+class Loader(Starting, Views):
     """Shuffled, augmented, fixed-shape batches, decoded in parallel and prefetched.
 
     Iterating gives ``(images, labels)``: ``uint8`` ``(B, H, W, 3)`` images and the labels as
@@ -316,83 +310,6 @@ class Loader:
                 f"{self.max_errors}:\n{listed}\nfix or remove these files, or raise max_errors"
             )
 
-    # ------------------------------------------------------------------ workers
-
-    def _engine(self) -> Supplier:
-        self._guard.check_process()
-        if self._run.engine is None:
-            if self._finalizer.alive is False:
-                raise StokerError("this Loader is closed; create a new one")
-            self._start()
-        assert self._run.engine is not None
-        return self._run.engine
-
-    def _assembler(self) -> Assembler:
-        """A batch filler for this process (workers make their own from the same Recipe)."""
-        return self.recipe.assembler()
-
-    def _count_workers(self, assembler: Assembler) -> None:
-        """Settle ``workers="auto"`` (once) from the measured cost of a sample."""
-        if self.workers and self._auto_workers:
-            self.workers, self._workers_reason = auto_workers(
-                assembler, self.slot_layout, self.batch_size
-            )
-            self._auto_workers = False
-
-    def _launch_ahead(self) -> None:
-        """A per-sample dataset's workers are launched now, not at the first batch: each
-        imports the dataset's modules (torch, datasets: seconds), and that overlaps whatever
-        the caller does before iterating (building the model). Image sources start in a
-        fraction of a second and keep starting at the first batch; so do cluster loaders."""
-        if not self.workers or self.source.sample_fields is None or self.cluster is not None:
-            return
-        self._count_workers(self._assembler())
-        if self.workers:
-            self._run.launch_pool(
-                self.recipe,
-                self.workers,
-                self._prefetch_arg,
-                self.timeout,
-                self.worker_threads,
-            )
-
-    def _start(self) -> None:
-        assembler = self._assembler()
-        self._count_workers(assembler)
-        if self.workers == 0 and self.cluster is None:
-            self._run.start_inline(assembler, self.slot_layout)
-            return
-        if self.cluster is not None:  # the nodes get exactly what the local workers get
-            self._run.start_cluster(
-                self.recipe,
-                self.workers,
-                self.cluster,
-                self._prefetch_arg,
-                self._batches,
-                self.timeout,
-                self.source.name,
-                self._samples,
-                lambda: probe_digest(assembler, self.slot_layout, (0, 0)),
-                self.worker_threads,
-            )
-            return
-        self._run.start_pool(
-            self.recipe,
-            self.workers,
-            self._prefetch_arg,
-            self._batches,
-            self.timeout,
-            self.source.name,
-            self.worker_threads,
-            here=assembler,  # workers launched ahead and still starting: fill batches here
-        )
-
-    def _samples(self, key: tuple[int, int]) -> list[str]:
-        """The names of the samples batch ``key`` (epoch, position) holds."""
-        start = key[1] * self.batch_size
-        order = self.plan.order(key[0])[start : start + self.batch_size]
-        return [self.source.name(int(i)) for i in order]
-
     # ------------------------------------------------------------------ state
 
     def _received(self) -> tuple[int, int]:
@@ -448,112 +365,7 @@ class Loader:
         self.epoch, self.position = check_state(state, self.state_dict(), older)
         self._ahead = 0
 
-    # ------------------------------------------------------------------ reporting, adapters
-
-    def stats(self) -> StatsReport:
-        """Throughput, time the consumer waited for data and its share, stage times, bad files."""
-        engine = self._run.engine
-        startup_s, startup = describe_start(
-            self._run.started, self._start_cause(), self._run.waited_s, self._run.here()
-        )
-        return self._stats.report(
-            workers=self.workers,
-            workers_reason=self._workers_reason,
-            prefetch=self._run.prefetch(),
-            prefetch_reason=self._run.prefetch_reason,
-            kept_batches=engine.orphaned if engine is not None else 0,
-            memory_folder=self._run.folder,
-            notes=self._notes(),
-            decoder=decoder_name(),
-            startup_s=startup_s,
-            startup=startup,
-            worker_threads=describe_threads(self.worker_threads) if self.workers else "",
-            from_storage=bool(self.source.from_storage),
-            cluster=self._run.cluster_stats(),
-        )
-
-    def _start_cause(self) -> str:
-        """What the workers load the user's modules for (see ``launch.CAUSES``)."""
-        if self.source.sample_fields is not None:
-            return "dataset"
-        return "augment" if getattr(self.pipeline, "ops", None) else "settings"
-
-    def _notes(self) -> list[str]:
-        """Extra lines for the report: how well a block (row-group) shuffle mixes the data.
-
-        Computed once per epoch: it builds the epoch's whole order, too much for every call."""
-        if not (self.shuffle and self.plan.block_sizes):
-            return []
-        if self._shuffle_note[0] != self.epoch:
-            self._shuffle_note = (self.epoch, self._shuffle_lines())
-        return self._shuffle_note[1]
-
-    def _shuffle_lines(self) -> list[str]:
-        assert self.plan.block_sizes is not None
-        order = self.plan.order(self.epoch)
-        labels = class_ids(self.source.labels)
-        return [order_mod.shuffle_note(order, self.plan.block_sizes, labels, self.batch_size)]
-
     advance_state = staticmethod(advance_state)
-
-    def keras(self, dtype: Any = None, mean: Any = None, std: Any = None) -> StokerPyDataset:
-        """A ``keras.utils.PyDataset`` over this loader, for ``model.fit`` on any backend;
-        ``dtype``/``mean``/``std`` convert the images (``mean=0, std=1``: [0, 1])."""
-        from ..adapters.keras import to_keras
-
-        return to_keras(self, dtype=dtype, mean=mean, std=std)
-
-    def ring(self) -> Ring | None:
-        """For device adapters: the running prefetch ring (``hold_until``,
-        ``watch_segments``), or None with ``workers=0`` or before the first batch."""
-        engine = self._run.engine
-        return None if engine is None else engine.ring()
-
-    def device_stats(self) -> Stats:
-        """For device adapters: the counters, to add the device's own wait and say how
-        batches reach it."""
-        return self._stats
-
-    def wait_meter(self, every: int = 100) -> WaitMeter:
-        """The wait report for a hand-written loop: call ``meter.step()`` after each training
-        step; every ``every`` steps it returns those steps' ``data_wait``, ``input_img_s`` (and
-        ``device_wait``, the GPU's own share, with ``torch(device="cuda")``), else ``None``."""
-        return WaitMeter(self._stats, config.positive_int("every", every))
-
-    def keras_report(self) -> WaitReport:
-        """A Keras callback that puts each epoch's ``data_wait`` and ``input_img_s`` into
-        ``logs`` (History, the progress bar, CSVLogger, TensorBoard), counting only training
-        steps; list it before CSVLogger/TensorBoard in ``callbacks=``."""
-        from ..adapters.keras import WaitReport
-
-        return WaitReport(self)
-
-    def keras_checkpoint(self, path: Any, save_freq: Any = "epoch") -> LoaderCheckpoint:
-        """A Keras callback that saves this loader's position to ``path`` (JSON) as training
-        goes, and restores it now if ``path`` exists; pair it with ``BackupAndRestore``."""
-        from ..adapters.keras import LoaderCheckpoint
-
-        return LoaderCheckpoint(self, path, save_freq=save_freq)
-
-    def torch(self, device: Any = None, **kwargs: Any) -> TorchLoader:
-        """An iterable of torch tensors, copied to ``device`` ahead of use."""
-        from ..adapters.torch import to_torch
-
-        return to_torch(self, device=device, **kwargs)
-
-    def jax(self, sharding: Any = None, **kwargs: Any) -> JaxLoader:
-        """An iterable of jax arrays, put on the device(s) ahead of use (``dtype``, ``mean``,
-        ``std`` convert the images there)."""
-        from ..adapters.jax import to_jax
-
-        return to_jax(self, sharding=sharding, **kwargs)
-
-    def tf(self, **kwargs: Any) -> tensorflow.data.Dataset:
-        """A ``tf.data.Dataset`` of this loader's batches (one epoch per iteration;
-        ``dtype``, ``mean``, ``std`` convert the images)."""
-        from ..adapters.tf import to_tf
-
-        return to_tf(self, **kwargs)
 
     # ------------------------------------------------------------------ lifetime
 

@@ -1,0 +1,115 @@
+"""How a Loader starts its batch makers: at the first batch (or ahead, for a per-sample
+dataset), in this process (``workers=0``), in a local worker pool or on cluster nodes, all made
+from the loader's one ``Recipe``; ``running.Running`` owns what is started."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..assemble import Assembler
+from ..errors import StokerError
+from ..workers.cluster import probe_digest
+from .running import auto_workers
+from .supplier import Supplier
+
+if TYPE_CHECKING:
+    import weakref
+
+    from ..workers.cluster import ClusterOptions
+    from .consumer import Guard
+    from .recipe import Recipe
+    from .running import Running
+
+
+class Starting:
+    """The start-up half of ``Loader`` (a mixin: its methods run on a ``Loader``, which sets
+    these attributes)."""
+
+    recipe: Recipe
+    workers: int
+    worker_threads: int | None
+    batch_size: int
+    timeout: float
+    cluster: ClusterOptions | None
+    _auto_workers: bool
+    _workers_reason: str
+    _prefetch_arg: Any
+    _batches: int
+    _run: Running
+    _guard: Guard
+    _finalizer: weakref.finalize[Any, Any]
+
+    def _engine(self) -> Supplier:
+        self._guard.check_process()
+        if self._run.engine is None:
+            if self._finalizer.alive is False:
+                raise StokerError("this Loader is closed; create a new one")
+            self._start()
+        assert self._run.engine is not None
+        return self._run.engine
+
+    def _assembler(self) -> Assembler:
+        """A batch filler for this process (workers make their own from the same Recipe)."""
+        return self.recipe.assembler()
+
+    def _count_workers(self, assembler: Assembler) -> None:
+        """Settle ``workers="auto"`` (once) from the measured cost of a sample."""
+        if self.workers and self._auto_workers:
+            self.workers, self._workers_reason = auto_workers(
+                assembler, self.recipe.schema.slot_layout, self.batch_size
+            )
+            self._auto_workers = False
+
+    def _launch_ahead(self) -> None:
+        """A per-sample dataset's workers are launched now, not at the first batch: each
+        imports the dataset's modules (torch, datasets: seconds), and that overlaps whatever
+        the caller does before iterating (building the model). Image sources start in a
+        fraction of a second and keep starting at the first batch; so do cluster loaders."""
+        if not self.workers or self.recipe.source.sample_fields is None or self.cluster is not None:
+            return
+        self._count_workers(self._assembler())
+        if self.workers:
+            self._run.launch_pool(
+                self.recipe,
+                self.workers,
+                self._prefetch_arg,
+                self.timeout,
+                self.worker_threads,
+            )
+
+    def _start(self) -> None:
+        assembler = self._assembler()
+        self._count_workers(assembler)
+        if self.workers == 0 and self.cluster is None:
+            self._run.start_inline(assembler, self.recipe.schema.slot_layout)
+            return
+        if self.cluster is not None:  # the nodes get exactly what the local workers get
+            self._run.start_cluster(
+                self.recipe,
+                self.workers,
+                self.cluster,
+                self._prefetch_arg,
+                self._batches,
+                self.timeout,
+                self.recipe.source.name,
+                self._samples,
+                lambda: probe_digest(assembler, self.recipe.schema.slot_layout, (0, 0)),
+                self.worker_threads,
+            )
+            return
+        self._run.start_pool(
+            self.recipe,
+            self.workers,
+            self._prefetch_arg,
+            self._batches,
+            self.timeout,
+            self.recipe.source.name,
+            self.worker_threads,
+            here=assembler,  # workers launched ahead and still starting: fill batches here
+        )
+
+    def _samples(self, key: tuple[int, int]) -> list[str]:
+        """The names of the samples batch ``key`` (epoch, position) holds."""
+        start = key[1] * self.batch_size
+        order = self.recipe.plan.order(key[0])[start : start + self.batch_size]
+        return [self.recipe.source.name(int(i)) for i in order]
