@@ -1,4 +1,4 @@
-"""Train/eval/resize pipelines and the stock ops; each writes one sample into an ``out=`` array.
+"""Train/eval/resize pipelines; each writes one sample into an ``out=`` array.
 
 A pipeline turns one stored sample (encoded bytes or a decoded array) into ``out`` (H, W, 3)
 ``uint8``. The stock pipelines are fused: the crop box is chosen from the image header, only
@@ -10,8 +10,6 @@ results depend only on ``(seed, epoch, index)``.
 from __future__ import annotations
 
 import contextlib
-import inspect
-import math
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -20,67 +18,62 @@ import numpy as np
 
 from . import decode as dec
 from . import pixels
+from .crops import (
+    CenterCrop,
+    HorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    as_rgb,
+    center_box,
+    cut,
+    random_resized_crop_box,
+    resize_mask_into,
+)
 from .decode.common import Box
 from .errors import ConfigError, DecodeError
 from .pixels import resize_into
 from .seeding import seeded
+from .userops import (
+    check_mask_ops,
+    check_user_image,
+    check_user_mask,
+    op_module,
+    pair_step,
+    run_post,
+    run_post_pair,
+)
 
-
-def as_rgb(image: np.ndarray) -> np.ndarray:
-    """A (h, w, 3) view or copy of a gray, RGB or RGBA uint8 image."""
-    return pixels.to_channels(image, 3)
-
-
-def resize_mask_into(mask: np.ndarray, out: np.ndarray) -> None:
-    """Resize a (h, w) ``uint8`` mask into ``out`` in place, nearest-neighbour (no new values)."""
-    h, w = out.shape[:2]
-    if mask.shape[:2] == (h, w):
-        out[...] = mask
-        return
-    cv2.resize(np.ascontiguousarray(mask), (w, h), dst=out, interpolation=cv2.INTER_NEAREST_EXACT)
-
-
-def _cut(image: np.ndarray, box: Box) -> np.ndarray:
-    """The ``(top, left, height, width)`` box of ``image``, as a view."""
-    return image[box[0] : box[0] + box[2], box[1] : box[1] + box[3]]
+#: What other stages import from here; the crop boxes and stock ops are ``crops``', the user
+#: callables' checks and runners ``userops``'.
+__all__ = [
+    "STOCK_NAMES",
+    "CenterCrop",
+    "CustomPipeline",
+    "EvalPipeline",
+    "HorizontalFlip",
+    "ImageSettings",
+    "Pipeline",
+    "RandomResizedCrop",
+    "Resize",
+    "ResizePipeline",
+    "TrainPipeline",
+    "as_rgb",
+    "center_box",
+    "check_mask_ops",
+    "image_pipeline",
+    "make_pipeline",
+    "random_resized_crop_box",
+    "resize_into",
+    "resize_mask_into",
+    "run_post",
+    "run_post_pair",
+]
 
 
 def _flip_if(u: np.ndarray, out: np.ndarray) -> None:
     """The train pipeline's random horizontal flip (uniform 40 of the sample), in place."""
     if u[40] < 0.5:
         cv2.flip(out, 1, dst=out)
-
-
-def random_resized_crop_box(
-    h: int, w: int, u: np.ndarray, scale: tuple[float, float], ratio: tuple[float, float]
-) -> Box:
-    """The usual RandomResizedCrop sampling (10 tries, then a centre crop), from 40 uniforms."""
-    area = h * w
-    lo, hi = math.log(ratio[0]), math.log(ratio[1])
-    for t in range(10):
-        target = area * (scale[0] + (scale[1] - scale[0]) * u[4 * t])
-        aspect = math.exp(lo + (hi - lo) * u[4 * t + 1])
-        cw = int(round(math.sqrt(target * aspect)))
-        ch = int(round(math.sqrt(target / aspect)))
-        if 0 < cw <= w and 0 < ch <= h:
-            top = int(u[4 * t + 2] * (h - ch + 1))
-            left = int(u[4 * t + 3] * (w - cw + 1))
-            return top, left, ch, cw
-    in_ratio = w / h
-    if in_ratio < ratio[0]:
-        cw, ch = w, int(round(w / ratio[0]))
-    elif in_ratio > ratio[1]:
-        ch, cw = h, int(round(h * ratio[1]))
-    else:
-        ch, cw = h, w
-    return (h - ch) // 2, (w - cw) // 2, ch, cw
-
-
-def center_box(h: int, w: int, out_h: int, out_w: int, fraction: float) -> Box:
-    """The box that 'resize shorter side to out/fraction, then centre crop out' takes."""
-    scale = max(out_h / (fraction * h), out_w / (fraction * w))
-    ch, cw = min(h, max(1, round(out_h / scale))), min(w, max(1, round(out_w / scale)))
-    return (h - ch) // 2, (w - cw) // 2, ch, cw
 
 
 class Pipeline:
@@ -119,7 +112,7 @@ class Pipeline:
             img = data
             size = (img.shape[0], img.shape[1])
             box = self.box(*size, u)
-            return (img if box is None else _cut(img, box)), size, box
+            return (img if box is None else cut(img, box)), size, box
         info = dec.probe(data, max_pixels=self.max_pixels)
         box = self.box(info.height, info.width, u)
         if self.strict_decode and notes is None:
@@ -165,7 +158,7 @@ class Pipeline:
                 f"the mask is {labels.shape[1]}x{labels.shape[0]} (WxH) but its image is "
                 f"{w}x{h}; a mask must have its image's size"
             )
-        return region, (labels if box is None else _cut(labels, box))
+        return region, (labels if box is None else cut(labels, box))
 
     def finish_mask(self, mask: np.ndarray, u: np.ndarray, out: np.ndarray) -> None:
         """Write the mask region into ``out`` (h, w): nearest-neighbour, pixel centres aligned
@@ -274,221 +267,29 @@ class CustomPipeline(Pipeline):
         super().__init__(size, fast, max_pixels)
         self.ops = list(ops)
         # the global RNGs are seeded per sample for a user's callable (stock ops draw from rng)
-        self.user_code = any(not _op_module(op).startswith("stoker.") for op in self.ops)
+        self.user_code = any(not op_module(op).startswith("stoker.") for op in self.ops)
 
     def finish(self, region: np.ndarray, u: np.ndarray, rng: Any, out: np.ndarray) -> None:
         image = as_rgb(region) if self.channels == 3 else region
         with self._globals(rng):
             for op in self.ops:
                 image = op(image, rng)
-        image = _check_user_image(image, self.ops)
+        image = check_user_image(image, self.ops)
         resize_into(pixels.to_channels(image, self.channels), out, self.interpolation)
 
     def finish_pair(self, region, mask, u, rng, out, mask_out) -> None:
         image = as_rgb(region) if self.channels == 3 else region
         with self._globals(rng):
             for op in self.ops:
-                image, mask = _pair_step(op, image, mask, rng)
-        image = _check_user_image(image, self.ops)
-        mask = _check_user_mask(mask, image, self.ops)
+                image, mask = pair_step(op, image, mask, rng)
+        image = check_user_image(image, self.ops)
+        mask = check_user_mask(mask, image, self.ops)
         resize_into(pixels.to_channels(image, self.channels), out, self.interpolation)
         resize_mask_into(mask, mask_out)
 
     def _globals(self, rng: Any) -> Any:
         """``seeding.seeded(rng)`` around a user's callables; nothing around stock ops."""
         return seeded(rng) if self.user_code else contextlib.nullcontext()
-
-
-def _op_module(op: Any) -> str:
-    """The module a callable (a function, or an object's class) is defined in."""
-    return str(getattr(op, "__module__", None) or type(op).__module__)
-
-
-def _pair_step(op: Any, image: np.ndarray, mask: np.ndarray, rng: Any) -> tuple[Any, Any]:
-    """One callable on an image and its mask: a stock op's ``pair``, else the user's
-    ``(image, mask, rng) -> (image, mask)``."""
-    pair = getattr(op, "pair", None)
-    out = pair(image, mask, rng) if pair is not None else op(image, mask, rng)
-    if not (isinstance(out, tuple) and len(out) == 2):
-        raise TypeError(
-            f"augment transform {_op_name(op)} returned {type(out).__name__}; with masks it is "
-            "called as (image, mask, rng) and must return the pair (image, mask)"
-        )
-    return out
-
-
-def _op_name(op: Any) -> str:
-    return getattr(op, "__name__", type(op).__name__)
-
-
-def check_mask_ops(ops: Sequence[Any]) -> None:
-    """Refuse, up front, a stock op that has no mask form (``pair``) for a source with masks."""
-    for op in ops:
-        if hasattr(op, "pair"):
-            continue
-        if type(op).__module__.startswith("stoker."):
-            raise ConfigError(
-                f"augment: stoker.ops.{type(op).__name__} has no mask form, so a source with "
-                "masks cannot use it; drop it, or wrap it in your own (image, mask, rng) -> "
-                "(image, mask) function that applies its geometry to the mask"
-            )
-        if not _takes(op, 3):
-            raise ConfigError(
-                f"augment={_op_name(op)}: with masks each callable is called as (image, mask, "
-                "rng) and returns (image, mask), the same geometry applied to both "
-                "(nearest-neighbour for the mask); this one cannot take three arguments"
-            )
-
-
-def _takes(fn: Any, count: int) -> bool:
-    """Whether ``fn`` can be called with ``count`` positional arguments (True if unknown)."""
-    try:
-        inspect.signature(fn).bind(*range(count))
-    except TypeError:
-        return False
-    except ValueError:  # no signature to read (some builtins): find out when it is called
-        return True
-    return True
-
-
-def _check_user_mask(mask: Any, image: np.ndarray, ops: list[Any]) -> np.ndarray:
-    """A user transform's mask: ``uint8`` ``(h, w)``, the size of the image it returned."""
-    arr = np.asarray(mask)
-    if arr.dtype != np.uint8 or arr.ndim != 2 or arr.shape != image.shape[:2]:
-        names = ", ".join(_op_name(op) for op in ops)
-        raise TypeError(
-            f"augment transform ({names}) returned a {arr.dtype} mask of shape {arr.shape} "
-            f"with an image of shape {image.shape}; the mask must be uint8 (h, w), the "
-            "image's size: apply the same geometry to both (nearest-neighbour for the mask)"
-        )
-    return arr
-
-
-def run_post(
-    ops: Sequence[Callable[..., np.ndarray]], rng: Any, out: np.ndarray, channels: int, how: str
-) -> None:
-    """``augment=["train", op, ...]``: run the ops on the pipeline's output ``out`` (the batch
-    slot, at the output size) and write their result back into it."""
-    image: np.ndarray = out[:, :, 0] if channels == 1 else out
-    for op in ops:
-        image = op(image, rng)
-    image = _check_user_image(image, list(ops))
-    if image is out:
-        return
-    if np.shares_memory(image, out):  # a view of the slot (a flip, a crop): copy it out first
-        image = image.copy()
-    resize_into(pixels.to_channels(image, channels), out, how)
-
-
-def run_post_pair(
-    ops: Sequence[Callable[..., Any]],
-    rng: Any,
-    out: np.ndarray,
-    mask_out: np.ndarray,
-    channels: int,
-    how: str,
-) -> None:
-    """``run_post`` for an image and its mask: each op's ``pair`` form (or the user's
-    ``(image, mask, rng) -> (image, mask)``), results written back into both slots."""
-    image: np.ndarray = out[:, :, 0] if channels == 1 else out
-    mask: np.ndarray = mask_out
-    for op in ops:
-        image, mask = _pair_step(op, image, mask, rng)
-    image = _check_user_image(image, list(ops))
-    mask = _check_user_mask(mask, image, list(ops))
-    if image is not out:
-        image = image.copy() if np.shares_memory(image, out) else image
-        resize_into(pixels.to_channels(image, channels), out, how)
-    if mask is not mask_out:
-        resize_mask_into(mask.copy() if np.shares_memory(mask, mask_out) else mask, mask_out)
-
-
-def _check_user_image(image: Any, ops: list[Any]) -> np.ndarray:
-    """Accept what a user transform returned if it is an image; otherwise say what is wrong."""
-    arr = np.asarray(image)
-    if (
-        arr.dtype != np.uint8
-        or arr.ndim not in (2, 3)
-        or (arr.ndim == 3 and arr.shape[2] not in (1, 3, 4))
-    ):
-        names = ", ".join(getattr(op, "__name__", type(op).__name__) for op in ops)
-        raise TypeError(
-            f"augment transform ({names}) returned {arr.dtype} array of shape {arr.shape}; it must "
-            "return a uint8 image of shape (h, w, 3)"
-        )
-    return arr
-
-
-# ---------------------------------------------------------------------------- stock ops
-
-
-class RandomResizedCrop:
-    """Op: crop a random area fraction ``scale`` and aspect ``ratio`` of the image."""
-
-    def __init__(self, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> None:
-        self.scale, self.ratio = tuple(scale), tuple(ratio)
-
-    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        t, left, h, w = random_resized_crop_box(
-            image.shape[0], image.shape[1], rng.random(40), self.scale, self.ratio
-        )
-        return image[t : t + h, left : left + w]
-
-    def pair(self, image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Any:
-        """The same crop of an image and its mask."""
-        box = random_resized_crop_box(
-            image.shape[0], image.shape[1], rng.random(40), self.scale, self.ratio
-        )
-        return _cut(image, box), _cut(mask, box)
-
-
-class CenterCrop:
-    """Op: keep the centre ``fraction`` of each side."""
-
-    def __init__(self, fraction: float = 0.875) -> None:
-        self.fraction = fraction
-
-    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        h, w = image.shape[:2]
-        ch, cw = max(1, round(h * self.fraction)), max(1, round(w * self.fraction))
-        return image[(h - ch) // 2 : (h - ch) // 2 + ch, (w - cw) // 2 : (w - cw) // 2 + cw]
-
-    def pair(self, image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Any:
-        """The same centre crop of an image and its mask."""
-        return self(image, rng), self(mask, rng)
-
-
-class Resize:
-    """Op: resize to ``size`` (int for a square, or (height, width))."""
-
-    def __init__(self, size: int | tuple[int, int]) -> None:
-        self.size = (size, size) if isinstance(size, int) else tuple(size)
-
-    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        out = np.empty((self.size[0], self.size[1], 3), np.uint8)
-        resize_into(as_rgb(image), out)
-        return out
-
-    def pair(self, image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Any:
-        """The image resized; its mask resized nearest-neighbour (no new values)."""
-        out = np.empty(self.size, np.uint8)
-        resize_mask_into(mask, out)
-        return self(image, rng), out
-
-
-class HorizontalFlip:
-    """Op: mirror left-right with probability ``p``."""
-
-    def __init__(self, p: float = 0.5) -> None:
-        self.p = p
-
-    def __call__(self, image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        return image[:, ::-1] if rng.random() < self.p else image
-
-    def pair(self, image: np.ndarray, mask: np.ndarray, rng: np.random.Generator) -> Any:
-        """Both mirrored, or neither."""
-        flip = rng.random() < self.p
-        return (image[:, ::-1], mask[:, ::-1]) if flip else (image, mask)
 
 
 class ImageSettings(Protocol):
