@@ -1,98 +1,41 @@
-"""The cluster's nodes, seen from the trainer: placing one decode actor per Ray node, the
-checks at start (same stoker and decoders, the data readable, a probe batch byte-identical),
-the data connections (``wire``: authenticated TCP, or Ray's object store) and the threads that
-receive batches straight into ring slots. Losses and replies go to the engine
-(``workers.cluster``) through one event queue."""
+"""The cluster's nodes, seen from the trainer, once started (``nodestart``): the data
+connections (``wire``: authenticated TCP, or Ray's object store) and the threads that receive
+batches straight into ring slots. Losses and replies go to the engine (``workers.cluster``)
+through one event queue."""
 
 from __future__ import annotations
 
 import functools
 import itertools
-import os
 import pickle
 import socket
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import errors as errors_mod
 from ..assemble import Report
 from ..errors import ClusterError, StokerError
 from ..schema import SlotLayout
-from ..shm.segments import Segment, by_value
-from . import actor as actor_mod
-from . import wire
+from ..shm.segments import Segment
+from . import nodestart, wire
 from .engine import Key
-from .launch import pack
+from .nodestart import START_TIMEOUT_S, Node
 
 if TYPE_CHECKING:
     from ..loader.recipe import Recipe
     from .cluster import ClusterOptions
 
-NODE_SLOTS_PER_CORE = 4  # a node's own ring: more than the trainer ever asks of one core
-START_TIMEOUT_S = 180.0
+__all__ = ["CLAIMED_VERSION", "Node", "Nodes", "Ticket"]
+
 ACCEPT_S = 0.5
 STOP_TIMEOUT_S = 10.0  # a node's pool stops in well under this; then its actor is killed
 #: Test-only hook: the stoker version every node started from now on claims to run
 #: (``tests/test_cluster.py`` proves a mismatch is refused). Never set it elsewhere.
 CLAIMED_VERSION: str | None = None
-
-
-@dataclass
-class Node:
-    """The trainer's view of one node's actor, and what it delivered."""
-
-    index: int
-    node_id: str
-    ip: str
-    cores: int
-    first_wid: int
-    actor: Any = None
-    transport: str = "tcp"
-    why: str = ""  # why this node is on the object-store path when TCP was asked for
-    sock: socket.socket | None = None
-    alive: bool = True
-    pid: int = 0  # the actor's process
-    workers: list[int] = field(default_factory=list)  # its worker processes
-    in_flight: int = 0
-    images: int = 0
-    bytes: int = 0
-    batches: int = 0
-    reissued: int = 0
-    bad: int = 0
-    first_at: float = 0.0
-    last_at: float = 0.0
-    receive_cpu_s: float = 0.0
-
-    @property
-    def wids(self) -> range:
-        """The engine's worker ids standing for this node's cores."""
-        return range(self.first_wid, self.first_wid + self.cores)
-
-    def row(self) -> dict[str, Any]:
-        """This node's line in ``stats()``."""
-        span = self.last_at - self.first_at
-        return {
-            "node": self.ip,
-            "id": self.node_id[:12],
-            "cores": self.cores,
-            "transport": self.transport,
-            "alive": self.alive,
-            "batches": self.batches,
-            "images": self.images,
-            "img_s": self.images / span if span > 0 else 0.0,
-            "wire_mb_s": self.bytes / 1e6 / span if span > 0 else 0.0,
-            "wire_bytes": self.bytes,
-            "reissued": self.reissued,
-            "bad": self.bad,
-            "in_flight": self.in_flight,
-            "pid": self.pid,
-            "workers": list(self.workers),
-            **({"why": self.why} if self.why else {}),
-        }
 
 
 @dataclass
@@ -135,134 +78,18 @@ class Nodes:
         self.listener: socket.socket | None = None
         self.listen = ""
         self.threads: list[threading.Thread] = []
-        self._join(opts.address)
-        self.nodes = self._place(first_wid)
+        nodestart.join(ray, opts.address)
+        self.nodes = nodestart.place(ray, opts, first_wid)
         self.cores = sum(n.cores for n in self.nodes)
         try:
-            self._start_actors(recipe, threads)
-            self._check(recipe, probe)
+            nodestart.start_actors(ray, self.nodes, recipe, timeout, threads, CLAIMED_VERSION)
+            nodestart.check(ray, self.nodes, recipe, probe, timeout)
             self._connect()
         except BaseException:
             self.close()
             raise
 
     # ------------------------------------------------------------------ start
-
-    def _join(self, address: str) -> None:
-        ray = self.ray
-        if ray.is_initialized():
-            return
-        try:
-            ray.init(address=address, logging_level="WARNING", log_to_driver=False)
-        except ConnectionError as exc:
-            raise ClusterError(
-                f"cluster={'ray' if address == 'auto' else address!r}: no Ray cluster to join "
-                f"({exc}). Start one (ray start --head) and its nodes (ray start "
-                "--address=HEAD:6379), or call ray.init(...) before making the Loader"
-            ) from exc
-
-    def _place(self, first_wid: int) -> list[Node]:
-        """Which nodes decode, with how many cores each."""
-        here = self.ray.get_runtime_context().get_node_id()
-        others = sorted(
-            (
-                n
-                for n in self.ray.nodes()
-                if n.get("Alive") and n["NodeID"] != here and n["Resources"].get("CPU", 0) >= 1
-            ),
-            key=lambda n: n["NodeID"],
-        )
-        have = sum(int(n["Resources"]["CPU"]) for n in others)
-        want = self.opts.cores if self.opts.cores is not None else have
-        if have == 0 or want > have:
-            raise ClusterError(
-                f"cluster_workers={self.opts.cores or 'auto'}: the Ray cluster has {have} CPU "
-                f"core(s) on {len(others)} node(s) other than this trainer's; add nodes "
-                "(ray start --address=HEAD:6379 on each) or ask for fewer cores"
-            )
-        nodes: list[Node] = []
-        wid = first_wid
-        for n in others:
-            cores = min(int(n["Resources"]["CPU"]), want)
-            if cores <= 0:
-                break
-            nodes.append(Node(len(nodes), n["NodeID"], n["NodeManagerAddress"], cores, wid))
-            want -= cores
-            wid += cores
-        return nodes
-
-    def _start_actors(self, recipe: Recipe, threads: int | None) -> None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        with by_value():  # other machines cannot map this one's shared memory
-            blob = pack(recipe, {"source": recipe.source})
-        remote = self.ray.remote(actor_mod.Decoder)
-        job = os.urandom(4).hex()
-        for node in self.nodes:
-            capacity = node.cores * NODE_SLOTS_PER_CORE
-            node.actor = remote.options(
-                num_cpus=node.cores,
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-                max_restarts=0,
-                max_task_retries=0,
-                max_concurrency=capacity + 4,
-                name=f"stoker-{os.getpid()}-{job}-{node.index}",
-            ).remote(blob, node.cores, capacity, self.timeout, threads, CLAIMED_VERSION)
-
-    def _get(self, refs: list[Any], what: str) -> list[Any]:
-        """``ray.get`` with the start-up timeout; a node's failure is a ClusterError naming it."""
-        out = []
-        for node, ref in zip(self.nodes, refs, strict=True):
-            try:
-                out.append(self.ray.get(ref, timeout=max(self.timeout, START_TIMEOUT_S)))
-            except self.ray.exceptions.GetTimeoutError as exc:
-                raise ClusterError(
-                    f"node {node.ip} did not answer {what} within "
-                    f"{max(self.timeout, START_TIMEOUT_S):.0f} s"
-                ) from exc
-            except self.ray.exceptions.RayError as exc:
-                raise ClusterError(f"node {node.ip} failed {what}: {_cause(exc)}") from exc
-        return out
-
-    def _check(self, recipe: Recipe, probe: Callable[[], dict[str, Any]]) -> None:
-        """Same stoker and decoders, the data readable, and a probe batch byte-identical."""
-        source = recipe.source
-        first = int(recipe.plan.order(0)[0])
-        hellos = self._get([n.actor.hello.remote(first) for n in self.nodes], "its start-up")
-        ours = actor_mod.identity()
-        trainer_reads = _readable(source, first)
-        for node, hello in zip(self.nodes, hellos, strict=True):
-            for what, mine in ours.items():
-                theirs = hello["identity"].get(what)
-                if theirs != mine:
-                    raise ClusterError(
-                        f"node {node.ip} ({hello['host']}) runs {what} {theirs}, this trainer "
-                        f"{mine}: every node must run the same stoker and decoders (pip install "
-                        "the same stoker version, and its extension built, on every node)"
-                    )
-            if hello["unreadable"] and trainer_reads:
-                raise ClusterError(
-                    f"node {node.ip} (host {hello['host']}, Ray node {node.node_id[:12]}) cannot "
-                    f"read {hello['name']}, which this trainer reads: {hello['unreadable']}. "
-                    "Every node must reach the data at the same path (a shared file system "
-                    "mounted alike on every node), or use s3:// / gs:// / https:// shards"
-                )
-        started = self._get([n.actor.start.remote() for n in self.nodes], "starting its workers")
-        for node, pids in zip(self.nodes, started, strict=True):
-            node.pid, node.workers = pids["pid"], pids["workers"]
-        refs = [n.actor.probe.remote((0, 0)) for n in self.nodes]
-        own = probe()  # while the nodes make theirs
-        found = self._get(refs, "the probe batch")
-        if "digest" not in own:
-            return
-        for node, theirs in zip(self.nodes, found, strict=True):
-            if theirs.get("digest") != own["digest"]:
-                raise ClusterError(
-                    f"node {node.ip} made probe batch (epoch 0, batch 0) differently from this "
-                    f"trainer ({theirs.get('error') or 'other bytes'}): its CPU or libraries "
-                    "round differently (OpenCV, libjpeg SIMD). Use nodes of the same kind, "
-                    "with the same packages, as the trainer"
-                )
 
     def _connect(self) -> None:
         """The data connections (TCP), or the object-store path where asked or where one
@@ -290,7 +117,8 @@ class Nodes:
             done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
             if len(done) == len(refs):
                 break
-        for node, why in zip(self.nodes, self._get(refs, "the data connection"), strict=True):
+        whys = nodestart.get_all(self.ray, self.nodes, refs, "the data connection", self.timeout)
+        for node, why in zip(self.nodes, whys, strict=True):
             if why and node.sock is not None:
                 node.sock.close()
                 node.sock = None
@@ -552,15 +380,6 @@ def _offsets(layout: SlotLayout) -> list[tuple[int, int]]:
     return out
 
 
-def _readable(source: Any, index: int) -> bool:
-    """Whether this process can read sample ``index``."""
-    try:
-        source.read(index)
-        return True
-    except Exception:  # noqa: BLE001 - a bad sample: counted like any other, not a node's fault
-        return False
-
-
 def _on_node(report: Report, node: Node) -> Report:
     """Bad and warned samples named with the node that met them."""
     report.bad = [(i, name, f"{why} [node {node.ip}]") for i, name, why in report.bad]
@@ -597,12 +416,7 @@ def _error(data: bytes, node: Node) -> dict[str, Any]:
     }
 
 
-def _cause(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return " ".join(text[-3:]) if text else type(exc).__name__
-
-
 def _why_lost(exc: BaseException) -> str:
     if isinstance(exc, EOFError):
         return "its connection closed (the actor or its node died)"
-    return f"{type(exc).__name__}: {_cause(exc)}"
+    return f"{type(exc).__name__}: {nodestart.cause(exc)}"
