@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ClusterError
 from ..shm.segments import by_value
 from . import actor as actor_mod
-from .launch import pack
+from .packing import pack
 
 if TYPE_CHECKING:
     from ..loader.recipe import Recipe
