@@ -19,6 +19,9 @@ LOWER = (
     "stoker.order",
     "stoker.decode",
     "stoker.transforms",
+    "stoker.crops",
+    "stoker.userops",
+    "stoker.ops",
 )
 HIGHER = ("stoker.workers", "stoker.loader")
 #: What the shared-memory leaf may import besides the standard library and itself.
