@@ -61,6 +61,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             # it stays open. Overlapping requests open it; one-after-the-other ones never do
             if srv.gate and not srv.arrived.wait_for(srv.gate_reached, GATE_S):
                 srv.gate_missed += 1
+        counted = True
         try:
             time.sleep(srv.delay)
             path = self._file()
@@ -85,11 +86,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Accept-Ranges", "bytes")
+            # out of flight before the reply goes out: once its bytes are there, the client may
+            # send its next request before this thread runs again
+            counted = srv.leave()
             self.end_headers()
             self.wfile.write(body)
         finally:
-            with srv.lock:
-                srv.inflight -= 1
+            if counted:
+                srv.leave()
 
 
 class _Server(http.server.ThreadingHTTPServer):
@@ -116,6 +120,12 @@ class _Server(http.server.ThreadingHTTPServer):
         """True once ``gate`` GETs were in flight at the same time (call with the lock held)."""
         self.gate_open = self.gate_open or self.inflight >= self.gate
         return self.gate_open
+
+    def leave(self) -> bool:
+        """One GET is no longer in flight; returns False (it is counted out)."""
+        with self.lock:
+            self.inflight -= 1
+        return False
 
     def reset(self):
         with self.lock:
