@@ -352,35 +352,36 @@ def detach() -> None:
 
 def track_segment(path: str) -> None:
     """Announce a segment path before creating it: the reaper unlinks it if we die."""
-    _listed(_client.paths, "S", path, True)
+    _list(_client.paths, "S", path)
 
 
 def untrack_segment(path: str) -> None:
     """The segment was unlinked by us; the reaper forgets it."""
-    _listed(_client.paths, "S", path, False)
+    _unlist(_client.paths, "S", path)
 
 
 def hold_lock(path: str) -> None:
     """This process holds the segment lock ``path`` (see :mod:`.ownerlock`): the reaper holds
     it too, until it has removed every listed segment, and then removes it."""
-    _listed(_client.locks, "L", path, True)
+    _list(_client.locks, "L", path)
 
 
 def release_lock(path: str) -> None:
     """The segment lock ``path`` was removed by us; the reaper lets it go."""
-    _listed(_client.locks, "L", path, False)
+    _unlist(_client.locks, "L", path)
 
 
-def _listed(kept: set[str], kind: str, path: str, add: bool) -> None:
-    """Add ``path`` to (or drop it from) one of the client's lists and tell the reaper
-    (``+S path``, ``-L path``, ...); dropping a path never listed tells nothing."""
-    if add:
-        kept.add(path)
-    elif path in kept:
+def _list(kept: set[str], kind: str, path: str) -> None:
+    """Add ``path`` to one of the client's lists and tell the reaper (``+S path``)."""
+    kept.add(path)
+    _client.tell(f"+{kind} {path}")
+
+
+def _unlist(kept: set[str], kind: str, path: str) -> None:
+    """Drop a listed ``path`` and tell the reaper (``-S path``); one never listed tells nothing."""
+    if path in kept:
         kept.discard(path)
-    else:
-        return
-    _client.tell(f"{'+' if add else '-'}{kind} {path}")
+        _client.tell(f"-{kind} {path}")
 
 
 def track_process(pid: int) -> None:
