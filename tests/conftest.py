@@ -221,3 +221,30 @@ def needs_namespace() -> None:
     why = chaos_env.namespace_reason()
     if why is not None:
         pytest.skip(f"needs a private mount namespace: {why}")
+
+
+# --------------------------------------------------------------------------- object storage
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[object]:
+    """One real S3 API server (moto's ``ThreadedMotoServer``) on loopback for the session."""
+    pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra installs it)")
+    from buckets import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture
+def s3_env(s3_server: object, monkeypatch: pytest.MonkeyPatch) -> object:
+    """The S3 server, with ``AWS_ENDPOINT_URL`` and dummy credentials set for this test only."""
+    for name, value in s3_server.env().items():  # type: ignore[attr-defined]
+        monkeypatch.setenv(name, value)
+    return s3_server
+
+
+@pytest.fixture
+def s3_bucket(s3_env: object) -> str:
+    """A fresh, empty bucket on the test S3 server (its name); the environment points at it."""
+    return s3_env.bucket()  # type: ignore[attr-defined,no-any-return]

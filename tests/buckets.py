@@ -1,0 +1,99 @@
+"""A real S3 API for the tests: moto's ``ThreadedMotoServer`` on a free loopback port.
+
+``S3Server`` starts one in this process and gives the environment a client needs to reach it
+(``AWS_ENDPOINT_URL`` and dummy credentials, so boto3, s3fs and obstore all find it through
+their standard chain). ``bucket(name)`` makes an empty bucket; ``upload(local, url)`` copies a
+file or a folder into one, keys relative to the folder, the local file's bytes unchanged.
+
+The fixtures in ``conftest.py`` (``s3_server``, ``s3_env``, ``s3_bucket``) wrap it: one server
+for the session, a fresh bucket for each test, the environment set only inside the test.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import uuid
+from typing import Any
+
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class S3Server:
+    """One moto S3 server on 127.0.0.1; ``start()``/``stop()``, or use it as a context manager."""
+
+    def __init__(self, port: int | None = None) -> None:
+        from moto.server import ThreadedMotoServer
+
+        self.port = port or free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+
+    def start(self) -> S3Server:
+        """Serve until ``stop()``."""
+        self._server.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (the buckets are gone with it)."""
+        self._server.stop()
+
+    def __enter__(self) -> S3Server:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def env(self) -> dict[str, str]:
+        """The variables that point boto3, s3fs and obstore at this server."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ENDPOINT_URL_S3": self.endpoint,
+            **CREDENTIALS,
+        }
+
+    def client(self) -> Any:
+        """A boto3 S3 client for this server (for the tests' own setup and checks)."""
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
+        )
+
+    def bucket(self, name: str | None = None) -> str:
+        """Create an empty bucket and return its name (a fresh unique one by default)."""
+        name = name or f"bkt-{uuid.uuid4().hex[:12]}"
+        self.client().create_bucket(Bucket=name)
+        return name
+
+    def upload(self, local: str | os.PathLike[str], url: str) -> list[str]:
+        """Copy a file, or every file under a folder, to ``s3://bucket/prefix``; the keys written.
+
+        A folder's files keep their paths relative to it below ``prefix``; bytes are unchanged.
+        """
+        bucket, _, prefix = url.removeprefix("s3://").partition("/")
+        root = pathlib.Path(local)
+        files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        client, keys = self.client(), []
+        for path in files:
+            rel = path.name if root.is_file() else path.relative_to(root).as_posix()
+            key = f"{prefix.rstrip('/')}/{rel}" if prefix else rel
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+            keys.append(key)
+        return keys
