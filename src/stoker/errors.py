@@ -52,6 +52,11 @@ class ClusterError(StokerError):
     read the data, or every node is gone."""
 
 
+class ObjectChanged(StokerError):
+    """An object in a bucket was replaced after the dataset was listed (its ETag or generation
+    changed): never a bad sample to skip, since its bytes would mix two versions of the data."""
+
+
 class ResourceLimitError(StokerError, OSError):
     """The operating system refused a file or a mapping: a per-process limit was reached (the
     message names it and the fix)."""

@@ -24,6 +24,7 @@ class LoaderKwargs(TypedDict, total=False):
     stratify: bool
     class_names: Any
     follow_links: bool
+    storage_options: Any
     image_size: Any
     augment: Any
     color_mode: str | None

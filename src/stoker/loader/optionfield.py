@@ -13,6 +13,7 @@ from functools import partial
 from typing import Any
 
 from .. import pixels
+from ..errors import ConfigError
 from . import config
 
 #: A field's check: ``(name, value) -> the value kept`` (or a ConfigError naming the argument).
@@ -71,3 +72,18 @@ def fast_decode(value: Any) -> None:
 def max_errors(value: Any) -> None:
     """Refuse a ``max_errors`` that is neither a count nor a rate."""
     config.max_errors(value, 0)
+
+
+def storage_options(value: Any) -> Any:
+    """``storage_options`` kept as a ``StorageOptions`` (its ``repr`` shows no value), or None;
+    anything but a dict is refused."""
+    from ..sources.store import StorageOptions
+
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ConfigError(
+            f"storage_options must be a dict of the filesystem's options (e.g. "
+            f"{{'endpoint_url': ...}}), got {type(value).__name__}"
+        )
+    return StorageOptions(value)

@@ -39,6 +39,7 @@ from .optionfield import (
     max_errors,
     of_value,
     option,
+    storage_options,
 )
 from .selection import check_split
 
@@ -124,6 +125,15 @@ class SourceOptions:
         "folder walked once, a loop skipped with a warning); `False` skips every link, as "
         "Keras' `follow_links=False` skips linked folders.",
         check=flag,
+    )
+    storage_options: Any = option(
+        None,
+        "dict | None",
+        "Buckets and URLs (`s3://`, `gs://`, `https://`, any fsspec URL): options for the "
+        "filesystem, passed through unchanged (`endpoint_url`, `anon`, `profile`, keys); "
+        "credentials otherwise come from the library's own chain, and never appear in a "
+        "message, `stats()` or `state_dict()`.",
+        check=of_value(storage_options),
     )
 
     def __post_init__(self) -> None:

@@ -124,7 +124,8 @@ def open_source(
     if isinstance(source, str) and "://" in source:  # remote storage through fsspec
         from .remote import RemoteShardSource
 
-        return RemoteShardSource(source, label_column=label_column)
+        storage = getattr(options, "storage_options", None)
+        return RemoteShardSource(source, label_column=label_column, storage_options=storage)
     if isinstance(source, (str, os.PathLike)):
         return _open_path(Path(source), labels, named, options)
     raise SourceError(

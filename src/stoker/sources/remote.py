@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import DecodeError, SourceError, one_line
+from ..errors import DecodeError, ObjectChanged, SourceError, one_line
 from .base import cache_folder
 from .hfpaths import refuse_remote_path_rows
 from .shardindex import (
@@ -50,15 +50,12 @@ from .shardindex import (
     trusted_cached,
 )
 from .shards import MANIFEST, ShardSource
+from .store import DEFAULT_TIMEOUT, Entry, ObjectFile, is_url, open_store, shown
 
-DEFAULT_TIMEOUT = 60.0  # seconds for one request (connect + transfer)
+__all__ = ["RemoteShardSource", "is_url", "READ_AHEAD_MAX", "DEFAULT_TIMEOUT"]
+
 READ_AHEAD_MAX = 64  # requests in flight per worker the auto window may grow to
 _HTTP = ("http", "https")
-
-
-def is_url(spec: Any) -> bool:
-    """True for a string naming remote storage (``scheme://...``)."""
-    return isinstance(spec, str) and "://" in spec
 
 
 class RemoteShardSource(ShardSource):
@@ -75,11 +72,9 @@ class RemoteShardSource(ShardSource):
         timeout: float = DEFAULT_TIMEOUT,
         read_ahead_max: int = READ_AHEAD_MAX,
     ) -> None:
-        if not is_url(url):
-            raise SourceError(f"{url!r} is not a URL (scheme://...)")
+        self.store = open_store(url, storage_options, timeout)
         self.url = url.rstrip("/")
-        self.protocol = self.url.split("://", 1)[0].lower()
-        self.storage_options = dict(storage_options or {})
+        self.protocol = self.store.protocol
         if (
             isinstance(read_ahead_max, bool)
             or not isinstance(read_ahead_max, int)
@@ -89,7 +84,7 @@ class RemoteShardSource(ShardSource):
                 f"read_ahead_max={read_ahead_max!r}: give the most requests in flight per "
                 f"worker, a positive int (default {READ_AHEAD_MAX})"
             )
-        self.timeout, self.read_ahead_max = float(timeout), read_ahead_max
+        self.read_ahead_max = read_ahead_max
         self.access = "remote"
         self.image_column, self.label_column = image_column, label_column
         self._cache_dir = cache_folder(cache_dir, "index")
@@ -97,6 +92,7 @@ class RemoteShardSource(ShardSource):
         entries, manifest = self._list()
         self.files = [e[0] for e in entries]
         self._entries = entries
+        self._objects = self._stored(entries)
         self._sizes: list[int] = []
         self._scan(self.files, manifest, self.url)
         self.close()  # the main process's handles are not needed until read()
@@ -109,18 +105,18 @@ class RemoteShardSource(ShardSource):
         try:
             yield
         except (OSError, pa.ArrowException) as exc:
-            raise SourceError(f"{name}: cannot read ({one_line(exc)})") from None
+            raise SourceError(f"{shown(name)}: cannot read ({one_line(exc)})") from None
 
     def _open_shard(self, k: int, url: str, manifest: dict | None) -> pq.ParquetFile:
         """Shard ``k`` through fsspec, checked against the size the manifest or listing gave."""
-        size = self._entries[k][1]
-        pf, actual, handle = self._open_parquet(url, size)
-        self._files_open.append(handle)
-        if size is not None and actual != size:
+        size, actual = self._entries[k][1], self._objects[k].size
+        if actual != size:
             raise SourceError(
-                f"{url}: {actual} bytes, the manifest says {size}; the shard "
+                f"{shown(url)}: {actual} bytes, the manifest says {size}; the shard "
                 "changed since conversion: upload the matching manifest or convert again"
             )
+        pf, handle = self._open_parquet(k)
+        self._files_open.append(handle)
         self._sizes.append(actual)
         return pf
 
@@ -129,105 +125,91 @@ class RemoteShardSource(ShardSource):
     ) -> str | None:
         """Shard ``k``'s cached offset index (built if missing or stale), or None."""
         refuse_remote_path_rows(pf, url, self.image_column)
-        return self._remote_index(url, pf, self._sizes[k], self._entries[k][2])
+        version = f"{self._entries[k][2]}|{self._objects[k].tag}"
+        return self._remote_index(k, url, pf, self._sizes[k], version)
 
     def _list(self) -> tuple[list[tuple[str, int, str]], dict | None]:
         """(url, size, checksum or ETag) of every shard, and the manifest when there is one."""
-        fs = self._filesystem()
         if self.url.lower().endswith(".parquet"):
-            info = self._info(self.url)
-            return [(self.url, int(info["size"]), _tag(info))], None
+            return [tuple(self.store.head(self.url))], None  # type: ignore[list-item]
         where = f"{self.url}/{MANIFEST}"
         raw: bytes | None
         try:
-            raw = self._get(where)
+            raw = self.store.get(where)
         except FileNotFoundError:
             raw = None
         except OSError as exc:
-            raise SourceError(
-                f"{where}: cannot read ({exc}); check the URL, the network and credentials"
-            ) from None
+            raise SourceError(f"{exc}; check the URL, the network and credentials") from None
         if raw is not None:
-            try:
-                manifest = json.loads(raw)
-                shards = manifest["shards"]
-                entries = [
-                    (f"{self.url}/{s['file']}", int(s["bytes"]), str(s.get("sha256") or ""))
-                    for s in shards
-                ]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise SourceError(f"{where}: not a stoker manifest ({one_line(exc)})") from None
-            if not entries:
-                raise SourceError(f"{where}: lists no shards")
-            return entries, manifest
+            return _manifest_entries(self.url, where, raw)
         if self.protocol in _HTTP:
             raise SourceError(
-                f"{where}: not found. HTTP has no directory listing, so a remote folder of "
+                f"{shown(where)}: not found. HTTP has no directory listing, so a remote folder of "
                 f"shards needs the {MANIFEST} that `stoker convert` writes: upload it next to "
                 "the shards (or pass the URL of one .parquet file)"
             )
-        try:
-            found = fs.glob(f"{self.url}/*.parquet", detail=True)
-        except Exception as exc:  # noqa: BLE001 - any backend error: say which URL
-            raise SourceError(f"{self.url}: cannot list ({one_line(exc)})") from None
-        entries = [
-            (fs.unstrip_protocol(p), int(info["size"]), _tag(info))
-            for p, info in sorted(found.items())
-            if not os.path.basename(p).startswith(".")
-        ]
+        entries = [tuple(e) for e in shard_entries(self.store.list(self.url), self.url)]
         if not entries:
-            raise SourceError(f"{self.url}: no {MANIFEST} and no .parquet files")
-        return entries, None
+            raise SourceError(f"{shown(self.url)}: no {MANIFEST} and no .parquet files")
+        return entries, None  # type: ignore[return-value]
 
-    def _info(self, url: str) -> dict:
-        try:
-            return self._filesystem().info(url)
-        except FileNotFoundError:
-            raise SourceError(f"{url}: not found") from None
-        except Exception as exc:  # noqa: BLE001
-            raise SourceError(f"{url}: cannot read ({one_line(exc)})") from None
-
-    def _open_parquet(self, url: str, size: int | None) -> tuple[pq.ParquetFile, int, Any]:
-        """A ParquetFile reading ``url`` through fsspec, the file's size, the fsspec file."""
-        fs = self._filesystem()
-        kwargs: dict[str, Any] = {}
-        if size is not None and self.protocol in _HTTP:
-            kwargs["size"] = size  # no HEAD request needed
-        try:
-            f = fs.open(url, "rb", **kwargs)
-        except FileNotFoundError:
+    def _stored(self, entries: list[tuple[str, int, str]]) -> list[Entry]:
+        """Each shard as the store has it now (size, and the version tag every read must
+        still match): the listing's, or one listing of the folder when the shards came from a
+        manifest. HTTP has no listing: there the manifest's sizes are taken, reads unchecked."""
+        if self.protocol in _HTTP:
+            return [Entry(url, size, "") for url, size, _ in entries]
+        if len(entries) == 1 and entries[0][0] == self.url:
+            return [self.store.head(self.url)]
+        listed = {e.url: e for e in self.store.list(self.url)}
+        missing = [url for url, _, _ in entries if url not in listed]
+        if missing:
             raise SourceError(
-                f"{url}: listed in the manifest but not found; upload it or convert again"
-            ) from None
-        except Exception as exc:  # noqa: BLE001
-            raise OSError(one_line(exc)) from exc
-        try:
-            return pq.ParquetFile(f), int(f.size), f
-        except (pa.ArrowException, OSError, ValueError) as exc:
-            raise SourceError(f"{url}: not a readable Parquet file ({one_line(exc)})") from None
+                f"{shown(self.url)}: {len(missing)} shard(s) listed in {MANIFEST} are missing, "
+                f"first {shown(missing[0])}; upload them or convert again"
+            )
+        return [listed[url] for url, _, _ in entries]
 
-    def _remote_index(self, url: str, pf: pq.ParquetFile, size: int, tag: str) -> str | None:
-        """Path of a valid cached offset index for ``url`` (built if missing or stale), or
-        None when the image bytes are not stored verbatim."""
+    def _open_parquet(self, k: int) -> tuple[pq.ParquetFile, Any]:
+        """A ParquetFile reading shard ``k`` through the store, and its file."""
+        f = ObjectFile(self.store, self._objects[k])
+        try:
+            return pq.ParquetFile(f), f
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            if isinstance(exc, ObjectChanged):
+                raise
+            raise SourceError(
+                f"{shown(f.entry.url)}: not a readable Parquet file ({one_line(exc)})"
+            ) from None
+
+    def _remote_index(
+        self, k: int, url: str, pf: pq.ParquetFile, size: int, tag: str
+    ) -> str | None:
+        """Path of a valid cached offset index for shard ``k`` at ``url`` (built if missing or
+        stale: keyed on its size, checksum and store version ``tag``), or None when the image
+        bytes are not stored verbatim."""
         key = int.from_bytes(
             hashlib.blake2b(f"{size}|{tag}".encode(), digest_size=7).digest(), "little"
         )
         column = self._value_path(pf)
         header = ((size, key), (layout_key(pf, column), pf.metadata.num_rows))
-        folder, name = url.rsplit("/", 1)
+        folder, name = shown(url).rsplit("/", 1)
         path = cache_path(self._cache_dir, folder, name)
         trusted = trusted_cached(path)
         if trusted is not None and index_valid(trusted, header):
             return str(trusted)
         offsets = locate_values(
-            url, pf, column, fetch=lambda start, end: self._get(url, start, end)
+            url,
+            pf,
+            column,
+            fetch=lambda start, end: self.store.get(url, start, end, self._objects[k].tag),
         )
         if offsets is None:
             return None
         written = cache_index(path, header, offsets)
         if written is None:
             raise SourceError(
-                f"{url}: cannot write its byte-offset index under {self._cache_dir} (not "
+                f"{shown(url)}: cannot write its byte-offset index under {self._cache_dir} (not "
                 "writable, or not a folder of yours alone: see the warning above); pass "
                 "cache_dir= a folder of your own"
             )
@@ -248,14 +230,12 @@ class RemoteShardSource(ShardSource):
 
     def _reset(self) -> None:
         super()._reset()
-        self._fs: Any = None
-        self._fs_pid = -1
         self._tables: dict[int, np.ndarray] = {}
         self._files_open: list[Any] = []
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for key in ("_fs", "_fs_pid", "_tables", "_files_open"):
+        for key in ("_tables", "_files_open"):
             state.pop(key, None)
         return state
 
@@ -269,38 +249,8 @@ class RemoteShardSource(ShardSource):
         self._reset()
 
     def _filesystem(self) -> Any:
-        """This process's fsspec filesystem (made per process: never shared across a fork;
-        shared by the process's reading threads)."""
-        with self._lock:
-            if self._fs is None or self._fs_pid != os.getpid():
-                self._fs = self._make_filesystem()
-                self._fs_pid = os.getpid()
-            return self._fs
-
-    def _make_filesystem(self) -> Any:
-        try:
-            import fsspec
-        except ImportError:
-            raise SourceError(
-                f"{self.url}: reading remote shards needs fsspec: pip install 'stoker[remote]'"
-            ) from None
-        options = dict(self.storage_options)
-        if self.protocol in _HTTP:
-            import aiohttp
-
-            client = dict(options.pop("client_kwargs", None) or {})
-            client.setdefault(
-                "timeout",
-                aiohttp.ClientTimeout(total=self.timeout, sock_connect=min(self.timeout, 10.0)),
-            )
-            options["client_kwargs"] = client
-        try:
-            return fsspec.filesystem(self.protocol, skip_instance_cache=True, **options)
-        except (ImportError, ValueError) as exc:
-            raise SourceError(
-                f"{self.url}: no fsspec filesystem for {self.protocol}:// ({one_line(exc)}); "
-                "install its package (s3fs for s3://, gcsfs for gs://)"
-            ) from None
+        """This process's fsspec filesystem (the store's: made per process)."""
+        return self.store.filesystem()
 
     def _table(self, shard: int) -> np.ndarray:
         table = self._tables.get(shard)
@@ -310,34 +260,11 @@ class RemoteShardSource(ShardSource):
         return table
 
     def _parquet_reader(self, shard: int) -> pq.ParquetFile:
-        pf, _, handle = self._open_parquet(self.files[shard], self._sizes[shard])
+        pf, handle = self._open_parquet(shard)
         self._files_open.append(handle)
         return pf
 
     # ------------------------------------------------------------------ reading
-
-    def _get(self, url: str, start: int | None = None, end: int | None = None) -> bytes:
-        """One (ranged) request; any failure is an OSError naming the URL. The wait has a
-        deadline of its own (``timeout`` + 5 s, on fsspec's async filesystems), so no backend
-        can hang the caller even where its client has no timeout."""
-        fs = self._filesystem()
-        deadline = self.timeout + 5.0
-        wait = {"timeout": deadline} if getattr(fs, "async_impl", False) else {}
-        span = f" bytes {start}-{end}" if start is not None else ""
-        try:
-            data = fs.cat_file(url, start=start, end=end, **wait)
-        except FileNotFoundError as exc:
-            raise FileNotFoundError(f"{url}: not found ({exc})") from None
-        except TimeoutError:  # fsspec's FSTimeoutError, aiohttp's and asyncio's
-            raise OSError(f"{url}{span}: no answer within {deadline:.0f} s") from None
-        except Exception as exc:  # noqa: BLE001 - network errors of any backend
-            raise OSError(f"{url}{span}: {one_line(exc)}") from None
-        if start is not None and end is not None and len(data) != end - start:
-            raise OSError(
-                f"{url} bytes {start}-{end}: got {len(data)} bytes, expected {end - start}; "
-                "the server ignored the Range request or the shard changed"
-            )
-        return data
 
     def read(self, index: int) -> bytes:
         """The encoded image bytes of sample ``index``: one ranged request."""
@@ -352,7 +279,12 @@ class RemoteShardSource(ShardSource):
         offset, length = (int(v) for v in self._table(shard)[row + HEADER_ROWS])
         if offset < 0:
             raise DecodeError(f"{self.name(index)}: no image bytes (null)")
-        return self._get(self.files[shard], offset, offset + length)
+        return self.store.get(self.files[shard], offset, offset + length, self._objects[shard].tag)
+
+    def name(self, index: int) -> str:
+        """``s3://bucket/shard-00003.parquet[row 17]`` (no credential in the URL)."""
+        shard, row = self.locate(index)
+        return f"{shown(self.files[shard])}[row {row}]"
 
     def forget(self, index: int) -> bool:
         """Nothing to drop: network reads leave no pages of the shard in the page cache."""
@@ -362,9 +294,30 @@ class RemoteShardSource(ShardSource):
 # ---------------------------------------------------------------------------- helpers
 
 
-def _tag(info: dict) -> str:
-    """A version tag of a stored object: its ETag, checksum or modification time."""
-    for key in ("ETag", "etag", "md5Hash", "crc32c", "sha256", "mtime", "LastModified"):
-        if info.get(key):
-            return str(info[key])
-    return ""
+def _manifest_entries(url: str, where: str, raw: bytes) -> tuple[list[tuple[str, int, str]], dict]:
+    """(url, size, sha256) of every shard a stoker manifest lists, and the manifest."""
+    try:
+        manifest = json.loads(raw)
+        entries = [
+            (f"{url}/{s['file']}", int(s["bytes"]), str(s.get("sha256") or ""))
+            for s in manifest["shards"]
+        ]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SourceError(f"{shown(where)}: not a stoker manifest ({one_line(exc)})") from None
+    if not entries:
+        raise SourceError(f"{shown(where)}: lists no shards")
+    return entries, manifest
+
+
+def shard_entries(listing: list[Entry], url: str) -> list[Entry]:
+    """The ``.parquet`` objects directly under ``url`` in a listing (not hidden ones), as a
+    local folder of shards counts its files."""
+    top = url.rstrip("/") + "/"
+    return [
+        e
+        for e in listing
+        if e.url.startswith(top)
+        and "/" not in e.url[len(top) :]
+        and e.url.lower().endswith(".parquet")
+        and not e.url[len(top) :].startswith(".")
+    ]
