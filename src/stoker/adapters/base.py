@@ -4,14 +4,14 @@ setter, and the one-batch look-ahead that device adapters use."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from .feed import Batch, Feed, State
 
 if TYPE_CHECKING:
-    from ..loader.compat import EpochSampler, Samples
+    from ..loader.compat import EpochBatches, EpochSampler, Samples
 
 Issued = TypeVar("Issued")
 Out = TypeVar("Out")
@@ -19,19 +19,44 @@ Out = TypeVar("Out")
 
 class LoaderView:
     """A framework's view of a Loader: ``len``, ``set_epoch``, the ``state_dict`` protocol and
-    the DataLoader attributes training loops read (``dataset``, ``sampler``, ``batch_size``,
-    ``drop_last``) pass through."""
+    the DataLoader attributes training loops and frameworks read (``dataset``, ``sampler``,
+    ``batch_sampler``, ``batch_size``, ``drop_last``, ``collate_fn``, ``num_workers``).
+
+    A DataLoader rebuilt from these parts (``accelerate.skip_first_batches(view, n)`` does
+    that) gives exactly this view's batches from batch ``n`` of the epoch, made by the loader's
+    workers (see ``loader.compat``)."""
 
     loader: Feed
+    #: Torch DataLoader worker processes this view starts: none (the loader's own processes are
+    #: ``view.loader.workers``), so a DataLoader rebuilt from the view's parts runs in this
+    #: process and takes its batches from the loader.
+    num_workers = 0
+    #: Batches each DataLoader worker loads ahead: None, as a DataLoader without workers has.
+    prefetch_factor = None
 
     def __len__(self) -> int:
         """Batches per epoch: ``len(loader)``."""
         return len(self.loader)
 
+    def __iter__(self) -> Iterator[Any]:
+        """The rest of the loader's current epoch, as the framework's batches."""
+        raise NotImplementedError
+
     @property
     def dataset(self) -> Samples:
-        """The samples drawn from (``len(view.dataset)``); see ``Loader.dataset``."""
-        return self.loader.dataset
+        """The samples drawn from (``len(view.dataset)``); see ``Loader.dataset``. A DataLoader
+        rebuilt from the view's parts fetches this view's batches from it."""
+        return self.loader.dataset_of(self)
+
+    @property
+    def batch_sampler(self) -> EpochBatches:
+        """The epoch's batches as sample index lists; see ``Loader.batch_sampler``."""
+        return self.loader.batch_sampler
+
+    @property
+    def collate_fn(self) -> Callable[[Any], Any]:
+        """Passes a batch fetched from ``dataset`` through; see ``Loader.collate_fn``."""
+        return self.loader.collate_fn
 
     @property
     def sampler(self) -> EpochSampler:

@@ -10,8 +10,8 @@ own types named below are imported for the type checker alone (adapters import n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol, TypeAlias
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from ..schema import FieldSpec, Form
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from ..loader.compat import EpochSampler, Samples
+    from ..loader.compat import EpochBatches, EpochSampler, Samples
     from ..stats import Stats, WaitMeter
 
 __all__ = [
@@ -168,6 +168,20 @@ class Feed(Protocol):
     @property
     def sampler(self) -> EpochSampler:
         """A DistributedSampler's habits; ``len()`` = samples this rank visits per epoch."""
+        ...
+
+    @property
+    def batch_sampler(self) -> EpochBatches:
+        """The epoch's batches as a DataLoader's batch sampler yields them."""
+        ...
+
+    @property
+    def collate_fn(self) -> Callable[[Any], Any]:
+        """What a DataLoader rebuilt from the parts applies to a fetched batch."""
+        ...
+
+    def dataset_of(self, view: Iterable[Any]) -> Samples:
+        """``dataset``, whose ``__getitems__`` hands out ``view``'s batches."""
         ...
 
     def set_epoch(self, epoch: int) -> None:

@@ -4,6 +4,7 @@ called."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import order as order_mod
@@ -13,6 +14,7 @@ from ..stats import Stats, StatsReport, WaitMeter
 from ..workers.launch import describe as describe_start
 from ..workers.threads import describe as describe_threads
 from . import config
+from .compat import EpochBatches, Samples, collate
 
 if TYPE_CHECKING:  # never evaluated at run time
     import tensorflow
@@ -43,6 +45,24 @@ class Views:
     def _feed(self) -> Feed:
         """This loader as adapters see it (``core._is_a_feed`` proves a ``Loader`` is a Feed)."""
         return cast("Feed", self)
+
+    @property
+    def batch_sampler(self) -> EpochBatches:
+        """The epoch's batches as a DataLoader's batch sampler yields them (lists of sample
+        indices, from the epoch's first batch; ``len()`` = batches per epoch): what
+        Lightning's shuffle check and ``accelerate.skip_first_batches`` read."""
+        return EpochBatches(self)
+
+    @property
+    def collate_fn(self) -> Callable[[Any], Any]:
+        """What a DataLoader rebuilt from this loader's parts applies to a batch fetched from
+        ``dataset``: it passes the loader's own batch through (``compat.collate``)."""
+        return collate
+
+    def dataset_of(self, view: Iterable[Any]) -> Samples:
+        """``dataset`` for ``view`` (this loader or one of its framework views): a DataLoader
+        rebuilt from the view's parts fetches the view's own batches from it."""
+        return Samples(self, view)
 
     def stats(self) -> StatsReport:
         """Throughput, time the consumer waited for data and its share, stage times, bad files."""
