@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -203,3 +204,67 @@ def test_cuda_transfer_is_picked_again_once_the_workers_took_over(tmp_path, monk
         transfer = loader.stats().transfer
     assert "zero-copy" in transfer, transfer
     assert len(rest) == 5  # 24 samples, batches of 4: none lost or repeated at the switch
+
+
+# A script that ends while its workers are still starting: each worker, importing the
+# dataset's module, says so (a file) and waits; the script waits for both, releases them and
+# ends at once, so the workers go on starting while the process exits.
+ENDS_EARLY = """
+import os, sys, time
+sys.path.insert(0, {folder!r})
+os.environ["GATE_PARENT"] = str(os.getpid())
+import stoker, gate_mod
+loader = stoker.Loader(gate_mod.Gated(), batch_size=4, workers=2)
+next(iter(loader))  # made here: the workers are held in their import
+cap = time.monotonic() + 60
+while len([f for f in os.listdir({folder!r}) if f.startswith("importing")]) < 2:
+    assert time.monotonic() < cap, "the workers never began importing"
+    time.sleep(0.02)
+open({flag!r}, "w").close()
+print("last line")
+"""
+
+GATE = """
+import os, time
+import numpy as np
+if os.environ.get("GATE_PARENT") not in (None, str(os.getpid())):
+    open(os.path.join({folder!r}, f"importing_{{os.getpid()}}"), "w").close()
+    cap = time.monotonic() + 30
+    while not os.path.exists({flag!r}) and time.monotonic() < cap:
+        time.sleep(0.01)
+class Gated:
+    def __len__(self):
+        return 16
+    def __getitem__(self, i):
+        return {{"x": np.full(3, i, np.float32)}}
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_script_that_ends_while_its_workers_start_prints_no_traceback_and_leaves_no_file(
+    tmp_path,
+):
+    for run in range(3):
+        folder = tmp_path / f"run{run}"
+        folder.mkdir()
+        flag = str(folder / "go")
+        (folder / "gate_mod.py").write_text(GATE.format(folder=str(folder), flag=flag))
+        script = ENDS_EARLY.format(folder=str(folder), flag=flag)
+        child = subprocess.Popen(
+            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        out, err = child.communicate(timeout=120)
+        assert child.returncode == 0 and out.strip() == "last line", err
+        assert "Traceback" not in err and "Error" not in err, err
+        assert [n for n in os.listdir("/dev/shm") if n.startswith(f"stoker_{child.pid}_")] == []
+        for name in os.listdir(folder):  # each worker that began starting is gone, not left
+            if name.startswith("importing_"):
+                assert not _still_a_worker(int(name.split("_")[1]))
+
+
+def _still_a_worker(pid: int) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and BOOT in proc.cmdline()
+    except psutil.Error:
+        return False

@@ -4,10 +4,16 @@ workers and removes its shared memory, then the process ends by SIGTERM as the d
 The handler is installed (from the main thread, at a loader's start) only while SIGTERM has its
 default action: a handler of the user's own is never replaced. Whatever the close does not
 finish (a second signal, a SIGKILL), the reaper finishes.
+
+At the interpreter's exit the running loaders are closed the same way, by an ``atexit`` hook
+registered at the first loader's start, so before any ``weakref.finalize`` callback (those run
+after every later ``atexit`` hook): a segment's own finalizer would otherwise unlink it while
+a worker still starting goes on to open it.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
@@ -22,22 +28,32 @@ class Closable(Protocol):
 
 
 _running: weakref.WeakSet[Any] = weakref.WeakSet()
+_AT_EXIT: list[bool] = []  # appended to once the atexit hook is registered
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """Close every running loader, quickly, then die of SIGTERM with the default action."""
+def _close_all() -> None:
+    """Close every running loader quickly (the process is ending)."""
     for run in list(_running):
         try:
             run.close(fast=True)
         except BaseException:  # noqa: BLE001 - the process is ending either way
             pass
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """Close every running loader, quickly, then die of SIGTERM with the default action."""
+    _close_all()
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 
 
 def register(run: Closable) -> None:
-    """Track a started loader; install the SIGTERM handler if SIGTERM has no handler yet."""
+    """Track a started loader; at the first, register the exit hook; install the SIGTERM
+    handler if SIGTERM has no handler yet."""
     _running.add(run)
+    if not _AT_EXIT:
+        _AT_EXIT.append(True)
+        atexit.register(_close_all)
     if threading.current_thread() is not threading.main_thread():
         return
     try:
