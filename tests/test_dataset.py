@@ -251,3 +251,59 @@ def test_global_random_in_getitem_is_reseeded_per_sample():
     assert all(not np.array_equal(first[i], runs[2][1][i]) for i in range(24))
     with stoker.Loader(GlobalRandom(), batch_size=6, seed=8, workers=0) as other:
         assert not np.array_equal(_by_index(_epoch(other))[0], first[0])  # the seed matters
+
+
+def _hf_images(tmp_path):
+    """A Hugging Face ``datasets`` image dataset whose ``with_transform`` adds a fixed-size
+    ``pixel_values`` and keeps the PIL ``image`` column (of varying size), as the HF
+    image-classification scripts do."""
+    datasets = pytest.importorskip("datasets")
+    from PIL import Image
+
+    paths = []
+    for i, (w, h) in enumerate([(20, 16), (24, 30), (18, 18), (40, 22)] * 2):
+        path = tmp_path / f"{i}.png"
+        Image.new("RGB", (w, h), (i * 30, 5, 9)).save(path)
+        paths.append(str(path))
+    table = {"image": paths, "label": [i % 2 for i in range(8)]}
+    ds = datasets.Dataset.from_dict(table).cast_column("image", datasets.Image())
+
+    def pixels(batch):
+        small = [i.convert("RGB").resize((8, 8)) for i in batch["image"]]
+        batch["pixel_values"] = [np.asarray(i) for i in small]
+        return batch
+
+    return ds.with_transform(pixels)
+
+
+@pytest.mark.timeout(120)
+def test_batch_leaves_a_hugging_face_datasets_variable_size_field_out_of_the_batch(tmp_path):
+    ds = _hf_images(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no sample skipped
+        kept = ("pixel_values", "label")
+        with stoker.Loader(ds, batch_size=4, workers=0, shuffle=False, batch=kept) as loader:
+            assert "image" not in loader.recipe.schema.names  # never checked, copied or sent
+            got = list(loader)
+    assert [y.tolist() for _, y in got] == [[0, 1, 0, 1], [0, 1, 0, 1]]
+    assert got[0][0].shape == (4, 8, 8, 3)
+    want = np.asarray(ds[1]["image"].convert("RGB").resize((8, 8)))
+    assert np.array_equal(got[0][0][1], want)
+    # spec= need not declare a field batch= leaves out
+    spec = {"pixel_values": ((8, 8, 3), "uint8"), "label": ((), "int64")}
+    with stoker.Loader(ds, batch_size=4, workers=0, spec=spec, batch=kept) as loader:
+        assert len(list(loader)) == 2
+
+
+@pytest.mark.timeout(120)
+def test_a_variable_size_field_is_an_error_saying_how_to_resize_or_leave_it_out(tmp_path):
+    ds = _hf_images(tmp_path)
+    fix = "batch=\\('label', 'pixel_values'\\)"
+    with stoker.Loader(ds, batch_size=4, workers=0, shuffle=False, max_errors=0) as loader:
+        wrong = f"field 'image' is uint8 \\(30, 24, 3\\).*resize.*{fix}"
+        with pytest.raises(TooManyErrors, match=wrong) as err:
+            next(iter(loader))
+    assert "spec=" not in str(err.value)  # spec= cannot describe a field of varying size
+    spec = {"pixel_values": ((8, 8, 3), "uint8"), "label": ((), "int64")}
+    with pytest.raises(ConfigError, match=f"no entry for the dataset's field 'image'.*{fix}"):
+        stoker.Loader(ds, batch_size=4, workers=0, spec=spec)

@@ -19,7 +19,7 @@ from ..batchfn import BatchTransform
 from ..decode.masks import MaskMap
 from ..errors import ConfigError
 from ..order import Plan
-from ..schema import BatchSchema, Columns, SlotLayout, field_specs, resolve_form
+from ..schema import BatchSchema, Columns, SlotLayout, field_specs, leaves, resolve_form
 from ..sources import open_source
 from ..sources.base import Source
 from ..transforms import CustomPipeline, check_mask_ops, image_pipeline
@@ -45,7 +45,7 @@ class Parts:
 def build(opts: Options) -> Parts:
     """The parts for ``Loader(**kwargs)``, from its checked options."""
     image, batch, subset = opts.image, opts.batch, opts.source.subset
-    source = _source(opts.source, opts.order.seed)
+    source = _source(opts.source, opts.order.seed, _named(batch.batch, batch.batch_transform))
     pixels = source.pixel_size()
     image_size = config.image_size(image.image_size, pixels)
     augment = config.augment(image.augment, pixels, subset)
@@ -88,8 +88,18 @@ def build(opts: Options) -> Parts:
     )
 
 
-def _source(opts: SourceOptions, seed: int) -> Source:
-    """The opened source, split (``validation_split``/``subset``) and its classes picked."""
+def _named(form: Any, batch_transform: Any) -> tuple[str, ...] | None:
+    """The fields ``batch=`` names, which are all a per-sample dataset's batch keeps (None:
+    every field, for the default structure, ``"dict"``, or a ``batch_transform``, which
+    reads them all)."""
+    if form is None or form == "dict" or batch_transform is not None:
+        return None
+    return tuple(leaves(form))
+
+
+def _source(opts: SourceOptions, seed: int, keep: tuple[str, ...] | None = None) -> Source:
+    """The opened source, split (``validation_split``/``subset``) and its classes picked;
+    ``keep``: the fields a per-sample dataset's batch holds (None: all)."""
     named = batch_mod.column_names(opts.sample_weight, opts.fields)
     opened = open_source(
         opts.source,
@@ -100,6 +110,7 @@ def _source(opts: SourceOptions, seed: int) -> Source:
         columns=named,
         spec=opts.spec,
         options=opts,
+        keep=keep,
     )
     return select(
         opened,

@@ -63,6 +63,7 @@ def open_source(
     columns: tuple[str, ...] = (),
     spec: Any = None,
     options: FolderSettings | None = None,
+    keep: tuple[str, ...] | None = None,
 ) -> Source:
     """Recognise what ``source`` is and return the matching Source.
 
@@ -80,7 +81,8 @@ def open_source(
     them by itself.
 
     ``options``: the Loader's source group, handed whole to the reader opened, which reads its
-    own settings from it (``FolderSource``); None is every setting's default.
+    own settings from it (``FolderSource``); None is every setting's default. ``keep``: the
+    fields a per-sample dataset's batches hold (``Loader(batch=...)``; None: every field).
     """
     if masks is not None:
         if labels is not None:
@@ -95,7 +97,7 @@ def open_source(
     if isinstance(source, Source):
         return source
     if is_dataset(source):
-        return DatasetSource(source, spec)
+        return DatasetSource(source, spec, keep)
     if spec is not None:
         raise SourceError(
             "spec= declares the fields of a per-sample dataset (an object with __len__ and "

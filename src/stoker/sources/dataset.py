@@ -6,7 +6,11 @@ as for images.
 
 The fields' shapes and dtypes are declared (``Loader(dataset, spec={"audio": ((16000,),
 "float32"), "label": ((), "int64")})``) or probed from sample 0. Every sample must match them
-exactly: a different shape or dtype is an error naming the field (never a silent cast).
+exactly: a different shape or dtype is an error naming the field (never a silent cast), and
+saying how to resize it or leave it out. ``Loader(batch=...)`` names the fields a batch holds
+(without a ``batch_transform``, which reads every field): the others are dropped in the worker,
+never checked or copied, so a field of varying size (a Hugging Face ``with_transform`` that
+keeps the PIL ``image`` column) can stay in the dataset.
 
 Randomness: inside ``__getitem__``, ``stoker.sample_rng()`` is a ``numpy.random.Generator``
 seeded from ``(seed, epoch, index)``: the same numbers for the same sample whatever the worker
@@ -70,15 +74,30 @@ def _structure(sample: Any) -> tuple[Any, dict[str, Any]]:
     return "x", {"x": sample}
 
 
-def _array(value: Any, name: str) -> np.ndarray:
-    """A field's value as a numpy array (torch tensors and Python numbers convert)."""
+def _leave_out(name: str, names: Sequence[str]) -> str:
+    """How to keep field ``name`` out of the batch: ``batch=`` naming the other fields."""
+    others = tuple(n for n in names if n != name)
+    if not others:
+        return "return it in a fixed-size form"
+    shown = repr(others[0]) if len(others) == 1 else repr(others)
+    return f"leave it out of the batch with batch={shown}"
+
+
+def _array(value: Any, name: str, names: Sequence[str] = ()) -> np.ndarray:
+    """A field's value as a numpy array (torch tensors, PIL images and Python numbers
+    convert); one that cannot be an array of numbers is a SourceError saying the fix."""
     if hasattr(value, "detach"):  # a torch tensor
         value = value.detach().cpu().numpy()
-    arr = np.asarray(value)
+    try:
+        arr = np.asarray(value)
+    except ValueError:  # a ragged list: no one shape
+        arr = np.asarray(None)
     if arr.dtype.kind not in NUMERIC_KINDS:
+        kind = type(value).__name__ if arr.dtype.kind == "O" else str(arr.dtype)
         raise SourceError(
-            f"field {name!r} is {arr.dtype}: a batch field must be numbers (bool, int, uint, "
-            "float); encode text as ids"
+            f"field {name!r} is {kind}: a batch field is an array of numbers (bool, int, uint, "
+            f"float) of one shape for every sample; encode text as ids, resize images to one "
+            f"size, or {_leave_out(name, names)}"
         )
     return arr
 
@@ -119,7 +138,7 @@ class DatasetSource(Source):
     read_ahead = False  # __getitem__ runs in the worker's own thread, one sample at a time
     from_storage = False  # what __getitem__ reads is the user's business
 
-    def __init__(self, dataset: Any, spec: Any = None) -> None:
+    def __init__(self, dataset: Any, spec: Any = None, keep: Sequence[str] | None = None) -> None:
         self.dataset = dataset
         try:
             count = len(dataset)
@@ -139,18 +158,26 @@ class DatasetSource(Source):
                 exc, "stoker: raised by the dataset's __getitem__(0), read to learn its fields"
             )
             raise
-        self.sample_form, values = _structure(first)
+        form, values = _structure(first)
+        self.field_names = tuple(values)
+        kept = [n for n in values if keep is None or n in keep]
+        self.sample_form = form if len(kept) == len(values) else {n: n for n in kept}
         declared = parse_spec(spec) if spec is not None else None
         fields: list[FieldSpec] = []
-        for name, value in values.items():
+        for name in kept:
             if declared is not None:
                 if name not in declared:
-                    raise ConfigError(f"spec= has no entry for the dataset's field {name!r}")
+                    raise ConfigError(
+                        f"spec= has no entry for the dataset's field {name!r} (its fields: "
+                        f"{', '.join(self.field_names)}): add {name!r}: (shape, dtype), or "
+                        f"{_leave_out(name, kept)}"
+                    )
                 dtype, shape = declared[name]
             else:
-                arr = _array(value, name)
+                arr = _array(values[name], name, kept)
                 dtype, shape = arr.dtype.str, tuple(arr.shape)
             fields.append((name, dtype, shape))
+        self.declared = declared is not None
         self.own = tuple(fields)
         self.sample_fields = self.own
 
@@ -178,21 +205,34 @@ class DatasetSource(Source):
         is a SourceError naming it."""
         sample = self._call(index, rng)
         _, values = _structure(sample)
-        names = [f[0] for f in self.own]
-        if sorted(values) != sorted(names):
+        if sorted(values) != sorted(self.field_names):
             raise SourceError(
-                f"returned fields {sorted(values)}, not {sorted(names)} as sample 0 did; every "
-                "sample must have the same fields"
+                f"returned fields {sorted(values)}, not {sorted(self.field_names)} as sample "
+                "0 did; every sample must have the same fields"
             )
+        kept = [f[0] for f in self.own]
         for name, dtype, shape in self.own:
-            arr = _array(values[name], name)
+            arr = _array(values[name], name, kept)
             if arr.dtype.str != dtype or tuple(arr.shape) != shape:
-                raise SourceError(
-                    f"field {name!r} is {arr.dtype} {tuple(arr.shape)}, not {np.dtype(dtype)} "
-                    f"{shape} as declared (or as sample 0 had); stoker never casts: return "
-                    "the same shape and dtype for every sample, or declare spec="
-                )
+                raise SourceError(self._mismatch(name, arr, dtype, shape, kept))
             out[name][...] = arr
+
+    def _mismatch(
+        self, name: str, arr: np.ndarray, dtype: str, shape: tuple[int, ...], kept: list[str]
+    ) -> str:
+        """The error for a field whose dtype or shape is not the batch's, with the fix."""
+        where = "spec= declared" if self.declared else "sample 0 had"
+        text = (
+            f"field {name!r} is {arr.dtype} {tuple(arr.shape)}, not {np.dtype(dtype)} {shape} "
+            f"as {where}; stoker never casts or pads: "
+        )
+        if tuple(arr.shape) != shape:
+            return text + (
+                "a batch field has one shape for every sample, so resize or crop it to one "
+                f"size (in __getitem__, or a Hugging Face dataset's with_transform), or "
+                f"{_leave_out(name, kept)}"
+            )
+        return text + f"return {np.dtype(dtype)} for every sample (convert it in __getitem__)"
 
     def _call(self, index: int, rng: np.random.Generator) -> Any:
         """``dataset[index]`` with ``sample_rng()`` set to ``rng`` and the global RNGs seeded
