@@ -251,7 +251,10 @@ def test_a_script_that_ends_while_its_workers_start_prints_no_traceback_and_leav
         (folder / "gate_mod.py").write_text(GATE.format(folder=str(folder), flag=flag))
         script = ENDS_EARLY.format(folder=str(folder), flag=flag)
         child = subprocess.Popen(
-            [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            [sys.executable, "-c", script],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         out, err = child.communicate(timeout=120)
         assert child.returncode == 0 and out.strip() == "last line", err
