@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ..errors import StokerError, one_line
+from .messages import plain, plain_warnings
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,17 +22,50 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _whole(value: str, least: int, most: int | None = None, what: str = "a whole number") -> int:
+    """``value`` as an int in ``least..most``, or the argparse error saying what to give."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = least - 1
+    if number < least or (most is not None and number > most):
+        span = f">= {least}" if most is None else f"in {least}..{most}"
+        raise argparse.ArgumentTypeError(f"give {what} {span}, not {value!r}")
+    return number
+
+
 def _workers(value: str) -> int | str:
     """``--workers``: "auto" or a count >= 0."""
-    if value == "auto":
-        return value
+    return value if value == "auto" else _whole(value, 0, what="'auto' or a count")
+
+
+def _positive(value: str) -> int:
+    """A count >= 1 (``--batch-size``, ``--epochs``, ...)."""
+    return _whole(value, 1)
+
+
+def _count(value: str) -> int:
+    """A count >= 0 (``--max-batches``: 0 is no cap)."""
+    return _whole(value, 0)
+
+
+def _quality(value: str) -> int:
+    """A JPEG quality, 1..100."""
+    return _whole(value, 1, 100, "a JPEG quality")
+
+
+def _megabytes(value: str) -> float:
+    """A size in MB > 0."""
     try:
-        count = int(value)
+        size = float(value)
     except ValueError:
-        count = -1
-    if count < 0:
-        raise argparse.ArgumentTypeError(f"use 'auto' or a count >= 0, not {value!r}")
-    return count
+        size = 0.0
+    if not size > 0:
+        raise argparse.ArgumentTypeError(f"give a size in MB > 0, not {value!r}")
+    return size
+
+
+AUGMENTS = ("train", "eval", "none")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,16 +84,18 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = add("demo", help="make a small photo dataset, train Keras on it, print stats")
     demo.add_argument("--out", default="demo_data", help="folder for the generated dataset")
-    demo.add_argument("--epochs", type=int, default=2)
+    demo.add_argument("--epochs", type=_positive, default=2)
     demo.add_argument("--workers", type=_workers, default="auto")
     bench = add("bench", help="measure throughput, the decode ceiling, the bottleneck")
     bench.add_argument("source")
-    bench.add_argument("--batch-size", type=int, default=256)
-    bench.add_argument("--image-size", type=int, default=224)
-    bench.add_argument("--augment", default="train", help="train, eval or none")
+    bench.add_argument("--batch-size", type=_positive, default=256)
+    bench.add_argument("--image-size", type=_positive, default=224)
+    bench.add_argument("--augment", type=str.lower, choices=AUGMENTS, default="train")
     bench.add_argument("--workers", type=_workers, default="auto")
-    bench.add_argument("--epochs", type=int, default=3, help="measured epochs after a warm-up")
-    bench.add_argument("--max-batches", type=int, default=0, help="cap batches per epoch")
+    bench.add_argument(
+        "--epochs", type=_positive, default=3, help="measured epochs after a warm-up"
+    )
+    bench.add_argument("--max-batches", type=_count, default=0, help="cap batches per epoch")
     bench.add_argument(
         "--plot",
         default=None,
@@ -73,8 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     show = add("show", help="a contact sheet of augmented samples with their labels or masks")
     show.add_argument("source")
     show.add_argument("--out", required=True, metavar="SHEET.png", help="the PNG to write")
-    show.add_argument("--augment", default="train", help="train, eval or none")
-    show.add_argument("--image-size", type=int, default=128)
+    show.add_argument("--augment", type=str.lower, choices=AUGMENTS, default="train")
+    show.add_argument("--image-size", type=int, default=128)  # show() names the flag
     show.add_argument("--rows", type=int, default=4)
     show.add_argument("--cols", type=int, default=4)
     show.add_argument("--seed", type=int, default=0)
@@ -83,11 +118,11 @@ def _parser() -> argparse.ArgumentParser:
     conv = add("convert", help="write a source as Parquet shards (resumable)")
     conv.add_argument("src", help="any stoker source: image folder, CSV, .npy, tar, HDF5...")
     conv.add_argument("dst", help="folder for the shards, errors.csv and the manifest")
-    conv.add_argument("--max-side", type=int, default=None, help="shrink longer sides above N px")
-    conv.add_argument("--quality", type=int, default=None, help="re-encode as JPEG at quality Q")
-    conv.add_argument("--workers", type=int, default=1, help="processes writing shards")
-    conv.add_argument("--shard-mb", type=float, default=256, help="target shard size in MB")
-    conv.add_argument("--row-group-mb", type=float, default=4, help="target row group size in MB")
+    conv.add_argument("--max-side", type=_positive, default=None, help="shrink sides above N px")
+    conv.add_argument("--quality", type=_quality, default=None, help="re-encode as JPEG at Q")
+    conv.add_argument("--workers", type=_positive, default=1, help="processes writing shards")
+    conv.add_argument("--shard-mb", type=_megabytes, default=256, help="target shard size in MB")
+    conv.add_argument("--row-group-mb", type=_megabytes, default=4, help="row group size in MB")
     conv.add_argument(
         "--shuffle-seed",
         type=int,
@@ -113,7 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``stoker`` console script; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
-        _run(args)
+        with plain_warnings(args.command, args):
+            _run(args)
     except KeyboardInterrupt:
         if getattr(args, "debug", False):
             raise
@@ -122,19 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line, unless --debug
         if getattr(args, "debug", False):
             raise
-        print(f"stoker {args.command}: error: {_plain(exc)}", file=sys.stderr)
+        print(f"stoker {args.command}: error: {plain(exc, args)}", file=sys.stderr)
         return 1
     return 0
-
-
-def _plain(exc: BaseException) -> str:
-    """The error plainly: stoker's own message as it is (it names the file and the fix), an
-    OS error as its reason and file, anything else in one line with where to see more."""
-    if isinstance(exc, StokerError):
-        return str(exc).strip() or type(exc).__name__
-    if isinstance(exc, OSError) and exc.filename is not None:
-        return f"{exc.strerror or type(exc).__name__}: {exc.filename}"
-    return f"{one_line(exc)} (--debug shows the traceback)"
 
 
 def _run(args: argparse.Namespace) -> None:
@@ -146,24 +172,24 @@ def _run(args: argparse.Namespace) -> None:
     elif args.command == "bench":
         from .bench import run_bench
 
-        augment = None if args.augment.lower() == "none" else args.augment
-        print(
-            run_bench(
-                args.source,
-                batch_size=args.batch_size,
-                image_size=args.image_size,
-                augment=augment,
-                workers=args.workers,
-                progress=_progress,
-                epochs=args.epochs,
-                max_batches=args.max_batches,
-                plot=args.plot,
-            )
+        run_bench(
+            args.source,
+            batch_size=args.batch_size,
+            image_size=args.image_size,
+            augment=None if args.augment == "none" else args.augment,
+            workers=args.workers,
+            progress=_progress,
+            epochs=args.epochs,
+            max_batches=args.max_batches,
+            plot=args.plot,
+            on_report=_report,
         )
+        if args.plot is not None:
+            print(f"  plot: {args.plot}")
     elif args.command == "show":
         from .show import show
 
-        augment = None if args.augment.lower() == "none" else args.augment
+        augment = None if args.augment == "none" else args.augment
         print(
             show(
                 args.source,
@@ -206,6 +232,11 @@ def _run(args: argparse.Namespace) -> None:
         from .doctor import doctor
 
         print(doctor(clean=args.clean))
+
+
+def _report(text: str) -> None:
+    """A measured report, on stdout at once (before a chart that may fail is drawn)."""
+    print(text, flush=True)
 
 
 def _progress(line: str) -> None:

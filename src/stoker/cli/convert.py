@@ -30,6 +30,7 @@ from ..sources import open_source
 from ..sources.base import PathIndex, Source
 from ..sources.targets import class_ids
 from .convert_local import run_shards as run_local
+from .outputs import output_folder
 from .shard_writer import STATE, prepare, shard_name, write_json
 
 __all__ = ["convert", "MANIFEST", "ERRORS", "STATE", "shard_name"]
@@ -78,6 +79,7 @@ def convert(
         raise ConfigError(f"engine must be 'local' or 'ray', got {engine!r}")
     if ray_address is not None and engine != "ray":
         raise ConfigError("ray_address is only used with engine='ray'")
+    output_folder("dst", dst)  # before the source is scanned
     source = open_source(src)
     if class_ids(source.labels) is None:
         raise ConfigError(

@@ -4,10 +4,10 @@ through stoker for an epoch, and print the loader's report."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from ..loader import Loader
+from .outputs import output_folder
 
 IMAGE_SIZE = 96
 
@@ -33,8 +33,8 @@ def run_demo(out: str | os.PathLike = "demo_data", epochs: int = 2, workers: Any
     """Make the dataset (once), train for ``epochs`` with validation, print both loaders' stats."""
     from ..datasets import make_image_folder
 
+    root = output_folder("--out", out)
     os.environ.setdefault("KERAS_BACKEND", "tensorflow")
-    root = Path(out)
     print(f"stoker demo: photos from scikit-image/scikit-learn -> {root}")
     train_dir = make_image_folder(root / "train", classes=4, per_class=96, seed=0, progress=True)
     val_dir = make_image_folder(root / "val", classes=4, per_class=24, seed=1, progress=True)

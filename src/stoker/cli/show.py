@@ -18,6 +18,7 @@ from PIL import Image, ImageDraw, ImageFont
 
 from ..errors import ConfigError
 from ..loader import Loader
+from .outputs import output_file
 
 GAP = 4  # pixels of background between tiles and around the sheet
 CAPTION = 14  # pixels of caption strip under each tile
@@ -129,8 +130,7 @@ def show(
     for name, value in (("rows", rows), ("cols", cols), ("image_size", image_size)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"--{name.replace('_', '-')} {value!r}: give a positive integer")
-    if not str(out).lower().endswith(".png"):
-        raise ConfigError(f"--out {out}: the sheet is written as PNG; name it *.png")
+    output_file("--out", out, ".png", "the sheet")
     with Loader(
         source,
         batch_size=rows * cols,
