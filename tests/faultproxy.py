@@ -341,10 +341,13 @@ class _Handler(BaseHTTPRequestHandler):
         if proxy.latency > 0:
             time.sleep(proxy.latency)
         self.send_response_only(status, reason)
+        length = str(len(data))
         for key, value in headers:
-            if key.lower() not in _HOP and key.lower() != "content-length":
+            if key.lower() == "content-length" and self.command == "HEAD":
+                length = value  # a HEAD reply has no body but tells the object's size
+            elif key.lower() not in _HOP and key.lower() != "content-length":
                 self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Content-Length", length)
         self.end_headers()
         if self.command == "HEAD":
             return

@@ -46,6 +46,8 @@ def test_the_proxy_forwards_counts_and_injects_each_fault(s3_server: object) -> 
         got = client.get_object(Bucket=bucket, Key="a/obj", Range="bytes=10-19")  # type: ignore[attr-defined]
         assert got["Body"].read() == payload[10:20]
         assert proxy.gets("/a/obj") == 1 and proxy.bytes_sent == 10
+        head = client.head_object(Bucket=bucket, Key="a/obj")  # type: ignore[attr-defined]
+        assert head["ContentLength"] == len(payload)  # a HEAD tells the size, sends no body
         for kind, code in (("503", "SlowDown"), ("429", "TooManyRequests")):
             proxy.fail(kind, count=1, path="/a/obj")
             with pytest.raises(ClientError) as err:

@@ -16,7 +16,9 @@ from .batchfn import BatchTransform, batch_rng
 from .errors import DATA_ERRORS, TooManyErrors, one_line
 from .order import Plan
 from .schema import Columns
+from .sources import fetch
 from .sources.base import Source
+from .sources.fetch import RequestCounts
 from .sources.readahead import ReadAhead, ReadSettings, size_of
 from .transforms import Pipeline, ResizePipeline
 
@@ -44,6 +46,8 @@ class Report:
     #: work), and seconds the fill took; the prefetch engine sizes the ring from them.
     idle_s: float = 0.0
     fill_s: float = 0.0
+    #: What the process's requests to remote storage cost while it filled this batch.
+    requests: RequestCounts = field(default_factory=RequestCounts)
 
 
 class Assembler:
@@ -62,6 +66,7 @@ class Assembler:
         self.batch_fn = batch_fn
         self.columns = columns if columns is not None else Columns({"label": source.labels})
         self.read_ahead = ReadAhead(source, reads)
+        fetch.fetcher().take_counts()  # the reports count the batches' requests, not the scan's
         self._epoch = -1
         #: user code that loads samples (an augment callable, a dataset): global RNGs seeded
         self._user_code = bool(getattr(pipeline, "user_code", False)) or (
@@ -121,6 +126,7 @@ class Assembler:
         for name, column in columns:
             arrays[name][:n] = column[chosen]
         report.pages_dropped = self.read_ahead.counters.dropped - dropped
+        report.requests = fetch.fetcher().take_counts()
         if self.batch_fn is not None:
             self._batch_transform(epoch, batch, arrays, target, report)
         return report

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 
 from .assemble import Report
+from .requeststats import request_figures, request_lines
+from .sources.fetch import RequestCounts
 
 INPUT_BOUND = 0.10  # waiting more than this share of wall time means the input is the bottleneck
 DISK_BOUND = 0.30  # workers waiting for bytes this share of their time: the disk limits
@@ -70,6 +72,15 @@ class StatsReport:
     #: with ``Loader(cluster=...)``: the data path, per node (cores, img/s, MB/s on the wire,
     #: batches reissued, bad samples), the trainer's receive CPU per image; else {}
     cluster: dict = field(default_factory=dict)
+    #: requests to remote storage: GETs (count, per second, per image), bytes (per second, per
+    #: byte decoded), latency median and p99 in ms, retries, throttling replies, failures;
+    #: {} when nothing was read from remote storage
+    requests: dict = field(default_factory=dict)
+
+    @property
+    def storage_bound(self) -> bool:
+        """True when the data is in remote storage and waiting for it is the bottleneck."""
+        return bool(self.requests) and self.disk_bound
 
     @property
     def cluster_bottleneck(self) -> str:
@@ -119,7 +130,7 @@ class StatsReport:
                     "convert to shards on local SSD (stoker convert), or raise read-ahead "
                     "(Loader(read_ahead=16))"
                 ]
-                if self.disk_bound
+                if self.disk_bound and not self.requests
                 else []
             ),
             f"  workers: {self.workers} ({self.workers_reason}); prefetch: {self.prefetch} "
@@ -134,6 +145,7 @@ class StatsReport:
                 f"{len(self.warned_files)}"
             )
             lines += _listed(self.warned_files)
+        lines += request_lines(self.requests, self.storage_bound)
         if self.pages_dropped:
             lines.append(
                 f"  page cache: {self.pages_dropped:,} samples left no pages in it (read with "
@@ -198,6 +210,7 @@ class Stats:
         self.images = self.batches = 0
         self.wait_s = self.read_s = self.decode_s = self.transform_s = 0.0
         self.read_bytes = self.pages_dropped = 0
+        self.requests = RequestCounts()
         self.bad: dict[int, tuple[str, str]] = {}
         self.warned: dict[int, tuple[str, str]] = {}
         self.loaded = 0
@@ -261,6 +274,7 @@ class Stats:
         self.read_s += report.read_s
         self.read_bytes += report.read_bytes
         self.pages_dropped += report.pages_dropped
+        self.requests = self.requests + report.requests
         self.decode_s += report.decode_s
         self.transform_s += report.transform_s
         self.loaded += report.count
@@ -306,6 +320,7 @@ class Stats:
             read_bytes=self.read_bytes,
             pages_dropped=self.pages_dropped,
             read_mb_s=self.read_bytes / 1e6 / elapsed if elapsed > 0 else 0.0,
+            requests=request_figures(self.requests, self.loaded, elapsed, self.read_bytes),
             **config,  # type: ignore[arg-type]
         )
 

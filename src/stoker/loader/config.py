@@ -14,6 +14,7 @@ import psutil
 from ..decode.common import DEFAULT_MAX_PIXELS as DEFAULT_MAX_PIXELS  # the Loader's default
 from ..errors import ConfigError, StokerWarning, user_stacklevel
 from ..order import SPLITS
+from ..sources.fetchpolicy import DEFAULT_RATE
 from ..sources.readahead import PAGE_CACHE, ReadSettings
 
 START_METHODS = ("spawn",)
@@ -312,7 +313,9 @@ def prefetch(value: Any, count: int, held: int, slot_bytes: int) -> tuple[int, i
     )
 
 
-def read_settings(read_ahead: Any, page_cache: Any, timeout: float) -> ReadSettings:
+def read_settings(
+    read_ahead: Any, page_cache: Any, timeout: float, request_rate: float = DEFAULT_RATE
+) -> ReadSettings:
     """The read settings of checked ``read_ahead`` and ``page_cache``; each read's deadline is a
     quarter of ``timeout`` (at most 60 s), so a file that never answers is a bad sample, not a
     hung worker."""
@@ -320,7 +323,23 @@ def read_settings(read_ahead: Any, page_cache: Any, timeout: float) -> ReadSetti
         window=check_read_ahead(read_ahead),
         timeout=min(60.0, timeout / 4),
         page_cache=check_page_cache(page_cache),
+        request_rate=request_rate,
     )
+
+
+def request_rate(value: Any) -> float:
+    """``request_rate``: requests/s per prefix of an object store, a number > 0."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not value > 0
+    ):
+        raise ConfigError(
+            f"request_rate={value!r}: give the most requests per second to one prefix of an "
+            f"object store, a number > 0 (default {DEFAULT_RATE:g}, below S3's ~5,500/s and "
+            "GCS's ~5,000/s)"
+        )
+    return float(value)
 
 
 def check_read_ahead(value: Any) -> Any:

@@ -53,6 +53,7 @@ class LoaderKwargs(TypedDict, total=False):
     start_method: str
     read_ahead: Any
     page_cache: str
+    request_rate: float
     cluster: str | None
     cluster_workers: Any
     cluster_transport: str

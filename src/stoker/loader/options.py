@@ -28,7 +28,7 @@ from .. import pixels
 from ..errors import ConfigError
 from ..workers.cluster import options as ray_options
 from . import config
-from .config import DEFAULT_MAX_PIXELS
+from .config import DEFAULT_MAX_PIXELS, DEFAULT_RATE
 from .optionfield import (
     color_mode,
     fast_decode,
@@ -362,6 +362,13 @@ class RunOptions:
         '`"auto"` reads around the page cache once the dataset is seen not to fit in RAM; '
         '`"keep"` never, `"drop"` always.',
         check=of_value(config.check_page_cache),
+    )
+    request_rate: float = option(
+        DEFAULT_RATE,
+        "float",
+        "Most requests per second to one prefix of an object store (`s3://`, `gs://`), across "
+        "a process's reads; the default stays below S3's ~5,500/s and GCS's ~5,000/s.",
+        check=of_value(config.request_rate),
     )
 
 

@@ -76,7 +76,7 @@ def build(opts: Options) -> Parts:
     layout = SlotLayout(batch.batch_size, specs)
     form = resolve_form(batch.batch, [f[0] for f in layout.fields], source.sample_form)
     run = opts.run
-    reads = config.read_settings(run.read_ahead, run.page_cache, run.timeout)
+    reads = config.read_settings(run.read_ahead, run.page_cache, run.timeout, run.request_rate)
     schema = BatchSchema(layout, columns, form)
     return Parts(
         recipe=Recipe(source, pipeline, plan, schema, reads, batch_fn),

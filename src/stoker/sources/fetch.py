@@ -176,7 +176,9 @@ class Fetcher:
 
 def _note(exc: BaseException, text: str) -> None:
     """Add ``text`` to what ``exc`` says (its message, so a caller's ``one_line`` shows it)."""
-    if exc.args and isinstance(exc.args[0], str):
+    if isinstance(exc, OSError) and exc.strerror:  # OSError(errno, strerror): str() shows it
+        exc.strerror = f"{exc.strerror} ({text})"
+    elif exc.args and isinstance(exc.args[0], str):
         exc.args = (f"{exc.args[0]} ({text})", *exc.args[1:])
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import random
 import threading
+
+from ..errors import StokerError
 from dataclasses import dataclass, field
 
 DEFAULT_MAX_GAP = 256 << 10  # bytes between two wanted ranges that one request still spans
@@ -199,7 +201,7 @@ def classify(exc: BaseException) -> str:
     while seen is not None and len(chain) < 8:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, StokerError)):
         return FINAL
     statuses = {code for e in chain if (code := _status(e)) is not None}
     text = " ".join(f"{type(e).__name__} {e}" for e in chain).lower()

@@ -56,8 +56,9 @@ from typing import Any
 
 import numpy as np
 
-from . import filereads
+from . import fetch, filereads
 from .base import Source
+from .fetchpolicy import DEFAULT_RATE
 
 MIN_WINDOW = 4
 MAX_WINDOW = 32
@@ -105,12 +106,14 @@ def auto_window(window: int, share: float, native_files: bool, max_window: int) 
 @dataclass(frozen=True)
 class ReadSettings:
     """How a worker reads: read-ahead window (``"auto"``, a count, or 0 for plain reads),
-    the cap on bytes held ahead, the per-read deadline in seconds, and the page-cache policy."""
+    the cap on bytes held ahead, the per-read deadline in seconds, the page-cache policy, and
+    the most requests/s per prefix of an object store (``sources.fetch``)."""
 
     window: int | str = "auto"
     max_bytes: int = DEFAULT_MAX_BYTES
     timeout: float = 60.0
     page_cache: str = "auto"
+    request_rate: float = DEFAULT_RATE
 
 
 @dataclass
@@ -137,6 +140,9 @@ class ReadAhead:
     def __init__(self, source: Source, settings: ReadSettings | None = None) -> None:
         self.source = source
         self.settings = settings or ReadSettings()
+        # requests give up (retries included) before the read's deadline, so a store that keeps
+        # failing is named by its own error, not by the window's "no bytes after" one
+        fetch.configure(rate=self.settings.request_rate, timeout=0.8 * self.settings.timeout)
         fixed = self.settings.window
         self.auto = fixed == "auto"
         self.window = START_WINDOW if self.auto else int(fixed)  # type: ignore[arg-type]
@@ -169,8 +175,11 @@ class ReadAhead:
     # ------------------------------------------------------------------ caller side
 
     def start(self, indices: np.ndarray) -> None:
-        """The samples about to be taken, in order (one batch); replaces any earlier window."""
+        """The samples about to be taken, in order (one batch); replaces any earlier window.
+        The source is told them first (``Source.plan_reads``: a remote source merges their
+        byte ranges into few requests)."""
         self._discard()
+        self.source.plan_reads(indices)
         if not self.enabled:
             return
         self._todo = deque(int(i) for i in indices)

@@ -50,6 +50,7 @@ from .shardindex import (
     trusted_cached,
 )
 from .shards import MANIFEST, ShardSource
+from .spans import SpanReads
 from .store import DEFAULT_TIMEOUT, Entry, ObjectFile, is_url, open_store, shown
 
 __all__ = ["RemoteShardSource", "is_url", "READ_AHEAD_MAX", "DEFAULT_TIMEOUT"]
@@ -232,10 +233,11 @@ class RemoteShardSource(ShardSource):
         super()._reset()
         self._tables: dict[int, np.ndarray] = {}
         self._files_open: list[Any] = []
+        self._spans: SpanReads | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for key in ("_tables", "_files_open"):
+        for key in ("_tables", "_files_open", "_spans"):
             state.pop(key, None)
         return state
 
@@ -266,8 +268,31 @@ class RemoteShardSource(ShardSource):
 
     # ------------------------------------------------------------------ reading
 
+    def _span_get(self, url: str, start: int, end: int) -> bytes:
+        """One request for a merged span of shard ``url`` (of the listed version)."""
+        return self.store.get(url, start, end, self._objects[self.files.index(url)].tag)
+
+    def plan_reads(self, indices: Any) -> None:
+        """Merge the byte ranges of these samples (the next batch's) into few requests: each
+        run of neighbouring images of a shard is one GET (``sources.spans``)."""
+        if self._spans is None:
+            self._spans = SpanReads(self._span_get)
+        wanted = []
+        try:
+            for index in indices:
+                shard, row = self.locate(int(index))
+                if self.modes[shard] != 0:
+                    continue
+                offset, length = (int(v) for v in self._table(shard)[row + HEADER_ROWS])
+                if offset >= 0:
+                    wanted.append((int(index), self.files[shard], offset, offset + length))
+        except Exception:  # noqa: BLE001 - no plan: each sample is read (and named) alone
+            wanted = []
+        self._spans.plan(wanted)
+
     def read(self, index: int) -> bytes:
-        """The encoded image bytes of sample ``index``: one ranged request."""
+        """The encoded image bytes of sample ``index``: out of its planned span (one request
+        for a run of neighbours), else one ranged request of its own."""
         shard, row = self.locate(index)
         if self.modes[shard] != 0:
             try:
@@ -279,6 +304,9 @@ class RemoteShardSource(ShardSource):
         offset, length = (int(v) for v in self._table(shard)[row + HEADER_ROWS])
         if offset < 0:
             raise DecodeError(f"{self.name(index)}: no image bytes (null)")
+        planned = self._spans.read(index) if self._spans is not None else None
+        if planned is not None:
+            return planned
         return self.store.get(self.files[shard], offset, offset + length, self._objects[shard].tag)
 
     def name(self, index: int) -> str:

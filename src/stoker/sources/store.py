@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import ObjectChanged, SourceError, one_line
+from . import fetch
 
 DEFAULT_TIMEOUT = 60.0  # seconds for one request (connect + transfer)
 _HTTP = ("http", "https")
@@ -229,8 +230,9 @@ class Store:
         span = f" bytes {start}-{end}" if start is not None else ""
         if start is not None and end is not None and end <= start:
             return b""
-        try:
-            data = self._fetch(url, start, end, tag)
+        size = end - start if start is not None and end is not None else None
+        try:  # paced, retried and counted: sources.fetch
+            data = fetch.request(url, lambda: self._fetch(url, start, end, tag), nbytes=size)
         except ObjectChanged:
             raise
         except FileNotFoundError:
@@ -273,6 +275,7 @@ class S3Store(Store):
         config = dict(options.pop("config_kwargs", None) or {})
         config.setdefault("connect_timeout", min(self.timeout, 10.0))
         config.setdefault("read_timeout", self.timeout)
+        config.setdefault("retries", {"total_max_attempts": 1})  # stoker's own: sources.fetch
         options["config_kwargs"] = config
         return options
 
@@ -307,7 +310,11 @@ class S3Store(Store):
             kwargs["IfMatch"] = tag
 
         async def call() -> bytes:
-            reply = await fs._call_s3("get_object", **kwargs)
+            # the client's own GetObject, not fs._call_s3: s3fs's retry loop there would hide
+            # throttling from sources.fetch, which retries, paces and counts every request
+            await fs.set_session()
+            method = (await fs.get_s3(bucket)).get_object
+            reply = await method(**fs._get_s3_method_kwargs(method, **kwargs))
             try:
                 if tag and reply.get("ETag") and reply["ETag"] != tag:
                     raise changed(url)

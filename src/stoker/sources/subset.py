@@ -77,6 +77,10 @@ class SubsetSource(Source):
         """The base's, for sample ``indices[index]``."""
         return self.base.forget(int(self.indices[index]))
 
+    def plan_reads(self, indices: Any) -> None:
+        """The base's, for samples ``indices[indices]``."""
+        self.base.plan_reads(self.indices[np.asarray(indices, dtype=np.int64)])
+
     def bypass_page_cache(self) -> bool:
         """The base's."""
         return self.base.bypass_page_cache()

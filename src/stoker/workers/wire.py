@@ -25,6 +25,7 @@ from typing import Any
 
 from ..assemble import Report
 from ..errors import StokerError
+from ..sources.fetch import RequestCounts
 
 MAGIC = b"STKR"
 PROTOCOL = 1
@@ -154,6 +155,8 @@ def report_from(data: bytes) -> Report:
     fields = json.loads(data)
     fields["bad"] = [tuple(b) for b in fields["bad"]]
     fields["warned"] = [tuple(w) for w in fields["warned"]]
+    if "requests" in fields:
+        fields["requests"] = RequestCounts(**fields["requests"])
     return Report(**fields)
 
 

@@ -1,0 +1,141 @@
+"""Requests to a real S3 API (moto) through the fault proxy (``tests/faultproxy.py``): merged
+ranged reads, retries of throttling, resets and short bodies, the rate ceiling's accounting, a
+missing object named as a bad sample, and what ``stats()`` shows of it all.
+
+The shards are 36 small JPEGs in one Parquet file; each test uploads them to a fresh bucket and
+points ``AWS_ENDPOINT_URL`` at a proxy in front of the session's server.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+pytest.importorskip("s3fs")
+
+import stoker  # noqa: E402
+from stoker.cli.convert import convert  # noqa: E402
+from stoker.errors import TooManyErrors  # noqa: E402
+from stoker.sources import fetch  # noqa: E402
+
+from faultproxy import FaultProxy  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shards(image_folder: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The image folder as Parquet shards (one file, small row groups)."""
+    dst = tmp_path_factory.mktemp("bucket_shards")
+    convert(image_folder, dst, row_group_bytes=40_000, progress=False)
+    return dst
+
+
+@pytest.fixture
+def proxied(
+    s3_env: object, shards: pathlib.Path, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> Iterator[tuple[FaultProxy, str]]:
+    """(a proxy in front of the S3 server, the URL of the shards in a fresh bucket)."""
+    bucket = s3_env.bucket()  # type: ignore[attr-defined]
+    s3_env.upload(shards, f"s3://{bucket}/shards")  # type: ignore[attr-defined]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with FaultProxy(s3_env.endpoint) as proxy:  # type: ignore[attr-defined]
+        for name, value in proxy.env().items():
+            monkeypatch.setenv(name, value)
+        yield proxy, f"s3://{bucket}/shards"
+
+
+KW = {"batch_size": 12, "image_size": 32, "workers": 0, "seed": 3}
+
+
+def _epoch(loader: stoker.Loader) -> list[np.ndarray]:
+    return [np.array(x) for x, _ in loader]
+
+
+@pytest.mark.timeout(180)
+def test_shards_in_a_bucket_are_read_in_merged_ranges(
+    proxied: tuple[FaultProxy, str], shards: pathlib.Path
+) -> None:
+    proxy, url = proxied
+    with stoker.Loader(str(shards), **KW) as local:
+        expected = _epoch(local)
+    with stoker.Loader(url, **KW) as loader:
+        before = proxy.gets(".parquet")
+        got = _epoch(loader)
+        gets = proxy.gets(".parquet") - before
+        requests = loader.stats().requests
+    assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert gets == len(got)  # a batch's images, neighbours in a row-group window: one GET
+    assert requests["gets"] == gets and requests["gets_per_image"] == pytest.approx(1 / 12)
+    assert requests["fetched_per_decoded"] <= 1.5
+    assert requests["retries"] == requests["throttled"] == 0
+    assert requests["latency_p99_ms"] >= requests["latency_median_ms"] > 0
+    assert "storage requests:" in str(loader.stats())
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["503", "429", "reset", "truncate"])
+def test_throttling_resets_and_short_bodies_are_retried_and_counted(
+    proxied: tuple[FaultProxy, str], kind: str
+) -> None:
+    proxy, url = proxied
+    with stoker.Loader(url, **KW) as loader:
+        clean = _epoch(loader)
+    with stoker.Loader(url, **KW) as loader:
+        proxy.fail(kind, count=2, path=".parquet")
+        again = _epoch(loader)
+        requests = loader.stats().requests
+    assert proxy.faults[kind] == 2
+    assert all(np.array_equal(a, b) for a, b in zip(again, clean, strict=True))
+    assert loader.stats().skipped == 0
+    # a reset on a kept-alive connection may be retried once by the HTTP client itself
+    assert requests["retries"] == 2 or kind == "reset" and requests["retries"] == 1
+    assert requests["throttled"] == (2 if kind in ("503", "429") else 0)
+
+
+@pytest.mark.timeout(180)
+def test_the_request_rate_stays_under_the_ceiling(proxied: tuple[FaultProxy, str]) -> None:
+    proxy, url = proxied
+    with stoker.Loader(url, **{**KW, "batch_size": 2}, request_rate=20, read_ahead=0) as loader:
+        before = proxy.gets(".parquet")
+        _epoch(loader)
+        gets = proxy.gets(".parquet") - before
+    ceiling = fetch.fetcher().ceiling
+    assert ceiling.rate == 20.0
+    prefix = url.removeprefix("s3://")
+    assert sum(ceiling.granted.values()) == gets == ceiling.granted[prefix] >= 5
+    assert ceiling.scheduled_rate(url) <= 20.0 * 1.001
+
+
+@pytest.mark.timeout(180)
+def test_a_missing_object_is_a_bad_sample_naming_its_url(
+    proxied: tuple[FaultProxy, str], s3_env: object
+) -> None:
+    proxy, url = proxied
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    client = s3_env.client()  # type: ignore[attr-defined]
+    with stoker.Loader(url, **KW) as loader:
+        keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]]
+        shard = next(k for k in keys if k.endswith(".parquet"))
+        client.delete_object(Bucket=bucket, Key=shard)
+        with pytest.raises(TooManyErrors) as err:
+            _epoch(loader)
+    message = str(err.value)
+    assert f"s3://{bucket}/{shard}" in message and "not found" in message
+    assert "Traceback" not in message and "botocore" not in message
+
+
+@pytest.mark.timeout(180)
+def test_throttling_past_the_deadline_is_a_bad_sample_not_a_hang(
+    proxied: tuple[FaultProxy, str],
+) -> None:
+    proxy, url = proxied
+    with stoker.Loader(url, **KW, timeout=1) as loader:  # one read may take 0.25 s
+        proxy.fail("503", count=10_000, path=".parquet")
+        with pytest.raises(TooManyErrors) as err:
+            _epoch(loader)
+    counts = fetch.fetcher().counts  # the failed batch never reported: the process's own count
+    assert "SlowDown" in str(err.value) or "reduce your request rate" in str(err.value)
+    assert url.split("/")[2] in str(err.value) and "attempts" in str(err.value)
+    assert counts.throttled >= 2 and counts.failed >= 2 and counts.retries >= 2
