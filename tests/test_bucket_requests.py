@@ -17,11 +17,10 @@ import pytest
 pytest.importorskip("s3fs")
 
 import stoker  # noqa: E402
+from faultproxy import FaultProxy  # noqa: E402
 from stoker.cli.convert import convert  # noqa: E402
 from stoker.errors import TooManyErrors  # noqa: E402
 from stoker.sources import fetch  # noqa: E402
-
-from faultproxy import FaultProxy  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -88,6 +88,7 @@ def test_failures_are_told_apart_throttled_retried_or_final() -> None:
     except OSError as exc:
         assert classify(exc) == THROTTLED
     assert classify(ConnectionResetError(104, "reset")) == RETRY
+    assert classify(ConnectionRefusedError(111, "refused")) == FINAL
     assert classify(ShortBody("short")) == RETRY
     assert classify(TimeoutError()) == RETRY
     assert classify(FileNotFoundError("s3://bkt/k")) == FINAL

@@ -280,7 +280,7 @@ def _range(src, index):
 def test_read_ahead_window_bounds_the_ranged_reads_in_flight(server, shard_dir):
     """Concurrency is counted (requests in flight at once at the server), not timed."""
     url = _serve(server, shard_dir)
-    src = RemoteShardSource(url)
+    src = RemoteShardSource(url, merge_gap=None)  # one request per image: the window's own
     assert src.read_ahead  # remote reads run ahead through the window like local ones
     order = np.random.default_rng(1).permutation(len(src))[:12]
     plain = [src.read(int(i)) for i in order]
@@ -329,7 +329,7 @@ def test_auto_window_grows_past_the_local_maximum_to_cover_network_latency(serve
 @pytest.mark.timeout(120)
 def test_a_request_that_never_answers_is_a_bad_sample_and_blocks_only_itself(server, shard_dir):
     url = _serve(server, shard_dir)
-    src = RemoteShardSource(url)
+    src = RemoteShardSource(url, merge_gap=None)  # sample 2's own request is the one to hang
     plain = [src.read(i) for i in range(8)]
     server.hang = _range(src, 2)
     reads = ReadAhead(src, ReadSettings(window=4, timeout=3.0))
@@ -384,7 +384,7 @@ def test_remote_resume_and_split_read_ahead_give_the_plain_batches(server, shard
 
 
 @pytest.mark.timeout(120)
-def test_loader_makes_one_request_per_sample(server, shard_dir):
+def test_loader_merges_a_batchs_neighbouring_images_into_one_request(server, shard_dir):
     url = _serve(server, shard_dir)
     RemoteShardSource(url).close()  # build the index first
     server.delay = 0.02
@@ -395,12 +395,24 @@ def test_loader_makes_one_request_per_sample(server, shard_dir):
         n = sum(len(y) for _, y in loader)
     gets = [r for r in server.requests if r[0] == "GET"]
     assert n == 36
-    # one ranged read per sample (6 per batch of 6; workers may also fill batches of the next
-    # epoch ahead), and no footer or index reads in the workers
+    # a batch of 6 neighbours is one ranged read of its shard (two where it crosses into the
+    # next shard; workers may also fill batches of the next epoch ahead), and no footer or
+    # index reads in the workers
     assert all(r[2] and "shard-" in r[1] for r in gets)
-    assert len({(r[1], r[2]) for r in gets}) == 36
-    assert len(gets) >= 36
-    assert server.max_inflight >= 3  # a batch's reads overlap (read-ahead at work)
+    assert 6 <= len({(r[1], r[2]) for r in gets}) <= 12
+    spans = {(r[1], r[2]) for r in gets}
+    src = RemoteShardSource(url)
+    for index in range(36):  # every image's bytes lie inside some requested span
+        shard, row = src.locate(index)
+        offset, length = (int(v) for v in src._table(shard)[row + HEADER_ROWS])
+        name = src.files[shard].rsplit("/", 1)[1]
+        assert any(name in path and _covers(rng, offset, offset + length) for path, rng in spans)
+    src.close()
+
+
+def _covers(header: str, start: int, end: int) -> bool:
+    m = _RANGE.match(header)
+    return bool(m) and int(m.group(1)) <= start and end - 1 <= int(m.group(2))
 
 
 @pytest.mark.timeout(120)

@@ -128,9 +128,17 @@ class Fetcher:
             taken, self._taken = self._taken, now
         return now - taken
 
-    def request(self, url: str, call: Callable[[], bytes], nbytes: int | None = None) -> bytes:
-        """``call()``'s bytes for ``url``, paced and retried (see the module docstring)."""
-        backoff = Backoff(deadline=self.timeout)
+    def request(
+        self,
+        url: str,
+        call: Callable[[], bytes],
+        nbytes: int | None = None,
+        deadline: float | None = None,
+    ) -> bytes:
+        """``call()``'s bytes for ``url``, paced and retried (see the module docstring); no
+        retry starts past ``timeout`` seconds (or ``deadline``, when that is sooner)."""
+        limit = self.timeout if deadline is None else min(self.timeout, deadline)
+        backoff = Backoff(deadline=limit)
         began = self.clock()
         attempt = 0
         while True:
@@ -196,9 +204,11 @@ def fetcher() -> Fetcher:
         return _FETCHER
 
 
-def request(url: str, call: Callable[[], bytes], nbytes: int | None = None) -> bytes:
+def request(
+    url: str, call: Callable[[], bytes], nbytes: int | None = None, deadline: float | None = None
+) -> bytes:
     """``fetcher().request(...)``: one request under this process's policies."""
-    return fetcher().request(url, call, nbytes)
+    return fetcher().request(url, call, nbytes, deadline)
 
 
 def configure(rate: float | None = None, timeout: float | None = None) -> None:

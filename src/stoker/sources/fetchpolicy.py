@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import random
 import threading
+from dataclasses import dataclass, field
 
 from ..errors import StokerError
-from dataclasses import dataclass, field
 
 DEFAULT_MAX_GAP = 256 << 10  # bytes between two wanted ranges that one request still spans
 DEFAULT_MAX_SPAN = 32 << 20  # the most bytes one merged request asks for
@@ -194,15 +194,17 @@ def _status(exc: BaseException) -> int | None:
 def classify(exc: BaseException) -> str:
     """``THROTTLED`` (503 SlowDown, 429: retry, and count it as the store pushing back),
     ``RETRY`` (another 5xx, a reset or dropped connection, a short body, a timeout: retry) or
-    ``FINAL`` (not found, no permission, a bad request: another attempt cannot help). Looks at
+    ``FINAL`` (not found, no permission, a bad request, a refused connection: another attempt
+    cannot help). Looks at
     the exception and its causes: the status a library's error carries, its type, its words."""
     chain: list[BaseException] = []
     seen: BaseException | None = exc
     while seen is not None and len(chain) < 8:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, StokerError)):
-        return FINAL
+    final = (FileNotFoundError, PermissionError, IsADirectoryError, StokerError)
+    if isinstance(exc, final) or any(isinstance(e, ConnectionRefusedError) for e in chain):
+        return FINAL  # nothing listens there (a wrong endpoint): retrying cannot help
     statuses = {code for e in chain if (code := _status(e)) is not None}
     text = " ".join(f"{type(e).__name__} {e}" for e in chain).lower()
     if statuses & {429, 503} or any(word in text for word in _THROTTLE_WORDS):

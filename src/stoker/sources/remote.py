@@ -10,7 +10,11 @@ Each shard's byte-offset index is built once, by the same code as a local shard'
 (``shardindex.locate_values``, fed one ranged read per column chunk instead of a memory map),
 and cached under ``cache_dir`` (default ``~/.cache/stoker/index``)/<hash of the URL>, keyed by
 the shard's size and checksum (the manifest's sha256, else the store's ETag). ``read(i)`` is
-then one ranged read (``cat_file(url, start, end)``) of exactly the image's bytes.
+then served from its batch's merged span: the read-ahead tells the source each batch's samples
+(``plan_reads``), and the byte ranges of neighbouring images of a shard (at most ``merge_gap``
+bytes apart, default 256 KiB) are one GET (``sources.spans``), held for later batches within a
+budget; ``merge_gap=None`` reads each image with one ranged request of its own. Every request
+goes through ``Store.get`` (paced by the rate ceiling, retried, counted: ``sources.fetch``).
 
 Read-ahead is the one every local source has (``sources.readahead``): a window of upcoming
 samples' ``read(i)`` calls in flight on threads, sized from the measured latency against the
@@ -39,6 +43,7 @@ import pyarrow.parquet as pq
 
 from ..errors import DecodeError, ObjectChanged, SourceError, one_line
 from .base import cache_folder
+from .fetchpolicy import DEFAULT_MAX_GAP
 from .hfpaths import refuse_remote_path_rows
 from .shardindex import (
     HEADER_ROWS,
@@ -72,6 +77,7 @@ class RemoteShardSource(ShardSource):
         storage_options: dict[str, Any] | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         read_ahead_max: int = READ_AHEAD_MAX,
+        merge_gap: int | None = DEFAULT_MAX_GAP,
     ) -> None:
         self.store = open_store(url, storage_options, timeout)
         self.url = url.rstrip("/")
@@ -86,6 +92,7 @@ class RemoteShardSource(ShardSource):
                 f"worker, a positive int (default {READ_AHEAD_MAX})"
             )
         self.read_ahead_max = read_ahead_max
+        self.merge_gap = merge_gap
         self.access = "remote"
         self.image_column, self.label_column = image_column, label_column
         self._cache_dir = cache_folder(cache_dir, "index")
@@ -275,8 +282,10 @@ class RemoteShardSource(ShardSource):
     def plan_reads(self, indices: Any) -> None:
         """Merge the byte ranges of these samples (the next batch's) into few requests: each
         run of neighbouring images of a shard is one GET (``sources.spans``)."""
+        if self.merge_gap is None:
+            return
         if self._spans is None:
-            self._spans = SpanReads(self._span_get)
+            self._spans = SpanReads(self._span_get, max_gap=self.merge_gap)
         wanted = []
         try:
             for index in indices:

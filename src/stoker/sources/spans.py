@@ -9,10 +9,10 @@ be read fetches the whole span (the others of that span wait for it, never fetch
 Fetched spans are held for later batches, up to ``max_held`` bytes (least recently used out
 first): a later sample whose bytes lie in a held span (a span's gap holds other batches'
 samples) is served from it, so while the quasi-random order's window of row groups fits in
-``max_held``, no byte of an object is fetched twice in an epoch. A sample the plan does not know (a replacement for a bad one) gives
-None: the caller reads it alone. A span whose request fails gives None to each of its samples
-as well, so each is then read (and, if it still fails, reported) alone: one bad object costs
-only its own samples.
+``max_held``, no byte of an object is fetched twice in an epoch. A sample the plan does not
+know (a replacement for a bad one) gives None: the caller reads it alone. A span whose
+request fails gives None to each of its samples as well, so each is then read (and, if it
+still fails, reported) alone: one bad object costs only its own samples.
 """
 
 from __future__ import annotations

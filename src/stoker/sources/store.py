@@ -232,7 +232,9 @@ class Store:
             return b""
         size = end - start if start is not None and end is not None else None
         try:  # paced, retried and counted: sources.fetch
-            data = fetch.request(url, lambda: self._fetch(url, start, end, tag), nbytes=size)
+            data = fetch.request(
+                url, lambda: self._fetch(url, start, end, tag), size, deadline=self.timeout
+            )
         except ObjectChanged:
             raise
         except FileNotFoundError:
