@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import DATA_ERRORS, ConfigError
 from ..sources import open_source
 from ..sources.base import PathIndex, Source
+from ..sources.names import FORM, to_text
 from ..sources.targets import class_ids
 from .convert_local import run_shards as run_local
 from .outputs import output_folder
@@ -38,7 +39,7 @@ __all__ = ["convert", "MANIFEST", "ERRORS", "STATE", "shard_name"]
 MANIFEST = "stoker-manifest.json"
 ERRORS = "errors.csv"
 FORMAT = "stoker-shards"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: names bytes-escaped (stoker.sources.names)
 _SIZE_SAMPLES = 32  # samples read to estimate sizes when the source has no file paths
 
 
@@ -291,7 +292,8 @@ def _finish(
             "kind": type(source).__name__,
             "samples": len(source),
         },
-        "classes": source.classes,
+        "classes": [to_text(c) for c in source.classes] if source.classes else source.classes,
+        "names": FORM,
         "rows": sum(s["rows"] for s in shards),
         "label_counts": _total_counts(records[n]["labels"] for n in numbers),
         "errors": len(errors),

@@ -18,6 +18,7 @@ import numpy as np
 from .._compat import file_sha256
 from ..errors import DATA_ERRORS, DecodeError, one_line
 from ..sources.base import PathIndex, Source
+from ..sources.names import FORM, KEY, to_text
 
 __all__ = [
     "write_shard",
@@ -73,7 +74,7 @@ def write_shard(
             try:
                 data = prepare(source.read(i), settings["max_side"], settings["quality"])
             except DATA_ERRORS as exc:
-                errors.append([i, stored_name(source.name(i)), stored_name(one_line(exc))])
+                errors.append([i, to_text(source.name(i)), to_text(one_line(exc))])
                 continue
             rows.append((data, _path_of(source, i), int(source.labels[i])))
             buffered += len(data)
@@ -104,14 +105,18 @@ def write_shard(
 
 
 def image_schema(classes: list[str] | None) -> Any:
-    """The Arrow schema of a shard, with Hugging Face ``datasets`` feature metadata."""
+    """The Arrow schema of a shard, with Hugging Face ``datasets`` feature metadata; its names
+    (class names here, the ``image.path`` column) are bytes-escaped (``stoker.sources.names``)."""
     import pyarrow as pa
 
     label: dict[str, Any] = {"dtype": "int64", "_type": "Value"}
     if classes:
-        label = {"names": list(classes), "_type": "ClassLabel"}
+        label = {"names": [to_text(c) for c in classes], "_type": "ClassLabel"}
     features = {"image": {"_type": "Image"}, "label": label}
-    meta = {"huggingface": json.dumps({"info": {"features": features}})}
+    meta = {
+        b"huggingface": json.dumps({"info": {"features": features}}).encode(),
+        KEY: FORM.encode(),
+    }
     image = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
     return pa.schema([pa.field("image", image), pa.field("label", pa.int64())], metadata=meta)
 
@@ -170,19 +175,7 @@ def _rgb(array: np.ndarray) -> np.ndarray:
 
 def _path_of(source: Source, i: int) -> str:
     index = getattr(source, "index", None)
-    return stored_name(index.relative(i) if isinstance(index, PathIndex) else source.name(i))
-
-
-def stored_name(name: str) -> str:
-    """``name`` as the shards' UTF-8 ``path`` column (and errors.csv) store it: as is when it
-    is text, else (a file name that is not UTF-8, which Python holds with surrogate escapes)
-    its bytes on disk with each byte that is not UTF-8 written ``\\xNN``: the column stays a
-    string every Parquet reader takes."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return os.fsencode(name).decode("utf-8", "backslashreplace")
-    return name
+    return to_text(index.relative(i) if isinstance(index, PathIndex) else source.name(i))
 
 
 def _label_counts(labels: np.ndarray, samples: list[int], errors: list[list[Any]]) -> dict:

@@ -269,7 +269,7 @@ class FileListSource(Source):
         """Digest of the listed paths (and mask paths), labels and class names."""
         h = hashlib.blake2b(self.index.digest().encode(), digest_size=12)
         h.update(self.labels.tobytes())
-        h.update("\0".join(self.classes or []).encode())
+        h.update("\0".join(self.classes or []).encode("utf-8", "surrogateescape"))
         if self.mask_index is not None:
             h.update(b"masks" + self.mask_index.digest().encode())
         return h.hexdigest()

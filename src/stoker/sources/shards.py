@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 from ..errors import DecodeError, SourceError
 from .base import Source, cache_folder, drop_pages, short_read, stock
 from .hfpaths import PathRows, path_rows
+from .names import FORM, escaped, from_text, names_back
 from .parquet_targets import join_labels as _join_labels
 from .parquet_targets import label_names, shard_targets
 from .shardindex import HEADER_ROWS, local_index
@@ -165,7 +166,9 @@ class ShardSource(Source):
         a target read from other columns has only those its own text gives."""
         if label_names(self.label_column)[0] != ["label"]:
             return text
-        return (manifest or {}).get("classes") or hf or text
+        manifest = manifest or {}
+        stored = names_back(manifest.get("classes"), manifest.get("names") == FORM)
+        return stored or hf or text
 
     def _make_digest(self, manifest: dict | None) -> str:
         h = hashlib.blake2b(digest_size=12)
@@ -353,6 +356,23 @@ class ShardSource(Source):
         """A ParquetFile on ``shard`` for row-group reads (remote sources open it their way)."""
         return pq.ParquetFile(self.files[shard])
 
+    def stored_path(self, index: int) -> str | None:
+        """The name sample ``index``'s ``image.path`` holds (None: no path column, or null):
+        for ``stoker convert``'s shards the file's path relative to the folder converted,
+        exactly as it was on disk (:mod:`.names`). Reads that row group's paths."""
+        shard, row = self.locate(index)
+        pf = self._parquet_reader(shard)
+        kind = pf.schema_arrow.field(self.image_column).type
+        if not pa.types.is_struct(kind) or kind.get_field_index("path") < 0:
+            return None
+        starts = self._group_starts[shard]
+        group = int(np.searchsorted(starts, row, side="right")) - 1
+        column = pf.read_row_group(group, columns=[f"{self.image_column}.path"]).column(0)
+        text = column.combine_chunks().field("path")[row - int(starts[group])].as_py()
+        if text is None or not escaped(pf.schema_arrow.metadata):
+            return text
+        return from_text(text)
+
     def name(self, index: int) -> str:
         """``shard-00003.parquet[row 17]``."""
         shard, row = self.locate(index)
@@ -424,7 +444,9 @@ def _hf_classes(pf: pq.ParquetFile) -> list[str] | None:
         names = label.get("names")
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
-    return [str(n) for n in names] if isinstance(names, list) else None
+    if not isinstance(names, list):
+        return None
+    return names_back([str(n) for n in names], escaped(meta))
 
 
 def _open_parquet(path: str) -> pq.ParquetFile:
