@@ -138,3 +138,19 @@ def test_throttling_past_the_deadline_is_a_bad_sample_not_a_hang(
     assert "SlowDown" in str(err.value) or "reduce your request rate" in str(err.value)
     assert url.split("/")[2] in str(err.value) and "attempts" in str(err.value)
     assert counts.throttled >= 2 and counts.failed >= 2 and counts.retries >= 2
+
+
+@pytest.mark.timeout(240)
+def test_stoker_bench_measures_a_bucket_and_what_its_requests_cost(
+    proxied: tuple[FaultProxy, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from stoker.cli import main
+
+    proxy, url = proxied
+    flags = "--batch-size 6 --image-size 32 --workers 0 --epochs 1".split()
+    assert main(["bench", url, *flags]) == 0
+    out = capsys.readouterr().out
+    assert "throughput:" in out and "busy cores decode" in out, out
+    line = next(ln for ln in out.splitlines() if "storage requests:" in ln)
+    assert "GETs" in line and "per image" in line and "latency median" in line, line
+    assert proxy.gets(".parquet") > 0

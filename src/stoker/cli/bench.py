@@ -8,6 +8,10 @@ one the consumer holds: :func:`made_ahead`), so the first that many batches of e
 taken but not counted, and its rate is a lower bound of what the workers made in it. An epoch of
 no more batches than that cannot be timed and is refused; one shorter than ``PRECISE`` times
 that count is measured with a warning naming the count it needs.
+
+A bucket (``stoker bench s3://bucket/shards``) is measured the same way as a disk; its report
+adds what the requests cost (``stats().requests``: GETs/s and per image, MB/s and bytes fetched
+per byte decoded, latency median and p99, retries, throttling replies).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import psutil
 from ..decode import decoder_name, jpegcrop
 from ..errors import ConfigError
 from ..loader import Loader, config
+from ..requeststats import request_lines
 from ..workers.engine import HELD
 from ..workers.jobs import map_jobs
 from .outputs import output_file
@@ -226,6 +231,8 @@ class Measured:
     stages: dict[str, float]
     wait_share: float
     timeline: Timeline
+    #: ``stats().requests`` of the timed run: what reading a bucket cost ({} on a disk)
+    requests: dict = field(default_factory=dict)
 
     @property
     def ceiling(self) -> float:
@@ -262,6 +269,7 @@ class Measured:
             f"  consumer waited {self.wait_share:.0%} of the time (no compute here, so ~100% "
             "is expected); in training, stats() tells whether input is the bottleneck",
         ]
+        lines += request_lines(self.requests, storage_bound=False)
         return "\n".join(lines + ([self.warning] if self.warning else []))
 
     def draw(self, plot: str | os.PathLike[str]) -> None:
@@ -319,7 +327,17 @@ def measure(
     busy = busy_cores_rate(source, options, used)
     stages = {"read": report.read_ms, "decode": report.decode_ms, "transform": report.transform_ms}
     return Measured(
-        title, runs, ahead, warning, one, busy, peak, stages, report.wait_share, timeline
+        title,
+        runs,
+        ahead,
+        warning,
+        one,
+        busy,
+        peak,
+        stages,
+        report.wait_share,
+        timeline,
+        report.requests,
     )
 
 
