@@ -52,22 +52,60 @@ SCRIPT = textwrap.dedent(
 )
 
 
+EARLY = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.path.insert(0, {src!r})
+    import numpy as np
+    import torch.distributed as dist
+    import stoker
+
+    class Numbers:  # a per-sample dataset: its worker is launched at construction
+        def __len__(self):
+            return 37
+        def __getitem__(self, i):
+            return np.full(2, i, np.float32), i
+
+    folder, fields = sys.argv[1], ("image", "label", "index")
+    # made before the process group exists, as in Lightning's LightningModule.__init__
+    early = stoker.Loader(folder, batch_size=5, image_size=16, workers=0, batch=fields)
+    ahead = stoker.Loader(Numbers(), batch_size=4, workers=1, shuffle=False)
+    used = stoker.Loader(folder, batch_size=5, image_size=16, workers=0)
+    out = {{"before": len(early), "used": len(next(iter(used))[1])}}
+    dist.init_process_group("gloo", rank=int(sys.argv[2]), world_size=2,
+                            init_method="tcp://127.0.0.1:" + sys.argv[3])
+    out["after"], out["rank"], out["world"] = len(early), early.plan.rank, early.plan.world_size
+    out["early"] = [[int(i) for i in index] for _, _, index in early]
+    with stoker.Loader(folder, batch_size=5, image_size=16, workers=0, batch=fields) as late:
+        out["late"] = [[int(i) for i in index] for _, _, index in late]
+    out["ahead"] = [int(v) for _, y in ahead for v in y]
+    try:
+        next(iter(used))
+    except stoker.ConfigError as exc:
+        out["error"] = str(exc)
+    for loader in (early, ahead, used):
+        loader.close()
+    print("RESULT " + json.dumps(out))
+    dist.destroy_process_group()
+    """
+)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-@pytest.mark.timeout(300)
-def test_rank_and_world_size_come_from_torch_distributed(tmp_path, image_folder):
-    pytest.importorskip("torch.distributed")
+def _run_ranks(tmp_path, script_text, *args, timeout=240):
+    """Run ``script_text`` as rank 0 and 1 of a gloo group; each rank's RESULT dict."""
     script = tmp_path / "rank.py"
-    script.write_text(SCRIPT.format(src=SRC))
+    script.write_text(script_text.format(src=SRC))
     port = str(_free_port())
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(image_folder), str(r), port],
+            [sys.executable, str(script), *args, str(r), port],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -77,10 +115,17 @@ def test_rank_and_world_size_come_from_torch_distributed(tmp_path, image_folder)
     ]
     outs = []
     for p in procs:
-        out, err = p.communicate(timeout=240)  # two torch imports on a loaded 2-core machine
+        out, err = p.communicate(timeout=timeout)  # two torch imports on a loaded machine
         assert p.returncode == 0, err[-2000:]
         line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
         outs.append(json.loads(line[len("RESULT ") :]))
+    return outs
+
+
+@pytest.mark.timeout(300)
+def test_rank_and_world_size_come_from_torch_distributed(tmp_path, image_folder):
+    pytest.importorskip("torch.distributed")
+    outs = _run_ranks(tmp_path, SCRIPT, str(image_folder))
     assert sorted(o["rank"] for o in outs) == [0, 1] and {o["world"] for o in outs} == {2}
     assert outs[0]["batches"] == outs[1]["batches"] == 3  # 36 samples / 2 ranks, batches of 5
     assert not set(outs[0]["samples"]) & set(outs[1]["samples"])
@@ -94,3 +139,22 @@ def test_rank_and_world_size_come_from_torch_distributed(tmp_path, image_folder)
     assert not set(outs[0]["drop"]["got"]) & set(outs[1]["drop"]["got"])
     assert sorted(outs[0]["eval"] + outs[1]["eval"]) == list(range(37))  # each exactly once
     assert outs[0]["epoch3"] != outs[0]["pad"]["got"]
+
+
+@pytest.mark.timeout(300)
+def test_a_loader_made_before_init_process_group_takes_the_groups_split(tmp_path, image_folder):
+    pytest.importorskip("torch.distributed")
+    outs = _run_ranks(tmp_path, EARLY, str(image_folder))
+    assert sorted(o["rank"] for o in outs) == [0, 1] and {o["world"] for o in outs} == {2}
+    for o in outs:
+        assert o["before"] == 7 and o["after"] == 3  # 36 samples, full batches of 5: 7 alone
+        assert o["early"] == o["late"]  # exactly the split of a loader made after the group
+        assert len(o["early"]) == o["after"]
+    split = [sorted(i for batch in o["early"] for i in batch) for o in outs]
+    assert not set(split[0]) & set(split[1]) and len(split[0]) == len(split[1]) == 15
+    assert sorted(outs[0]["ahead"] + outs[1]["ahead"]) == sorted([*range(37), 0])  # pad: 19 each
+    assert not set(outs[0]["ahead"]) & set(outs[1]["ahead"][:-1])  # rank 1's last wraps round
+    for o in outs:  # a loader that started as rank 0 of 1 refuses, naming the fix
+        assert o["used"] == 5
+        assert "handed out batches as rank 0 of 1" in o["error"]
+        assert "init_process_group" in o["error"] and "rank=" in o["error"]

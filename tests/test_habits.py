@@ -197,7 +197,10 @@ def test_dataset_sampler_and_batch_size_read_as_a_dataloader_s(image_folder):
         view.sampler.set_epoch(3)
         assert train.state_dict()["epoch"] == 3 and view.sampler.epoch == 3
         next(iter(view))
-        view.sampler.set_epoch(3)  # the current epoch: the position is kept
+        view.sampler.set_epoch(3)  # an epoch broken off starts again, as a DataLoader's
+        assert train.state_dict()["position"] == 0
+        view.load_state_dict(train.advance_state(train.state_dict(), 1))
+        view.sampler.set_epoch(3)  # the current epoch, resumed: the position is kept
         assert train.state_dict()["position"] == 1
         view.sampler.set_epoch(4)
         assert train.state_dict()["position"] == 0

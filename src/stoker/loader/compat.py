@@ -64,17 +64,21 @@ class Samples:
 class EpochSampler:
     """``loader.sampler``: the ``DistributedSampler`` habits a training loop has.
 
-    ``set_epoch(e)`` moves the loader to epoch ``e`` (which seeds its order and augmentation);
-    when ``e`` is already the loader's epoch it keeps the position, so a run resumed mid-epoch
-    with ``load_state_dict`` that calls ``set_epoch`` at each epoch's start loses no batch.
+    ``set_epoch(e)`` moves the loader to epoch ``e`` (which seeds its order and augmentation),
+    from its first batch, as a DataLoader starts every epoch; when ``e`` is already the loader's
+    epoch and its position was restored by ``load_state_dict`` (no batch taken since), the
+    position is kept, so a run resumed mid-epoch that calls ``set_epoch`` at each epoch's start
+    loses no batch. An epoch broken off mid-way (Lightning's sanity check takes two validation
+    batches) starts again from its first batch.
     ``len()`` is the samples this rank visits per epoch, as ``len(DistributedSampler)``."""
 
     def __init__(self, loader: Any) -> None:
         self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:
-        """Make ``epoch`` the loader's current epoch (from its first batch if it was not)."""
-        if epoch != self.epoch:
+        """Start ``epoch`` at the next iteration from its first batch, or where a resumed
+        state left it (see the class)."""
+        if epoch != self.epoch or not self._loader.resumed:
             self._loader.set_epoch(epoch)
 
     @property

@@ -16,6 +16,7 @@ from ..errors import ConfigError, StokerWarning, user_stacklevel
 from ..order import SPLITS
 from ..sources.fetchpolicy import DEFAULT_RATE
 from ..sources.readahead import PAGE_CACHE, ReadSettings
+from . import ranks
 
 START_METHODS = ("spawn",)
 
@@ -377,9 +378,10 @@ def start_method(value: Any) -> str:
 
 
 def rank_world(rank: Any, world_size: Any) -> tuple[int, int]:
-    """Explicit rank/world_size, else torch.distributed's if initialised, else (0, 1)."""
+    """Explicit rank/world_size, else the distributed runtime's (``ranks.detect``), else
+    (0, 1)."""
     if rank is None and world_size is None:
-        return detect_rank()
+        return ranks.detect()
     if rank is None or world_size is None:
         raise ConfigError("give both rank= and world_size=, or neither")
     world = positive_int("world_size", world_size)
@@ -397,20 +399,3 @@ def check_rank_split(value: Any) -> str:
             "sample on exactly one rank, for evaluation)"
         )
     return value
-
-
-def detect_rank() -> tuple[int, int]:
-    """The rank and world size of a running distributed job, else (0, 1).
-
-    Looks at ``torch.distributed`` (if imported and initialised), then JAX's multi-process
-    runtime (if jax is imported and has more than one process). Nothing is imported here.
-    """
-    import sys
-
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    jax = sys.modules.get("jax")
-    if jax is not None and jax.process_count() > 1:
-        return jax.process_index(), jax.process_count()
-    return 0, 1

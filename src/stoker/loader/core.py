@@ -94,6 +94,9 @@ class Loader(Starting, Views):
         #: what the loader is made of, built once: the workers and nodes receive this object
         self.recipe: Recipe = parts.recipe
         self._peeker: Assembler | None = None  # fills peek()'s batches in this process
+        self._rank_pending, self._rank_used = parts.rank_pending, False
+        #: the position was restored by load_state_dict and no batch was taken since
+        self.resumed = False
         self._batches = self.plan.batches()
         self.epoch, self.position = 0, 0
         self._ahead = 0  # batches an adapter took ahead of the training step (not yet received)
@@ -108,7 +111,9 @@ class Loader(Starting, Views):
     # ------------------------------------------------------------------ iteration
 
     def __len__(self) -> int:
-        """Batches per epoch (for this rank)."""
+        """Batches per epoch (for this rank). With no ``rank=`` given, read when called: made
+        before the process group, a loader counts the group's split once the group exists."""
+        self._ranked()
         return self._batches
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -136,6 +141,7 @@ class Loader(Starting, Views):
     @property
     def plan(self) -> Plan:
         """Which samples batch k of epoch e holds, for this rank."""
+        self._ranked()
         return self.recipe.plan
 
     @property
@@ -222,6 +228,10 @@ class Loader(Starting, Views):
 
     def _epoch_batches(self) -> Iterator[Batch]:
         self._guard.check_process()
+        self._ranked()
+        if self._rank_pending:  # batches are handed out as rank 0 of 1 from here
+            self._rank_used = True
+        self.resumed = False
         if self.position >= self._batches:
             self.epoch, self.position = self.epoch + 1, 0
         epoch = self.epoch
@@ -271,6 +281,7 @@ class Loader(Starting, Views):
         self._guard.check_process()
         if self._finalizer.alive is False:
             raise StokerError("this Loader is closed; create a new one")
+        self._ranked()
         epoch, position = self._received()
         if batch is not None:
             if (
@@ -343,6 +354,7 @@ class Loader(Starting, Views):
         The position counts batches the training step received: a batch an adapter has taken
         ahead (``torch(device="cuda")``, ``jax()``) is left out, so a state taken after ``k``
         batches resumes at batch ``k``."""
+        self._ranked()
         epoch, position = self._received()
         return make_state(
             epoch,
@@ -363,7 +375,7 @@ class Loader(Starting, Views):
             return
         older: list[str] = getattr(self.source, "older_fingerprints", list)()
         self.epoch, self.position = check_state(state, self.state_dict(), older)
-        self._ahead = 0
+        self._ahead, self.resumed = 0, True
 
     advance_state = staticmethod(advance_state)
 

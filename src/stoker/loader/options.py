@@ -284,18 +284,21 @@ class OrderOptions:
     rank: int | None = option(
         None,
         "int | None",
-        "This process's rank; `None` reads `torch.distributed` when it is initialised, else 0.",
+        "This process's rank; `None` reads the process group (`torch.distributed`, "
+        "`jax.distributed`, Ray Train) when made and again when an epoch starts, until one of "
+        "several ranks is found; else 0.",
     )
     world_size: int | None = option(
         None,
         "int | None",
-        "The number of ranks; `None` reads `torch.distributed`, else 1.",
+        "The number of ranks; `None` reads it with `rank`, else 1.",
     )
     rank_split: str = option(
         "pad",
         "str",
         'How ranks split an epoch: `"pad"` or `"drop"` to equal counts (as '
-        '`DistributedSampler`), `"once"`: every sample on exactly one rank.',
+        '`DistributedSampler`; "pad" is the one to gather evaluation over, keeping each `index` '
+        'once), `"once"`: every sample on exactly one rank (counts differ: no per-batch gather).',
         check=of_value(config.check_rank_split),
     )
 

@@ -4,11 +4,13 @@ from the loader's one ``Recipe``; ``running.Running`` owns what is started."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ..assemble import Assembler
 from ..errors import StokerError
 from ..workers.cluster import probe_digest
+from . import ranks, wiring
 from .running import auto_workers
 from .supplier import Supplier
 
@@ -35,9 +37,26 @@ class Starting:
     _workers_reason: str
     _prefetch_arg: Any
     _batches: int
+    _peeker: Assembler | None
+    _rank_pending: bool
+    _rank_used: bool
     _run: Running
     _guard: Guard
     _finalizer: weakref.finalize[Any, Any]
+
+    def _ranked(self) -> None:
+        """Read the rank again while it is pending (see ``loader.ranks``): the first group of
+        several ranks found fixes this loader's split. Workers launched with the old plan are
+        stopped; the next batch starts them with the new one."""
+        if not self._rank_pending:
+            return
+        plan = ranks.regroup(self.recipe.plan, self._rank_used)
+        if plan is None:
+            return
+        self._rank_pending = False
+        self._run.close(fast=True)
+        self.recipe = dataclasses.replace(self.recipe, plan=wiring.check_batches(plan))
+        self._batches, self._peeker = plan.batches(), None
 
     def _engine(self) -> Supplier:
         self._guard.check_process()

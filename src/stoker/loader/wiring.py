@@ -23,7 +23,7 @@ from ..schema import BatchSchema, Columns, SlotLayout, field_specs, leaves, reso
 from ..sources import open_source
 from ..sources.base import Source
 from ..transforms import CustomPipeline, check_mask_ops, image_pipeline
-from . import config
+from . import config, ranks
 from .options import ImageOptions, Options, OrderOptions, SourceOptions
 from .recipe import Recipe
 from .selection import check_split, select
@@ -40,6 +40,8 @@ class Parts:
     has_masks: bool
     drop_last: bool
     max_errors: int
+    #: No rank was given and no group found: read again when an epoch starts (``ranks``).
+    rank_pending: bool
 
 
 def build(opts: Options) -> Parts:
@@ -65,7 +67,8 @@ def build(opts: Options) -> Parts:
     if drop_last is None:  # training drops the ragged batch; evaluation sees every sample
         drop_last = opts.order.shuffle and subset != "validation"
     max_errors = config.max_errors(opts.run.max_errors, len(source))
-    plan = _plan(opts.order, source, batch.batch_size, drop_last)
+    rank, world = config.rank_world(opts.order.rank, opts.order.world_size)
+    plan = _plan(opts.order, source, batch.batch_size, drop_last, (rank, world))
     weight, fields = opts.source.sample_weight, opts.source.fields
     columns = Columns(batch_mod.columns(source, weight, fields, batch.label_mode))
     specs = field_specs(image_size, pipeline.channels, has_masks, columns, source.sample_fields)
@@ -85,6 +88,7 @@ def build(opts: Options) -> Parts:
         has_masks=has_masks,
         drop_last=drop_last,
         max_errors=max_errors,
+        rank_pending=ranks.pending(opts.order.rank, opts.order.world_size, (rank, world)),
     )
 
 
@@ -145,9 +149,11 @@ def _mask_map(value: Any, has_masks: bool) -> MaskMap | None:
     return MaskMap(value)
 
 
-def _plan(opts: OrderOptions, source: Source, batch_size: int, drop_last: bool) -> Plan:
-    """Which samples each batch of each epoch holds, for this rank."""
-    rank, world = config.rank_world(opts.rank, opts.world_size)
+def _plan(
+    opts: OrderOptions, source: Source, batch_size: int, drop_last: bool, ranked: tuple[int, int]
+) -> Plan:
+    """Which samples each batch of each epoch holds, for rank ``ranked[0]`` of ``ranked[1]``."""
+    rank, world = ranked
     blocks = getattr(source, "block_sizes", None)
     plan = Plan(
         len(source),
@@ -160,9 +166,15 @@ def _plan(opts: OrderOptions, source: Source, batch_size: int, drop_last: bool) 
         block_sizes=tuple(int(b) for b in blocks) if blocks else None,
         split=opts.rank_split,
     )
+    return check_batches(plan)
+
+
+def check_batches(plan: Plan) -> Plan:
+    """``plan``, once it gives this rank at least one batch per epoch."""
     if plan.batches() == 0:
+        ranks_note = f" on each of {plan.world_size} ranks" if plan.world_size > 1 else ""
         raise ConfigError(
-            f"{len(source)} samples make no full batch of {batch_size} with "
+            f"{plan.n} samples make no full batch of {plan.batch_size}{ranks_note} with "
             "drop_last=True: lower batch_size or pass drop_last=False"
         )
     return plan

@@ -1,0 +1,86 @@
+"""An Accelerate run on 2 CPU processes (gloo) over stoker views, for test_frameworks.py: the
+loaders are made before ``Accelerator()`` starts the process group; ``prepare`` passes the views
+through, ``register_for_checkpointing`` + ``save_state``/``load_state`` resume exactly,
+``skip_first_batches`` starts exactly n batches on, and ``gather_for_metrics`` over a
+``rank_split="pad"`` view gives the single-process metric once the padding is dropped by
+``index``. Each rank writes what it saw to ``OUT/rank{r}.json``.
+Usage: ``python accelerate_ddp.py FOLDER OUT`` with RANK, WORLD_SIZE, MASTER_ADDR/PORT set."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+
+import stoker
+
+FOLDER, OUT = sys.argv[1], Path(sys.argv[2])
+FIELDS = ("image", "label", "index")
+TRAIN = {"batch_size": 4, "image_size": 16, "workers": 1, "seed": 2, "batch": FIELDS}
+VAL = {"batch_size": 5, "image_size": 16, "workers": 0, "augment": "eval", "shuffle": False}
+
+
+def as_tensors(loader: stoker.Loader):
+    return loader.torch(dtype=torch.float32, mean=0, std=1)
+
+
+def indices(batches, count: int) -> list[list[int]]:
+    out = []
+    for _, _, index in batches:
+        out.append(index.tolist())
+        if len(out) == count:
+            break
+    return out
+
+
+# --8<-- [start:prepare]
+train_data = stoker.Loader(FOLDER, **TRAIN)  # before the process group: the rank is read later
+val_data = stoker.Loader(FOLDER, rank_split="pad", batch=FIELDS, **VAL)
+accelerator = Accelerator(cpu=True)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16 * 16 * 3, 3))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+train, val = as_tensors(train_data), as_tensors(val_data)
+model, optimizer, prepared, prepared_val = accelerator.prepare(model, optimizer, train, val)
+accelerator.register_for_checkpointing(train)
+# --8<-- [end:prepare]
+report = {"rank": accelerator.process_index, "passed_through": prepared is train}
+report["split"] = [train_data.plan.rank, train_data.plan.world_size, len(train)]
+
+seen = []
+for x, y, index in train:  # two steps, then a checkpoint, then what an unbroken run takes next
+    seen.append(index.tolist())
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()
+    if len(seen) == 2:
+        break
+accelerator.save_state(str(OUT / "state"))
+report["unbroken"] = indices(train, 2)
+accelerator.load_state(str(OUT / "state"))
+report["resumed"] = indices(train, 2)
+report["seen"] = seen
+# --8<-- [start:skip]
+with stoker.Loader(FOLDER, **TRAIN) as fresh:  # a new job that skips the 2 batches trained
+    report["skipped"] = indices(accelerator.skip_first_batches(as_tensors(fresh), 2), 2)
+# --8<-- [end:skip]
+
+# --8<-- [start:gather]
+parts = []
+with torch.no_grad():
+    for x, y, index in val:
+        parts.append(accelerator.gather_for_metrics(((model(x).argmax(1) == y).long(), index)))
+correct = torch.cat([c for c, _ in parts]).numpy()
+_, first = np.unique(torch.cat([i for _, i in parts]).numpy(), return_index=True)
+report["gathered"], report["count"] = int(correct[first].sum()), len(first)
+# --8<-- [end:gather]
+with stoker.Loader(FOLDER, rank=0, world_size=1, **VAL) as whole, torch.no_grad():
+    report["whole"] = sum(int((model(x).argmax(1) == y).sum()) for x, y in as_tensors(whole))
+report["val_batches"] = len(val)
+(OUT / f"rank{report['rank']}.json").write_text(json.dumps(report))
+for loader in (train_data, val_data):
+    loader.close()
+accelerator.end_training()
