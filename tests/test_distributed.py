@@ -91,6 +91,28 @@ EARLY = textwrap.dedent(
 )
 
 
+JAX = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {src!r})
+    import numpy as np
+    import jax
+    import stoker
+
+    images, ids = np.zeros((10, 4, 4, 3), np.uint8), np.arange(10)
+    early = stoker.Loader(images, labels=ids, batch_size=2, workers=0, shuffle=False)
+    out = {{"before": len(early)}}  # jax imported, not initialised: its backend is left alone
+    jax.distributed.initialize("127.0.0.1:" + sys.argv[2], num_processes=2,
+                               process_id=int(sys.argv[1]))
+    out["after"], out["rank"] = len(early), early.plan.rank
+    out["got"] = [int(v) for _, y in early for v in y]
+    early.close()
+    print("RESULT " + json.dumps(out))
+    jax.distributed.shutdown()
+    """
+)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,11 +120,11 @@ def _free_port():
 
 
 def _run_ranks(tmp_path, script_text, *args, timeout=240):
-    """Run ``script_text`` as rank 0 and 1 of a gloo group; each rank's RESULT dict."""
+    """Run ``script_text`` as rank 0 and 1 (the script starts its group); their RESULT dicts."""
     script = tmp_path / "rank.py"
     script.write_text(script_text.format(src=SRC))
     port = str(_free_port())
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), *args, str(r), port],
@@ -158,3 +180,12 @@ def test_a_loader_made_before_init_process_group_takes_the_groups_split(tmp_path
         assert o["used"] == 5
         assert "handed out batches as rank 0 of 1" in o["error"]
         assert "init_process_group" in o["error"] and "rank=" in o["error"]
+
+
+@pytest.mark.needs("jax")
+@pytest.mark.timeout(300)
+def test_a_loader_made_before_jax_distributed_initialize_takes_its_split(tmp_path):
+    outs = _run_ranks(tmp_path, JAX)
+    assert [o["rank"] for o in outs] == [0, 1]
+    assert [o["before"] for o in outs] == [5, 5] and [o["after"] for o in outs] == [3, 3]
+    assert outs[0]["got"] == [0, 2, 4, 6, 8] and outs[1]["got"] == [1, 3, 5, 7, 9]
