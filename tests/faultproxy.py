@@ -356,8 +356,8 @@ class _Handler(BaseHTTPRequestHandler):
         began = time.monotonic()
         for at in range(0, len(body), _CHUNK):
             piece = body[at : at + _CHUNK]
+            proxy._sent(len(piece))  # counted before it leaves: a client may check on receipt
             self.wfile.write(piece)
-            proxy._sent(len(piece))
             if cap:
                 ahead = (at + len(piece)) / cap - (time.monotonic() - began)
                 if ahead > 0:
