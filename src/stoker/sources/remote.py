@@ -55,7 +55,7 @@ from .shardindex import (
     trusted_cached,
 )
 from .shards import MANIFEST, ShardSource
-from .spans import SpanReads
+from .spans import MergedReads, SpanReads
 from .store import DEFAULT_TIMEOUT, Entry, ObjectFile, is_url, open_store, shown
 
 __all__ = ["RemoteShardSource", "is_url", "READ_AHEAD_MAX", "DEFAULT_TIMEOUT"]
@@ -64,7 +64,7 @@ READ_AHEAD_MAX = 64  # requests in flight per worker the auto window may grow to
 _HTTP = ("http", "https")
 
 
-class RemoteShardSource(ShardSource):
+class RemoteShardSource(MergedReads, ShardSource):
     """Parquet shards behind an fsspec URL; see the module docstring."""
 
     def __init__(
@@ -275,29 +275,17 @@ class RemoteShardSource(ShardSource):
 
     # ------------------------------------------------------------------ reading
 
-    def _span_get(self, url: str, start: int, end: int) -> bytes:
+    def span_get(self, url: str, start: int, end: int) -> bytes:
         """One request for a merged span of shard ``url`` (of the listed version)."""
         return self.store.get(url, start, end, self._objects[self.files.index(url)].tag)
 
-    def plan_reads(self, indices: Any) -> None:
-        """Merge the byte ranges of these samples (the next batch's) into few requests: each
-        run of neighbouring images of a shard is one GET (``sources.spans``)."""
-        if self.merge_gap is None:
-            return
-        if self._spans is None:
-            self._spans = SpanReads(self._span_get, max_gap=self.merge_gap)
-        wanted = []
-        try:
-            for index in indices:
-                shard, row = self.locate(int(index))
-                if self.modes[shard] != 0:
-                    continue
-                offset, length = (int(v) for v in self._table(shard)[row + HEADER_ROWS])
-                if offset >= 0:
-                    wanted.append((int(index), self.files[shard], offset, offset + length))
-        except Exception:  # noqa: BLE001 - no plan: each sample is read (and named) alone
-            wanted = []
-        self._spans.plan(wanted)
+    def sample_range(self, index: int) -> tuple[str, int, int] | None:
+        """Sample ``index``'s image bytes in its shard (None: compressed, or a null)."""
+        shard, row = self.locate(index)
+        if self.modes[shard] != 0:
+            return None
+        offset, length = (int(v) for v in self._table(shard)[row + HEADER_ROWS])
+        return (self.files[shard], offset, offset + length) if offset >= 0 else None
 
     def read(self, index: int) -> bytes:
         """The encoded image bytes of sample ``index``: out of its planned span (one request
@@ -313,7 +301,7 @@ class RemoteShardSource(ShardSource):
         offset, length = (int(v) for v in self._table(shard)[row + HEADER_ROWS])
         if offset < 0:
             raise DecodeError(f"{self.name(index)}: no image bytes (null)")
-        planned = self._spans.read(index) if self._spans is not None else None
+        planned = self.planned(index)
         if planned is not None:
             return planned
         return self.store.get(self.files[shard], offset, offset + length, self._objects[shard].tag)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Any
 
 from .fetchpolicy import DEFAULT_MAX_GAP, DEFAULT_MAX_SPAN, Span, merge_ranges
 
@@ -127,3 +128,45 @@ class SpanReads:
             self._where = {}
             self._held.clear()
             self._held_bytes = 0
+
+
+class MergedReads:
+    """For a source whose sample is one byte range of a stored object (a Parquet shard's
+    image, a tar's member): ``plan_reads`` merges a batch's ranges into spans (``SpanReads``,
+    neighbours at most ``merge_gap`` bytes apart; ``merge_gap=None``: no merging) and
+    ``planned(index)`` serves a sample out of its span (None: read it alone).
+
+    The source gives ``sample_range(index)`` (``(url, start, end)``, or None for a sample
+    that is not one range) and ``span_get(url, start, end)`` (one request). Its
+    ``__getstate__`` must leave ``_spans`` out: each process makes its own."""
+
+    merge_gap: int | None = DEFAULT_MAX_GAP
+    _spans: SpanReads | None = None
+
+    def sample_range(self, index: int) -> tuple[str, int, int] | None:
+        """Where sample ``index``'s bytes are: ``(url, start, end)``, or None."""
+        raise NotImplementedError
+
+    def span_get(self, url: str, start: int, end: int) -> bytes:
+        """One request for bytes ``[start, end)`` of ``url``."""
+        raise NotImplementedError
+
+    def plan_reads(self, indices: Any) -> None:
+        """Merge the byte ranges of these samples (the next batch's) into few requests."""
+        if self.merge_gap is None:
+            return
+        if self._spans is None:
+            self._spans = SpanReads(self.span_get, max_gap=self.merge_gap)
+        wanted = []
+        try:
+            for index in indices:
+                where = self.sample_range(int(index))
+                if where is not None:
+                    wanted.append((int(index), *where))
+        except Exception:  # noqa: BLE001 - no plan: each sample is read (and named) alone
+            wanted = []
+        self._spans.plan(wanted)
+
+    def planned(self, index: int) -> bytes | None:
+        """Sample ``index``'s bytes out of its planned span, or None: read it alone."""
+        return self._spans.read(index) if self._spans is not None else None
