@@ -79,6 +79,19 @@ def hang_on_mark(image, rng):
     return image
 
 
+def hang_in_batch_transform(batch, rng):
+    """A batch_transform that never returns from the third batch of an unshuffled epoch on
+    (the batch of zeros a Loader tries it on when made, index 0, passes)."""
+    while batch["index"].min() >= 8:
+        time.sleep(0.05)
+
+
+def exit_in_batch_transform(batch, rng):
+    """A batch_transform that ends its worker with os._exit(3) from the third batch on."""
+    if batch["index"].min() >= 8:
+        os._exit(3)
+
+
 def invert(image, rng):
     """A deterministic user transform."""
     return 255 - image

@@ -440,6 +440,24 @@ def test_a_path_only_row_whose_file_is_missing_or_escapes_is_refused_at_construc
         stoker.Loader(escaping, batch_size=2, image_size=6)
 
 
+@pytest.mark.timeout(60)
+def test_a_path_only_row_naming_a_fifo_is_refused_as_not_a_regular_file(tmp_path):
+    """A FIFO (which a read would block on) exists: it is named as what it is, not as "a path
+    to a file that does not exist"."""
+    import os
+
+    stored = [f"imgs/{i}.png" for i in range(4)]
+    stored[1] = "imgs/pipe.png"
+    parquet = _hf_parquet(tmp_path, stored)
+    os.mkfifo(tmp_path / "imgs" / "pipe.png")
+    with pytest.raises(stoker.SourceError) as err:
+        stoker.Loader(parquet, batch_size=2, image_size=6)
+    text = str(err.value)
+    assert "1 of 4 rows hold no image bytes, only a path to something that is not a regular" in text
+    assert "row 1: " + str(tmp_path / "imgs" / "pipe.png") + " (a FIFO)" in text
+    assert "does not exist" not in text
+
+
 # --------------------------------------------------------------------------- image leaves
 
 KINDS = {  # a dataset field: per-sample value of sample i

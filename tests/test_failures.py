@@ -83,6 +83,30 @@ def test_hung_transform_times_out_and_close_is_bounded():
     ]
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    "fn,error,says",
+    [
+        (helpers.hang_in_batch_transform, WorkerHung, "still in batch_transform, on batch 2"),
+        (helpers.exit_in_batch_transform, WorkerDied, "exited with code 3 while running batch_t"),
+    ],
+)
+def test_a_batch_transform_that_hangs_or_exits_is_blamed_not_a_sample_file(
+    image_folder, fn, error, says
+):
+    """The samples of the batch all loaded: the message names the batch_transform, not the
+    batch's last file ("worker 0 is still on .../0053.jpg")."""
+    timeout = 2.0 if error is WorkerHung else 600.0  # a death is seen by the liveness check
+    opts = dict(batch_size=4, image_size=24, shuffle=False, workers=1, augment=None)
+    with stoker.Loader(image_folder, batch_transform=fn, timeout=timeout, **opts) as loader:
+        it = iter(loader)
+        next(it), next(it)  # the worker is up; the function stops at the third batch
+        with pytest.raises(error) as info:
+            next(it)
+    text = str(info.value)
+    assert says in text and ".jpg" not in text, text
+
+
 @pytest.mark.timeout(60)
 def test_bad_user_transform_output_is_named():
     with marked_loader(helpers.bad_return) as loader:

@@ -291,6 +291,19 @@ def test_mask_map_offset_and_its_errors() -> None:
         stoker.Loader(images, masks=masks, mask_map="trimap")
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("offset", [1000, -256, 256])
+def test_an_offset_no_mask_value_survives_is_refused_when_the_loader_is_made(offset) -> None:
+    """mask_map=1000 used to make every sample bad at the first batch; it is refused before
+    any file is opened (the missing folder below is never looked at)."""
+    pairs = [_pair(32, 32, i) for i in range(4)]
+    images, masks = np.stack([p[0] for p in pairs]), np.stack([p[1] for p in pairs])
+    with pytest.raises(ConfigError, match=rf"mask_map={offset}: .* offset in -255\.\.255"):
+        stoker.Loader(images, masks=masks, mask_map=offset, batch_size=4, image_size=32)
+    with pytest.raises(ConfigError, match=rf"mask_map={offset}: "):
+        stoker.Loader("/no/such/folder", mask_map=offset, batch_size=4, image_size=32)
+
+
 def rot90_pair(image, mask, rng):
     """A user's (image, mask, rng) transform: the same random quarter turn for both."""
     k = int(rng.integers(4))

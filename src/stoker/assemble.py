@@ -23,6 +23,8 @@ from .sources.readahead import ReadAhead, ReadSettings, size_of
 from .transforms import Pipeline, ResizePipeline
 
 MAX_REPLACEMENT_TRIES = 64
+# A worker's status[0] (the sample it loads) while the batch_transform runs on a filled batch
+IN_BATCH_TRANSFORM = -2
 
 
 @dataclass
@@ -128,7 +130,7 @@ class Assembler:
         report.pages_dropped = self.read_ahead.counters.dropped - dropped
         report.requests = fetch.fetcher().take_counts()
         if self.batch_fn is not None:
-            self._batch_transform(epoch, batch, arrays, target, report)
+            self._batch_transform(epoch, batch, arrays, target, report, status)
         return report
 
     def _batch_transform(
@@ -138,11 +140,16 @@ class Assembler:
         arrays: dict[str, np.ndarray],
         target: dict[str, np.ndarray],
         report: Report,
+        status: np.ndarray | None,
     ) -> None:
         """Run the ``batch_transform`` on the filled batch, with its batch's generator; what it
-        returns goes into ``target`` (the slot)."""
+        returns goes into ``target`` (the slot). While it runs, ``status`` says so
+        (``IN_BATCH_TRANSFORM``): a hang or a death then is the function's, not a sample's."""
         assert self.batch_fn is not None
         self.current = -1  # an error here is the function's, not the last sample's
+        last = int(status[0]) if status is not None else -1
+        if status is not None:
+            status[0] = IN_BATCH_TRANSFORM
         t0 = time.perf_counter()
         rng = batch_rng(self.plan.seed, epoch, self.plan.rank, batch)
         try:
@@ -150,6 +157,8 @@ class Assembler:
         except Exception as exc:
             add_note(exc, f"stoker: raised by batch_transform on batch {batch} of epoch {epoch}")
             raise
+        if status is not None:
+            status[0] = last
         report.transform_s += time.perf_counter() - t0
 
     def _bulk(self, indices: np.ndarray, arrays: dict[str, np.ndarray], report: Report) -> bool:

@@ -81,6 +81,12 @@ class MaskMap:
                 _check_value("a value", wanted, value)
                 table[int(stored)] = int(wanted)
         elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            if not -255 <= value <= 255:
+                raise ConfigError(
+                    f"mask_map={value!r}: an offset past 255 maps every mask value (0-255) "
+                    "outside 0-255, so no mask would load; give an offset in -255..255 (-1: "
+                    "1..3 -> 0..2), or a dict {stored: wanted}"
+                )
             table += int(value)
         else:
             raise ConfigError(

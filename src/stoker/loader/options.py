@@ -25,6 +25,7 @@ from dataclasses import Field, dataclass, fields
 from typing import Any
 
 from .. import pixels
+from ..decode.masks import MaskMap
 from ..errors import ConfigError
 from ..workers.cluster import options as ray_options
 from . import config
@@ -42,6 +43,13 @@ from .optionfield import (
     storage_options,
 )
 from .selection import check_split
+
+
+def _mask_map(value: Any) -> None:
+    """``mask_map``: None, or a mapping :class:`MaskMap` accepts (checked before any file is
+    opened; an offset no mask value survives is refused here, not per sample)."""
+    if value is not None:
+        MaskMap(value)
 
 
 @dataclass(frozen=True)
@@ -194,8 +202,10 @@ class ImageOptions:
     mask_map: Any = option(
         None,
         "dict[int, int] | int | None",
-        "Remap mask values: a dict `{stored: wanted}` (others kept), or an int offset (`-1`: "
-        "1..3 -> 0..2); a value mapped outside 0-255 makes its mask a bad sample.",
+        "Remap mask values: a dict `{stored: wanted}` (others kept), or an int offset in "
+        "-255..255 (`-1`: 1..3 -> 0..2); a value mapped outside 0-255 makes its mask a bad "
+        "sample.",
+        check=kept(_mask_map),
     )
     max_pixels: int = option(
         DEFAULT_MAX_PIXELS,

@@ -310,8 +310,12 @@ def read_file(path: str) -> bytes:
 
 def not_regular(path: str, mode: int) -> OSError:
     """The error for a path that names a FIFO, socket, device or folder, not an image file."""
-    kind = next((k for t, k in _KINDS if t(mode)), "special file")
-    return OSError(errno.EINVAL, f"not a regular file (a {kind}); refused", path)
+    return OSError(errno.EINVAL, f"not a regular file (a {file_kind(mode)}); refused", path)
+
+
+def file_kind(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` that is not a regular file is: "FIFO", "folder"..."""
+    return next((k for t, k in _KINDS if t(mode)), "special file")
 
 
 def short_read(name: str, got: int, length: int) -> OSError:

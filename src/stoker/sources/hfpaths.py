@@ -15,6 +15,7 @@ member's path is). Rows with neither bytes nor a path are bad samples, counted a
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import SourceError
-from .base import PathIndex
+from .base import PathIndex, file_kind
 
 EMBED_FIX = (
     "embed the image bytes in the Parquet file (with datasets: "
@@ -131,13 +132,48 @@ def _resolve(stored: str, folder: str, shard: str, row: int) -> str:
 
 
 def _check_exist(rows: list[int], paths: list[str], shard: str) -> None:
-    missing = [(r, p) for r, p in zip(rows, paths, strict=True) if not os.path.isfile(p)]
-    if not missing:
+    """Every path names a regular file: an error lists the rows whose file is missing, or is
+    something else (a FIFO, a device, a folder), which a read would block on or fail at."""
+    missing, other = [], []
+    for row, path in zip(rows, paths, strict=True):
+        kind = _kind(path)
+        if kind == "missing":
+            missing.append((row, path))
+        elif kind:
+            other.append((row, f"{path} ({kind})"))
+    if not missing and not other:
         return
-    listed = "\n".join(f"  row {r}: {p}" for r, p in missing[:5])
-    more = f"\n  ... and {len(missing) - 5} more" if len(missing) > 5 else ""
+    parts = []
+    if missing:
+        parts.append(
+            _listed(
+                missing,
+                len(rows),
+                "only a path to a file that does not exist (relative "
+                "paths are read from the Parquet file's folder)",
+            )
+        )
+    if other:
+        parts.append(
+            _listed(other, len(rows), "only a path to something that is not a regular file")
+        )
     raise SourceError(
-        f"{shard}: {len(missing)} of {len(rows)} rows hold no image bytes, only a path to a "
-        f"file that does not exist (relative paths are read from the Parquet file's folder):\n"
-        f"{listed}{more}\nput the files there, or {EMBED_FIX}"
+        f"{shard}: " + "; and ".join(parts) + f"\nput the image files there, or {EMBED_FIX}"
     )
+
+
+def _kind(path: str) -> str:
+    """ "" for a regular file (through links), "missing", or what else ``path`` is."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"cannot stat it: {exc.strerror}"
+    return "" if stat.S_ISREG(mode) else f"a {file_kind(mode)}"
+
+
+def _listed(named: list[tuple[int, str]], total: int, what: str) -> str:
+    listed = "\n".join(f"  row {r}: {p}" for r, p in named[:5])
+    more = f"\n  ... and {len(named) - 5} more" if len(named) > 5 else ""
+    return f"{len(named)} of {total} rows hold no image bytes, {what}:\n{listed}{more}"

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ..assemble import Report
+from ..assemble import IN_BATCH_TRANSFORM, Report
 from ..errors import WorkerHung, one_line
 from ..schema import SlotLayout
 from ..shm import reaper
@@ -250,15 +250,31 @@ class Engine:
             wid = self.inflight[key][0] if key in self.inflight else -1
             self.pool.check_alive(self._context(wid, key))
             if time.monotonic() > deadline:
-                raise WorkerHung(
-                    f"no batch arrived in {self.timeout:g} s; worker {wid} is still on "
-                    f"{self._sample(wid)}. Raise Loader(timeout=...) if samples are that slow."
-                )
+                raise WorkerHung(f"no batch arrived in {self.timeout:g} s; {self._stuck(wid, key)}")
+
+    def _stuck(self, wid: int, key: Key) -> str:
+        """What worker ``wid`` is still doing, and the fix."""
+        if self._in_batch_transform(wid):
+            return (
+                f"worker {wid} is still in batch_transform, on batch {key[1]} of epoch "
+                f"{key[0]} (its samples all loaded). Check the function for a hang, or raise "
+                "Loader(timeout=...) if it is that slow"
+            )
+        return (
+            f"worker {wid} is still on {self._sample(wid)}. Raise Loader(timeout=...) if "
+            "samples are that slow."
+        )
 
     def _context(self, wid: int, key: Key) -> str:
         if wid < 0:
             return ""
-        return f" while loading {self._sample(wid)} (epoch {key[0]}, batch {key[1]})"
+        where = f"(epoch {key[0]}, batch {key[1]})"
+        if self._in_batch_transform(wid):
+            return f" while running batch_transform {where}; its samples had all loaded"
+        return f" while loading {self._sample(wid)} {where}"
+
+    def _in_batch_transform(self, wid: int) -> bool:
+        return wid >= 0 and self.pool.current_sample(wid) == IN_BATCH_TRANSFORM
 
     def _sample(self, wid: int) -> str:
         index = self.pool.current_sample(wid) if wid >= 0 else -1

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import seeding
+from ..assemble import IN_BATCH_TRANSFORM
 from ..errors import WorkerDied
 from ..shm import ownerlock
 from ..shm.segments import Segment
@@ -265,11 +266,13 @@ class WorkerPool:
         proc = self.procs[wid]
         proc.join(2.0)
         index = self.current_sample(wid)
-        if not context and index >= 0:
+        if not context and index == IN_BATCH_TRANSFORM:
+            context = " while running batch_transform (its batch's samples had all loaded)"
+        elif not context and index >= 0:
             context = f" while loading {self.name(index)}"
-        elif index < 0 and proc.exitcode is not None and proc.exitcode < 0:
+        elif index == -1 and proc.exitcode is not None and proc.exitcode < 0:
             context += " during its start-up, before loading any sample"
-        elif index < 0:
+        elif index == -1:
             context += " before loading any sample (its error, if any, is printed above)"
         raise WorkerDied(f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)}{context}")
 
