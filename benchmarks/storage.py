@@ -15,6 +15,10 @@ Cases (one per former script; `python benchmarks/storage.py CASE --help` for eac
                  read-ahead window vs plain reads.
     eval-large   (was eval_large.py) augment="eval" on large camera photos (2-12 MP): stoker's
                  reduced-size decode vs full decode.
+    s3-ceiling   The S3 endpoints' own ceilings (moto, benchmarks/s3local.py, s3local behind
+                 tests/faultproxy.py): GETs/s and MB/s.
+    clients      S3 clients (s3fs, obstore, boto3) on one latency-shaped endpoint: img/s and
+                 img per CPU second.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import common
 import cv2
 import numpy as np
 import psutil
+import s3clients
 
 from stoker.sources.arrays import NpySource
 from stoker.sources.base import drop_pages
@@ -1323,7 +1328,14 @@ def eval_large_main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------- cases
 
 CASES = common.cases(
-    cold_main, page_cache_main, mmap_hint_main, io_cpu_main, remote_main, eval_large_main
+    cold_main,
+    page_cache_main,
+    mmap_hint_main,
+    io_cpu_main,
+    remote_main,
+    eval_large_main,
+    s3clients.s3_ceiling_main,
+    s3clients.clients_main,
 )
 
 

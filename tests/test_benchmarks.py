@@ -123,7 +123,7 @@ def test_json_has_one_schema_with_the_facts_at_both_ends(common, tmp_path: Path)
 
 def test_the_old_scripts_are_merged_into_the_theme_scripts() -> None:
     scripts = {p.stem for p in BENCH.glob("*.py")}
-    libraries = {"common", "peers", "photo_source"}
+    libraries = {"common", "peers", "photo_source", "s3local", "s3clients"}
     assert scripts - libraries == {*THEMES, "cluster", "gpu_check"}
 
 
@@ -195,6 +195,20 @@ SMALL_CASES = [
     ("memory", "loader", "--data DATA --epochs 3 --batch-size 6 --workers 1", True),
     ("storage", "page-cache", "--data DATA --rounds 1 --batch-size 6", True),
     ("storage", "mmap-hint", "ROWS --batch 4", True),
+    (
+        "storage",
+        "clients",
+        "--root TMP/s3 --objects 8 --shards 1 --shard-mb 2 --range-mb 0.5 --latency 0.01 "
+        "--clients boto3,obstore --inflight 2 --seconds 0.3 --rounds 1",
+        True,
+    ),
+    (
+        "storage",
+        "s3-ceiling",
+        "--root TMP/s3 --objects 8 --shards 1 --shard-mb 2 --range-mb 0.5 --clients obstore "
+        "--endpoints s3local,s3local+proxy --inflight 2 --seconds 0.3 --rounds 1",
+        True,
+    ),
     ("startup", "files", "--files 300 --repeats 1 --root TMP/f --data DATA", True),
     ("augment", "ops", "DATA --workers 1 --batch 6 --epochs 1 --rounds 1 --calls 2", False),
     (
@@ -337,3 +351,78 @@ def test_the_cluster_throttle_falls_back_to_none_and_a_named_one_says_what_it_ne
         cluster.throttle_for("cpulimit")
     monkeypatch.setattr(cluster.shutil, "which", lambda name: "/usr/bin/cpulimit")
     assert cluster.throttle_for("auto") == "cpulimit"
+
+
+# --------------------------------------------------------------------------- the local S3 server
+
+
+@pytest.fixture
+def s3local(common, tmp_path: Path):  # type: ignore[no-untyped-def]
+    import s3local as module  # on the path the common fixture set
+
+    (tmp_path / "bkt" / "a" / "b").mkdir(parents=True)
+    for i in range(7):
+        (tmp_path / "bkt" / "a" / f"{i}.bin").write_bytes(bytes([i]) * (1000 + i))
+    (tmp_path / "bkt" / "a" / "b" / "x y+z.txt").write_bytes(b"hello")
+    (tmp_path / "bkt" / "top").write_bytes(os.urandom(5000))
+    server = module.S3Local(str(tmp_path)).start()
+    yield server, tmp_path / "bkt"
+    server.shutdown()
+    server.server_close()
+
+
+def _s3_env(endpoint: str) -> dict[str, str]:
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
+@pytest.mark.timeout(120)
+def test_the_local_s3_server_lists_ranges_and_stores_for_boto3_s3fs_and_obstore(
+    s3local, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("boto3")
+    s3fs = pytest.importorskip("s3fs")
+    obstore = pytest.importorskip("obstore")
+    from obstore.store import S3Store
+
+    server, bucket = s3local
+    for name, value in _s3_env(server.endpoint).items():
+        monkeypatch.setenv(name, value)
+    import boto3
+
+    client = boto3.client("s3")
+    pages = client.get_paginator("list_objects_v2").paginate(
+        Bucket="bkt", Prefix="a/", PaginationConfig={"PageSize": 3}
+    )
+    keys = [o["Key"] for page in pages for o in page.get("Contents", [])]
+    assert keys == [*(f"a/{i}.bin" for i in range(7)), "a/b/x y+z.txt"]
+    top = client.list_objects_v2(Bucket="bkt", Delimiter="/")
+    assert [p["Prefix"] for p in top["CommonPrefixes"]] == ["a/"]
+    assert [o["Key"] for o in top["Contents"]] == ["top"]
+    whole = (bucket / "top").read_bytes()
+    got = client.get_object(Bucket="bkt", Key="top", Range="bytes=100-199")
+    assert got["Body"].read() == whole[100:200] and got["ContentRange"] == "bytes 100-199/5000"
+    assert client.head_object(Bucket="bkt", Key="a/3.bin")["ContentLength"] == 1003
+    client.put_object(Bucket="bkt", Key="new/one.bin", Body=b"z" * 2_000_000)
+    assert (bucket / "new" / "one.bin").read_bytes() == b"z" * 2_000_000
+    with pytest.raises(client.exceptions.NoSuchKey):
+        client.get_object(Bucket="bkt", Key="a/none")
+
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    assert fs.cat_file("bkt/a/b/x y+z.txt") == b"hello"
+    assert fs.cat_file("bkt/top", start=10, end=20) == whole[10:20]
+    assert sorted(fs.find("bkt/a")) == sorted(f"bkt/{k}" for k in keys)
+
+    store = S3Store("bkt", client_options={"allow_http": True})
+    assert bytes(obstore.get_range(store, "top", start=4990, end=5000)) == whole[-10:]
+    assert bytes(obstore.get_range(store, "a/b/x y+z.txt", start=0, end=5)) == b"hello"
+    listed = [m["path"] for chunk in obstore.list(store, "a") for m in chunk]
+    assert sorted(listed) == keys
+    tag = obstore.head(store, "top")["e_tag"]
+    (bucket / "top").write_bytes(b"replaced")
+    assert obstore.head(store, "top")["e_tag"] != tag  # a rewritten file is a new version
+    assert server.counters.snapshot()["requests"]["GET"] >= 5  # the ranged and whole GETs
