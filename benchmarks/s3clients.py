@@ -102,21 +102,36 @@ class Endpoint:
         proxy: bool = False,
     ) -> None:
         self.kind, self.root, self.procs = kind, root, []  # type: ignore[var-annotated]
+        try:
+            self._start(latency, bandwidth, proxy)
+        except BaseException:
+            self.close()  # no server left behind by a start that failed half-way
+            raise
+        self.name = kind + (" via faultproxy" if proxy else "")
+
+    def _start(self, latency: float, bandwidth: float, proxy: bool) -> None:
         port = _free_port()
-        if kind == "s3local":
+        if self.kind == "s3local":
             shape = [] if proxy else ["--latency", str(latency), "--bandwidth", str(bandwidth)]
-            cmd = [sys.executable, str(HERE / "s3local.py"), str(root), "--port", str(port), *shape]
-        elif kind == "moto":
+            cmd = [
+                sys.executable,
+                str(HERE / "s3local.py"),
+                str(self.root),
+                "--port",
+                str(port),
+                *shape,
+            ]
+        elif self.kind == "moto":
             cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
         else:
-            raise SystemExit(f"endpoint {kind!r}: give s3local or moto")
+            raise SystemExit(f"endpoint {self.kind!r}: give s3local or moto")
         self.procs.append(
             subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         )
         self.url = f"http://127.0.0.1:{port}"
         _wait_port(port, self.procs[-1])
-        if kind == "moto":
-            upload(self.url, root / BUCKET)
+        if self.kind == "moto":
+            upload(self.url, self.root / BUCKET)
         if proxy:
             pport = _free_port()
             cmd = [sys.executable, str(HERE.parent / "tests" / "faultproxy.py"), "--upstream"]
@@ -126,7 +141,6 @@ class Endpoint:
             self.procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
             self.url = f"http://127.0.0.1:{pport}"
             _wait_port(pport, self.procs[-1])
-        self.name = kind + (" via faultproxy" if proxy else "")
 
     def env(self) -> dict[str, str]:
         """The variables that point boto3, s3fs and obstore at this endpoint."""

@@ -16,7 +16,9 @@ authenticated (any credentials pass). It answers:
   ``GET /bucket?location``, ``GET /`` (ListBuckets);
 - ``PUT /bucket`` (a new bucket) and ``PUT /bucket/key`` (PutObject: a plain, ``chunked`` or
   ``aws-chunked`` body, written to a temporary file and renamed into place);
-- anything else: 501 with an S3 error body naming the operation.
+- anything else: 501 with an S3 error body naming the operation;
+- ``GET /?counters``: the requests served by kind and the body bytes sent, as JSON (for the
+  benchmarks' GETs-per-image and bytes-per-image figures; not an S3 operation).
 
 ``--latency S`` holds every answer's first byte for ``S`` seconds and ``--bandwidth B`` caps
 each connection at ``B`` bytes/s (the shape of a remote store; 0: none).
@@ -31,12 +33,14 @@ import base64
 import email.utils
 import hashlib
 import http.server
+import json
 import os
 import sys
 import threading
 import time
 import urllib.parse
 from collections.abc import Iterator
+from typing import Any
 from xml.sax.saxutils import escape
 
 XMLNS = "http://s3.amazonaws.com/doc/2006-03-01/"
@@ -88,6 +92,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 (http.server's name)
         bucket, key, query = self._route()
         if not bucket:
+            if "counters" in query:  # the benchmarks' request counts, not an S3 operation
+                return self._counters()
             return self._list_buckets()
         if not key:
             if "location" in query:
@@ -243,6 +249,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             "LIST",
         )
 
+    def _counters(self) -> None:
+        data = json.dumps(self.server.counters.snapshot()).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     # ------------------------------------------------------------------ plumbing
 
     def _wait_first_byte(self) -> None:
@@ -383,6 +397,14 @@ class S3Local(http.server.ThreadingHTTPServer):
         """Serve on a daemon thread until ``shutdown()``."""
         threading.Thread(target=self.serve_forever, daemon=True).start()
         return self
+
+
+def counters(endpoint: str) -> dict[str, Any]:
+    """The `Counters` of the server at ``endpoint`` (``GET /?counters``)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{endpoint}/?counters", timeout=30) as reply:
+        return dict(json.loads(reply.read()))
 
 
 def main(argv: list[str] | None = None) -> int:

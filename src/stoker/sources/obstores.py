@@ -34,7 +34,20 @@ from typing import Any
 KNOWN = frozenset({"endpoint_url", "key", "secret", "token", "anon", "client_kwargs"})
 _CLIENT_KWARGS = frozenset({"endpoint_url", "region_name"})
 _CODE = re.compile(r"<Code>([A-Za-z]+)</Code>")
+_MESSAGE = re.compile(r"<Message>([^<]{0,200})</Message>")
 _STATUS = re.compile(r"status code: (\d{3})")
+_TRANSPORT = (
+    "error sending request",
+    "connection",
+    "reset",
+    "broken pipe",
+    "timed out",
+    "timeout",
+    "response body",
+    "incomplete",
+    "end of file",
+    "eof",
+)
 
 
 def available() -> bool:
@@ -97,6 +110,11 @@ class StoreError(OSError):
             "Error": {"Code": code or (str(status) if status else "")},
             "ResponseMetadata": {"HTTPStatusCode": status},
         }
+
+
+class Disconnected(StoreError, ConnectionError):
+    """A request that got no HTTP answer: the connection failed, was reset or closed early,
+    or the body stopped short (retried by stoker's request engine, as a reset is)."""
 
 
 class Changed(Exception):  # noqa: N818 (a verdict, not an error: the caller raises its own)
@@ -193,8 +211,8 @@ def split(url: str) -> tuple[str, str]:
 
 def translate(exc: BaseException) -> BaseException:
     """obstore's error as one stoker's error handling reads: ``FileNotFoundError`` and
-    ``PermissionError`` kept, anything else a `StoreError` carrying the code and status found
-    in its message."""
+    ``PermissionError`` kept, a failure with no HTTP answer `Disconnected`, anything else a
+    `StoreError` carrying the code and status found in its message."""
     if isinstance(exc, (FileNotFoundError, PermissionError)):
         return exc
     from obstore.exceptions import PermissionDeniedError, UnauthenticatedError
@@ -202,9 +220,15 @@ def translate(exc: BaseException) -> BaseException:
     text = str(exc)
     if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
         return PermissionError(text.splitlines()[0] if text else type(exc).__name__)
-    code = _CODE.search(text)
     status = _STATUS.search(text)
     first = text.splitlines()[0] if text else type(exc).__name__
-    return StoreError(
-        first, code.group(1) if code else "", int(status.group(1)) if status else None
-    )
+    if status is None:
+        lowered = text.lower()
+        if any(word in lowered for word in _TRANSPORT):
+            return Disconnected(first, "", None)
+        return StoreError(first, "", None)
+    code = _CODE.search(text)
+    said = _MESSAGE.search(text)
+    name = code.group(1) if code else ""
+    words = f"{name}: {said.group(1)}" if name and said else name or first
+    return StoreError(f"HTTP {status.group(1)} {words}", name, int(status.group(1)))
