@@ -146,16 +146,15 @@ class S3Client:
             or os.environ.get("AWS_ENDPOINT_URL")
             or ""
         )
-        client = {
+        client: Any = {  # obstore's ClientConfig (a TypedDict it does not export at run time)
             "timeout": timedelta(seconds=self.timeout),
             "connect_timeout": timedelta(seconds=min(self.timeout, 10.0)),
             "allow_http": endpoint.startswith("http://"),
         }
-        retry = {"max_retries": 0, "retry_timeout": timedelta(seconds=self.timeout)}
-        config = {"endpoint": endpoint} if endpoint else {}
-        return S3Store(
-            bucket, config={**config, **self.config}, client_options=client, retry_config=retry
-        )
+        retry: Any = {"max_retries": 0, "retry_timeout": timedelta(seconds=self.timeout)}
+        config: Any = {"endpoint": endpoint} if endpoint else {}
+        config.update(self.config)
+        return S3Store(bucket, config=config, client_options=client, retry_config=retry)
 
     def list(self, url: str) -> list[tuple[str, int, str]]:
         """``(url, size, etag)`` of every object under the prefix ``url``, recursively."""
@@ -190,7 +189,7 @@ class S3Client:
         from obstore.exceptions import PreconditionError
 
         bucket, key = split(url)
-        options: dict[str, Any] = {}
+        options: Any = {}  # obstore's GetOptions
         if start is not None:
             options["range"] = (start, end) if end is not None else {"offset": start}
         if tag:
