@@ -83,3 +83,40 @@ def test_a_dataloader_rebuilt_from_the_parts_resumes_with_torchdata_state():
         assert _ids(rebuilt)[:4] == expected  # a rebuilt DataLoader starts at the epoch's start
         view.load_state_dict(state)
         assert next(iter(view))[1].tolist() == _ids(rebuilt)[4]
+
+
+@pytest.mark.needs("transformers")
+@pytest.mark.timeout(300)
+def test_hugging_face_trainer_resumes_a_view_exactly_through_skip_first_batches(
+    tmp_path, image_folder
+):
+    from transformers import Trainer, TrainingArguments
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin, self.seen = torch.nn.Linear(16 * 16 * 3, 3), []
+
+        def forward(self, pixel_values, labels, index):
+            self.seen.append(index.tolist())
+            logits = self.lin(pixel_values.flatten(1))
+            return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    def train(resume: str | None) -> list[list[int]]:
+        fields = {"pixel_values": "image", "labels": "label", "index": "index"}
+        data = stoker.Loader(image_folder, batch_size=4, image_size=16, workers=0, batch=fields)
+
+        class ViewTrainer(Trainer):
+            def get_train_dataloader(self):
+                return data.torch(dtype=torch.float32, mean=0, std=1)
+
+        args = TrainingArguments(
+            str(tmp_path), max_steps=12, save_steps=10, report_to=[], use_cpu=True
+        )
+        model = Tiny()
+        with data:  # 9 batches an epoch: step 10 is batch 1 of epoch 1
+            ViewTrainer(model=model, args=args, train_dataset=range(36)).train(resume)
+        return model.seen
+
+    unbroken = train(None)
+    assert train(str(tmp_path / "checkpoint-10")) == unbroken[10:]  # exactly the next batches
