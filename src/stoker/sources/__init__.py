@@ -16,9 +16,11 @@ import numpy as np
 from ..errors import SourceError
 from .arrays import ArraySource, NpySource
 from .base import Source
+from .bucket import TABLES, folder_kind, open_url, open_urls
 from .dataset import DatasetSource, is_dataset
 from .folder import FolderSettings, FolderSource
 from .parquet_targets import label_names
+from .store import shown
 from .table import PathSource, TableSource
 from .tar import TarSource
 
@@ -67,10 +69,11 @@ def open_source(
 ) -> Source:
     """Recognise what ``source`` is and return the matching Source.
 
-    ``source`` may be a URL of Parquet shards (``https://``, ``s3://``, any fsspec URL: see
-    ``remote.py``), a folder (ImageFolder layout, or of Parquet shards or WebDataset tars), a
-    CSV/TSV file, a ``.npy``, ``.parquet``, ``.tar`` or ``.h5``/``.hdf5`` file, a numpy array of
-    images (then ``labels`` is an array), or None with ``paths=`` (and ``labels=``).
+    ``source`` may be a folder (ImageFolder layout, or of Parquet shards or WebDataset tars), a
+    CSV/TSV file, a ``.npy``, ``.parquet``, ``.tar`` or ``.h5``/``.hdf5`` file, a URL of any of
+    those but ``.npy`` and HDF5 in a bucket (``s3://``, ``gs://``, ``https://``, any fsspec URL:
+    see ``bucket.py``), a numpy array of images (then ``labels`` is an array), or None with
+    ``paths=`` (and ``labels=``, local paths or URLs).
 
     ``label_column``: the column(s) holding the target in a CSV/TSV or Parquet shards (a
     name, or a list of names of numeric columns for an ``(N, K)`` target); ``columns``: more
@@ -109,10 +112,11 @@ def open_source(
             "label_column= names a column of a CSV/TSV file or of Parquet shards; for arrays, "
             "lists and folders pass the targets as labels= (any numeric array, (N,) or (N, K))"
         )
+    storage = getattr(options, "storage_options", None)
     if source is None:
         if paths is None:
             raise SourceError("no data given: pass a folder, a CSV file, an array, or paths=[...]")
-        return PathSource(paths, labels, masks)
+        return open_urls(paths, labels, masks, storage) or PathSource(paths, labels, masks)
     if paths is not None:
         raise SourceError("pass either a source or paths=, not both")
     if isinstance(source, np.ndarray):
@@ -123,20 +127,20 @@ def open_source(
         return TableSource(source, label_column, tuple(columns))
     label_names(label_column)  # checked before any shard is opened
     named = {} if label_column is None else {"label_column": label_column}
-    if isinstance(source, str) and "://" in source:  # remote storage through fsspec
-        from .remote import RemoteShardSource
-
-        storage = getattr(options, "storage_options", None)
-        return RemoteShardSource(source, label_column=label_column, storage_options=storage)
+    if isinstance(source, str) and "://" in source:  # a bucket or a URL, through fsspec
+        if labels is not None:
+            raise SourceError(
+                f"labels= was given with {shown(source)}, whose labels come from the data "
+                "itself (class prefixes, a label column); labels= goes with an array, a .npy "
+                "file or paths=[...]"
+            )
+        return open_url(source, label_column, tuple(columns), storage)
     if isinstance(source, (str, os.PathLike)):
         return _open_path(Path(source), labels, named, options)
     raise SourceError(
         f"unsupported source of type {type(source).__name__}: pass a folder, a CSV/TSV file, "
         "a .npy file, a numpy array of images, or paths=[...]"
     )
-
-
-TABLES = (".csv", ".tsv", ".txt")
 
 
 def _is_shards(source: Any) -> bool:
@@ -202,11 +206,4 @@ def _open_path(
 
 def _folder_kind(path: Path) -> str:
     """'parquet' or 'tar' for a folder of shards (files directly inside), else 'folder'."""
-    if (path / "stoker-manifest.json").is_file():
-        return "parquet"
-    names = [e.name.lower() for e in os.scandir(path) if e.is_file() and not e.name.startswith(".")]
-    if any(n.endswith(".parquet") for n in names):
-        return "parquet"
-    if any(n.endswith(".tar") for n in names):
-        return "tar"
-    return "folder"
+    return folder_kind([e.name for e in os.scandir(path) if e.is_file()])

@@ -137,6 +137,16 @@ def _unlinked(folder: str, names: list[str]) -> list[str]:
     return [n for n in names if not os.path.islink(os.path.join(folder, n))]
 
 
+def warn_empty_class(folder: str, cls: str, label: int, stacklevel: int) -> None:
+    """The warning for a class folder (or prefix) without image files."""
+    warnings.warn(
+        f"{folder}: class folder {cls!r} (label {label}) has no image files "
+        f"({', '.join(IMAGE_EXTENSIONS)}); the class gets no samples",
+        StokerWarning,
+        stacklevel=stacklevel,
+    )
+
+
 class FolderSettings(Protocol):
     """The Loader options the folder reader reads: the Loader's source group has them, and
     is handed over whole (``open_source(options=...)``). Each is a read-only property: the
@@ -218,12 +228,7 @@ class FolderSource(FileListSource):
             seen.add(key)
             files = _scan_class(folder, dirs, seen, seen_stamps, self.follow_links)
             if not files:
-                warnings.warn(
-                    f"{folder}: class folder {cls!r} (label {label}) has no image files "
-                    f"({', '.join(IMAGE_EXTENSIONS)}); the class gets no samples",
-                    StokerWarning,
-                    stacklevel=7,
-                )
+                warn_empty_class(str(folder), cls, label, stacklevel=8)
             rel.extend(files)
             labels.extend([label] * len(files))
         self.index = PathIndex(self.root, rel)

@@ -56,7 +56,7 @@ from .shardindex import (
 )
 from .shards import MANIFEST, ShardSource
 from .spans import MergedReads, SpanReads
-from .store import DEFAULT_TIMEOUT, Entry, ObjectFile, is_url, open_store, shown
+from .store import DEFAULT_TIMEOUT, Entry, ObjectFile, directly_under, is_url, open_store, shown
 
 __all__ = ["RemoteShardSource", "is_url", "READ_AHEAD_MAX", "DEFAULT_TIMEOUT"]
 
@@ -78,8 +78,10 @@ class RemoteShardSource(MergedReads, ShardSource):
         timeout: float = DEFAULT_TIMEOUT,
         read_ahead_max: int = READ_AHEAD_MAX,
         merge_gap: int | None = DEFAULT_MAX_GAP,
+        listing: list[Entry] | None = None,
     ) -> None:
         self.store = open_store(url, storage_options, timeout)
+        self._listing = listing  # the prefix's objects, when the caller listed them already
         self.url = url.rstrip("/")
         self.protocol = self.store.protocol
         if (
@@ -103,6 +105,7 @@ class RemoteShardSource(MergedReads, ShardSource):
         self._objects = self._stored(entries)
         self._sizes: list[int] = []
         self._scan(self.files, manifest, self.url)
+        self._listing = None  # not sent to workers: each shard's entry is kept
         self.close()  # the main process's handles are not needed until read()
 
     # ------------------------------------------------------------------ setup
@@ -156,10 +159,16 @@ class RemoteShardSource(MergedReads, ShardSource):
                 f"shards needs the {MANIFEST} that `stoker convert` writes: upload it next to "
                 "the shards (or pass the URL of one .parquet file)"
             )
-        entries = [tuple(e) for e in shard_entries(self.store.list(self.url), self.url)]
+        entries = [tuple(e) for e in directly_under(self._listed(), self.url, ".parquet")]
         if not entries:
             raise SourceError(f"{shown(self.url)}: no {MANIFEST} and no .parquet files")
         return entries, None  # type: ignore[return-value]
+
+    def _listed(self) -> list[Entry]:
+        """The objects under the URL, listed once."""
+        if self._listing is None:
+            self._listing = self.store.list(self.url)
+        return self._listing
 
     def _stored(self, entries: list[tuple[str, int, str]]) -> list[Entry]:
         """Each shard as the store has it now (size, and the version tag every read must
@@ -169,7 +178,7 @@ class RemoteShardSource(MergedReads, ShardSource):
             return [Entry(url, size, "") for url, size, _ in entries]
         if len(entries) == 1 and entries[0][0] == self.url:
             return [self.store.head(self.url)]
-        listed = {e.url: e for e in self.store.list(self.url)}
+        listed = {e.url: e for e in self._listed()}
         missing = [url for url, _, _ in entries if url not in listed]
         if missing:
             raise SourceError(
@@ -332,17 +341,3 @@ def _manifest_entries(url: str, where: str, raw: bytes) -> tuple[list[tuple[str,
     if not entries:
         raise SourceError(f"{shown(where)}: lists no shards")
     return entries, manifest
-
-
-def shard_entries(listing: list[Entry], url: str) -> list[Entry]:
-    """The ``.parquet`` objects directly under ``url`` in a listing (not hidden ones), as a
-    local folder of shards counts its files."""
-    top = url.rstrip("/") + "/"
-    return [
-        e
-        for e in listing
-        if e.url.startswith(top)
-        and "/" not in e.url[len(top) :]
-        and e.url.lower().endswith(".parquet")
-        and not e.url[len(top) :].startswith(".")
-    ]

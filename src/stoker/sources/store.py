@@ -46,6 +46,10 @@ class Entry(NamedTuple):
     tag: str
 
 
+class NotInStore(SourceError):
+    """No object (or prefix) at the URL named; the bucket itself exists."""
+
+
 class StorageOptions(dict):  # type: ignore[type-arg]
     """The user's ``storage_options``: a plain dict whose ``repr`` names the keys only, so a
     printed option group, Recipe or traceback shows no credential."""
@@ -89,6 +93,20 @@ def open_store(
     if kind is None:
         kind = HTTPStore if protocol in _HTTP else Store
     return kind(protocol, StorageOptions(storage_options or {}), float(timeout))
+
+
+def directly_under(listing: list[Entry], url: str, suffix: str) -> list[Entry]:
+    """The objects of a listing directly under the prefix ``url`` whose names end in
+    ``suffix`` (any case) and do not start with a dot: what a local folder's files would be."""
+    top = url.rstrip("/") + "/"
+    return [
+        e
+        for e in listing
+        if e.url.startswith(top)
+        and "/" not in e.url[len(top) :]
+        and e.url.lower().endswith(suffix)
+        and not e.url[len(top) :].startswith(".")
+    ]
 
 
 class Store:
@@ -158,13 +176,16 @@ class Store:
 
     # ------------------------------------------------------------------ listing
 
-    def list(self, url: str) -> list[Entry]:
-        """Every object under the prefix ``url`` (recursively), sorted by URL; names starting
-        with a dot are kept (the caller's rules decide)."""
+    def list(self, url: str, recursive: bool = True) -> list[Entry]:
+        """Every object under the prefix ``url`` (recursively, or only those directly under
+        it), sorted by URL; names starting with a dot are kept (the caller's rules decide)."""
         fs = self.filesystem()
         prefix = url.rstrip("/")
         try:
-            found = fs.find(prefix, detail=True)
+            if recursive:
+                found = fs.find(prefix, detail=True)
+            else:
+                found = {i["name"]: i for i in fs.ls(prefix, detail=True)}
         except Exception as exc:  # noqa: BLE001 - any backend's error: named, with the fix
             raise self.problem(exc, prefix, "list") from None
         entries = [
@@ -214,7 +235,7 @@ class Store:
                 "storage_options={'endpoint_url': ...})"
             )
         if isinstance(exc, FileNotFoundError) or code in MISSING:
-            return SourceError(f"{where}: not found; check the bucket and the path")
+            return NotInStore(f"{where}: not found; check the bucket and the path")
         return SourceError(
             f"{where}: cannot {what} ({one_line(exc)}); check the URL, the network, the endpoint "
             "and the credentials"
@@ -416,7 +437,7 @@ class HTTPStore(Store):
         options["client_kwargs"] = client
         return options
 
-    def list(self, url: str) -> list[Entry]:
+    def list(self, url: str, recursive: bool = True) -> list[Entry]:
         raise SourceError(
             f"{shown(url)}: HTTP has no directory listing; list the files in a CSV (paths "
             "relative to it), pass paths=[...] of URLs, or convert to shards (their "

@@ -9,9 +9,9 @@ from __future__ import annotations
 import csv
 import os
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -73,8 +73,16 @@ class _Rows:
     Columns are taken by name from a header (``path``/``image``/``filename``, ``label`` or the
     ``label_column`` asked for, ``mask``), else by position: ``path,label``."""
 
-    def __init__(self, table: Path, label_column: Any = None, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        table: Path | str,
+        label_column: Any = None,
+        extra: tuple[str, ...] = (),
+        exists: Callable[[str], bool] | None = None,
+    ) -> None:
         self.table = table
+        #: Whether a first cell names a file (a table without a header starts with one)
+        self.exists = exists or (lambda cell: _exists(Path(table).parent / cell))
         self.blob = bytearray()
         self.offsets = array("q", [0])
         self.path_col = 0
@@ -152,9 +160,7 @@ class _Rows:
         one cell); named columns cannot be found, and a first row that is neither a file nor
         a known header is refused rather than read as a sample."""
         first = row[0].strip()
-        if os.path.splitext(first)[1].lower() not in IMAGE_EXTENSIONS and not _exists(
-            self.table.parent / first
-        ):
+        if os.path.splitext(first)[1].lower() not in IMAGE_EXTENSIONS and not self.exists(first):
             raise SourceError(
                 f"{self.table}: row 1 ({','.join(row)}) is neither a known header nor an image "
                 f"file. Name the columns in the header: the image as one of {', '.join(PATH_NAMES)}"
@@ -239,7 +245,7 @@ def _is_header(row: list[str], names: tuple[str, ...]) -> bool:
     return any(c in lower for c in HEADER_NAMES) or any(n in cells for n in names)
 
 
-def _csv_rows(path: Path, f: Any, delimiter: str) -> Iterator[list[str]]:
+def _csv_rows(path: Path | str, f: Any, delimiter: str) -> Iterator[list[str]]:
     """The CSV reader's rows; a row it cannot parse (a NUL byte on Python 3.10) is an error
     naming the file and the row."""
     reader = csv.reader(f, delimiter=delimiter)
@@ -254,25 +260,38 @@ def _csv_rows(path: Path, f: Any, delimiter: str) -> Iterator[list[str]]:
 
 def _read_rows(path: Path, label_column: Any = None, extra: tuple[str, ...] = ()) -> _Rows:
     """Read a CSV or TSV file (tab if the file is .tsv or its first line has a tab)."""
-    rows = _Rows(path, label_column, extra)
-    asked = tuple([label_column] if isinstance(label_column, str) else list(label_column or ()))
     with open(path, newline="", encoding="utf-8") as f:
-        first = f.readline()
-        f.seek(0)
-        delimiter = "\t" if path.suffix.lower() == ".tsv" or "\t" in first else ","
-        first_row = True
-        for number, row in enumerate(_csv_rows(path, f, delimiter), start=1):
-            if not row or not any(row):
-                continue
-            if first_row and _is_header(row, asked + extra):
-                rows.header(row)
-            else:
-                if first_row:
-                    rows.no_header(row)
-                rows.add(row, number)
-            first_row = False
+        return read_rows(f, path, label_column, extra)
+
+
+def read_rows(
+    f: IO[str],
+    table: Path | str,
+    label_column: Any = None,
+    extra: tuple[str, ...] = (),
+    exists: Callable[[str], bool] | None = None,
+) -> _Rows:
+    """The rows of a CSV or TSV read from ``f`` (a local file or an object's text) named
+    ``table`` in messages; ``exists`` tells whether a first cell names a file (default: a
+    file beside a local table)."""
+    rows = _Rows(table, label_column, extra, exists)
+    asked = tuple([label_column] if isinstance(label_column, str) else list(label_column or ()))
+    first = f.readline()
+    f.seek(0)
+    delimiter = "\t" if str(table).lower().endswith(".tsv") or "\t" in first else ","
+    first_row = True
+    for number, row in enumerate(_csv_rows(table, f, delimiter), start=1):
+        if not row or not any(row):
+            continue
+        if first_row and _is_header(row, asked + extra):
+            rows.header(row)
+        else:
+            if first_row:
+                rows.no_header(row)
+            rows.add(row, number)
+        first_row = False
     if len(rows.offsets) == 1:
-        raise SourceError(f"{path}: no rows of path,label (an empty file?)")
+        raise SourceError(f"{table}: no rows of path,label (an empty file?)")
     return rows
 
 
@@ -304,26 +323,34 @@ class PathSource(TableSource):
     """Images given as lists: ``paths=[...]`` and optional ``labels=[...]`` (-1 if absent)."""
 
     def __init__(self, paths: Any, labels: Any = None, masks: Any = None) -> None:
-        plist = [os.fspath(p) for p in paths]
-        if not plist:
-            raise SourceError("paths= is empty")
-        if masks is not None:
-            mlist = [os.fspath(p) for p in masks]
-            if len(mlist) != len(plist):
-                raise SourceError(
-                    f"paths= has {len(plist)} entries but masks= has {len(mlist)}; give one mask "
-                    "file per image"
-                )
+        plist, mlist, self.labels, self.classes = given_lists(paths, labels, masks)
+        if mlist is not None:
             self.mask_index = PathIndex(Path(""), [os.path.abspath(p) for p in mlist])
-        if labels is None:
-            self.labels, self.classes = unlabeled(len(plist)), None
-        else:
-            llist = list(labels)
-            if len(llist) != len(plist):
-                raise SourceError(
-                    f"paths= has {len(plist)} entries but labels= has {len(llist)}; give one label "
-                    "per path"
-                )
-            self.labels, self.classes = encode_labels(llist, "labels=")
         self.table = Path(".")
         self.index = PathIndex(Path(""), [os.path.abspath(p) for p in plist])
+
+
+def given_lists(
+    paths: Any, labels: Any, masks: Any
+) -> tuple[list[str], list[str] | None, np.ndarray, list[str] | None]:
+    """``paths=``, ``masks=`` and ``labels=`` checked (one mask and one label per path): the
+    paths, the masks (None without), the labels (-1 without) and their class names."""
+    plist = [os.fspath(p) for p in paths]
+    if not plist:
+        raise SourceError("paths= is empty")
+    mlist = None
+    if masks is not None:
+        mlist = [os.fspath(p) for p in masks]
+        if len(mlist) != len(plist):
+            raise SourceError(
+                f"paths= has {len(plist)} entries but masks= has {len(mlist)}; give one mask "
+                "file per image"
+            )
+    if labels is None:
+        return plist, mlist, unlabeled(len(plist)), None
+    llist = list(labels)
+    if len(llist) != len(plist):
+        raise SourceError(
+            f"paths= has {len(plist)} entries but labels= has {len(llist)}; give one label per path"
+        )
+    return (plist, mlist, *encode_labels(llist, "labels="))

@@ -21,6 +21,7 @@ import json
 import os
 import tarfile
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +66,7 @@ class TarSource(Source):
         tars: str | os.PathLike | list[str | os.PathLike],
         cache_dir: str | os.PathLike | None = None,
     ) -> None:
-        self.tars = _list_tars(tars)
+        self.tars = self._list(tars)
         cache = cache_folder(cache_dir, "tar")
         members: list[str] = []
         tar_ids: list[int] = []
@@ -75,7 +76,7 @@ class TarSource(Source):
         self.refused: list[str] = []
         self._content: list[str] = []
         for t, path in enumerate(self.tars):
-            samples, refused, content = scan_of(path, cache)
+            samples, refused, content = self._scan_one(t, path, cache)
             self._content.append(content)
             self.refused.extend(refused)
             for name, offset, size, label in samples:
@@ -105,6 +106,18 @@ class TarSource(Source):
             cells = ["" if v is None else v.strip() for v in raw_labels]
             self.labels, self.classes = parse_column(cells, f"{tars}: labels")
         self._fds: dict[int, int] = {}
+
+    def _list(self, tars: Any) -> list[str]:
+        """The tar files ``tars`` names (a folder of them, one file, or a list)."""
+        return _list_tars(tars)
+
+    def _scan_one(self, t: int, path: str, cache: Path) -> tuple[list[Sample], list[str], str]:
+        """Tar ``t``'s samples, refused names and content hash (``scan_of``)."""
+        return scan_of(path, cache)
+
+    def _tar_size(self, t: int) -> int:
+        """Tar ``t``'s size in bytes (for the fingerprint)."""
+        return os.path.getsize(self.tars[t])
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_fds": {}}
@@ -154,8 +167,8 @@ class TarSource(Source):
     def fingerprint(self) -> str:
         """Digest of tar names, sizes and head/tail hashes, member names, and labels."""
         h = hashlib.blake2b(self.index.digest().encode(), digest_size=12)
-        for path, content in zip(self.tars, self._content, strict=True):
-            h.update(f"{os.path.basename(path)}|{os.path.getsize(path)}|{content}\0".encode())
+        for t, (path, content) in enumerate(zip(self.tars, self._content, strict=True)):
+            h.update(f"{os.path.basename(path)}|{self._tar_size(t)}|{content}\0".encode())
         h.update(self.labels.tobytes())
         return h.hexdigest()
 
@@ -163,8 +176,8 @@ class TarSource(Source):
         """This dataset's fingerprint as earlier stoker releases computed it (without the
         tars' head/tail hashes): a state they saved still resumes, with a warning."""
         h = hashlib.blake2b(self.index.digest().encode(), digest_size=12)
-        for path in self.tars:
-            h.update(f"{os.path.basename(path)}|{os.path.getsize(path)}\0".encode())
+        for t, path in enumerate(self.tars):
+            h.update(f"{os.path.basename(path)}|{self._tar_size(t)}\0".encode())
         h.update(self.labels.tobytes())
         return [h.hexdigest()]
 
@@ -184,13 +197,12 @@ def scan_of(path: str, cache_dir: Path) -> tuple[list[Sample], list[str], str]:
     cached when the tar is big enough for its scan to take a while: a cold scan reads the whole
     tar). A tar that changed while it was scanned is not cached."""
     stamp = tar_stamp(path)
-    where = _cache_file(cache_dir, path)
-    cached = _load_scan(where, stamp)
-    if cached is not None:
-        return (*cached, stamp[-1])
-    samples, refused = _scan(path)
-    if stamp[0] >= MIN_CACHED_BYTES and tar_stamp(path) == stamp:
-        _save_scan(where, stamp, samples, refused)
+    samples, refused = cached_scan(
+        _cache_file(cache_dir, path),
+        stamp,
+        lambda: _scan(path),
+        lambda: stamp[0] >= MIN_CACHED_BYTES and tar_stamp(path) == stamp,
+    )
     return samples, refused, stamp[-1]
 
 
@@ -209,8 +221,27 @@ def tar_stamp(path: str) -> list[Any]:
 
 
 def _cache_file(cache_dir: Path, path: str) -> Path:
-    key = hashlib.blake2b(os.path.abspath(path).encode("utf-8", "surrogateescape"), digest_size=10)
+    """Where the scan of the tar at ``path`` (a local path, or a URL) is cached."""
+    name = path if "://" in path else os.path.abspath(path)
+    key = hashlib.blake2b(name.encode("utf-8", "surrogateescape"), digest_size=10)
     return cache_dir / f"{key.hexdigest()}.json"
+
+
+def cached_scan(
+    where: Path,
+    stamp: list[Any],
+    scan: Callable[[], tuple[list[Sample], list[str]]],
+    keep: Callable[[], bool],
+) -> tuple[list[Sample], list[str]]:
+    """A tar's samples and refused names: the scan cached at ``where`` while it is stamped
+    ``stamp``, else ``scan()`` (then written to the cache when ``keep()`` says so)."""
+    cached = _load_scan(where, stamp)
+    if cached is not None:
+        return cached
+    samples, refused = scan()
+    if keep():
+        _save_scan(where, stamp, samples, refused)
+    return samples, refused
 
 
 def _load_scan(where: Path, stamp: list[Any]) -> tuple[list[Sample], list[str]] | None:
@@ -239,13 +270,14 @@ def _save_scan(where: Path, stamp: list[Any], samples: list[Sample], refused: li
     cachefile.write_cache(where, lambda f: f.write(json.dumps(meta).encode("utf-8")))
 
 
-def _scan(path: str) -> tuple[list[Sample], list[str]]:
-    """(name, offset, size, label text) of each sample in one tar, in archive order, and the
-    members refused for unsafe names (headers only; label members are small and read here)."""
+def _scan(path: str, fileobj: Any = None) -> tuple[list[Sample], list[str]]:
+    """(name, offset, size, label text) of each sample in one tar (the file ``path``, or
+    ``fileobj`` named ``path``), in archive order, and the members refused for unsafe names
+    (headers only; label members are small and read here)."""
     groups: dict[str, dict[str, tarfile.TarInfo]] = {}
     refused: list[str] = []
     try:
-        with tarfile.open(path, mode="r:") as tar:
+        with tarfile.open(None if fileobj else path, mode="r:", fileobj=fileobj) as tar:
             for member in tar:
                 if not member.isfile() or member.issparse():
                     continue

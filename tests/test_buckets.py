@@ -1,0 +1,172 @@
+"""Every source layout in a bucket gives the batches of the same data on a local disk, on a real
+S3 API (moto's server, tests/buckets.py); an object replaced, missing, refused or a bucket that
+does not exist is one clear error naming the URL. The data is the 36-JPEG image_folder, uploaded
+once for the module (moto is slow per request)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import warnings
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker.cli.convert import convert
+
+COMMON = {"batch_size": 8, "image_size": 32, "augment": "train", "seed": 1}
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    """Caches go to the test's own home, never ~/.cache."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+def _tars(image_folder, folder):
+    """Two WebDataset shards of the image folder (a .jpg and a .cls member per sample)."""
+    files = sorted(image_folder.glob("*/*.jpg"))
+    folder.mkdir()
+    for part, rows in enumerate((range(0, 20), range(20, 36))):
+        with tarfile.open(folder / f"shard-{part:04d}.tar", "w") as tar:
+            for i in rows:
+                label = files[i].parent.name[-1].encode()
+                for name, data in (
+                    (f"s/{i:05d}.jpg", files[i].read_bytes()),
+                    (f"s/{i:05d}.cls", label),
+                ):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def data(s3_server, image_folder, tmp_path_factory):
+    """The image folder on disk and in a bucket, as an ImageFolder (with labels.csv), as tar
+    shards and as Parquet shards: ``{layout: (local source, bucket source)}``."""
+    work = tmp_path_factory.mktemp("bucket_data")
+    bucket = s3_server.bucket()
+    tars = _tars(image_folder, work / "wds")
+    shards = work / "shards"
+    convert(image_folder, shards, shard_bytes=60_000, row_group_bytes=12_000, progress=False)
+    for p in shards.glob("*.idx.npy"):
+        p.unlink()
+    s3_server.upload(image_folder, f"s3://{bucket}/folder")
+    s3_server.upload(tars, f"s3://{bucket}/wds")
+    s3_server.upload(shards, f"s3://{bucket}/shards")
+    files = sorted(image_folder.glob("*/*.jpg"))
+    labels = [int(f.parent.name[-1]) for f in files]
+    urls = [f"s3://{bucket}/folder/{f.relative_to(image_folder).as_posix()}" for f in files]
+    return bucket, {
+        "folder": ({"source": str(image_folder)}, {"source": f"s3://{bucket}/folder/"}),
+        "csv": (
+            {"source": str(image_folder / "labels.csv")},
+            {"source": f"s3://{bucket}/folder/labels.csv"},
+        ),
+        "tar": ({"source": str(tars)}, {"source": f"s3://{bucket}/wds"}),
+        "parquet": ({"source": str(shards)}, {"source": f"s3://{bucket}/shards"}),
+        "paths": (
+            {"paths": [str(f) for f in files], "labels": labels},
+            {"paths": urls, "labels": labels},
+        ),
+    }
+
+
+def _batches(given, **kw):
+    with stoker.Loader(**given, **COMMON, **kw) as loader:
+        return [(x.copy(), y.copy()) for x, y in loader]
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for (xa, ya), (xb, yb) in zip(a, b, strict=True):
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(ya, yb)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("layout", ["folder", "csv", "tar", "parquet", "paths"])
+def test_every_layout_in_a_bucket_gives_the_local_batches(s3_env, data, layout):
+    local, remote = data[1][layout]
+    want = _batches(local, workers=0)
+    _same(_batches(remote, workers=0), want)
+    _same(_batches(remote, workers=2), want)
+
+
+@pytest.mark.timeout(120)
+def test_an_object_replaced_mid_epoch_is_an_error_naming_it(s3_env, data, image_folder):
+    bucket = s3_env.bucket()
+    s3_env.upload(image_folder / "class_002", f"s3://{bucket}/f/class_002")
+    s3_env.upload(image_folder / "class_001", f"s3://{bucket}/f/class_001")
+    url = f"s3://{bucket}/f/class_002/img_00011.jpg"  # the last sample: in the last batch
+    args = {**COMMON, "augment": None, "shuffle": False, "workers": 0}  # made on demand
+    with stoker.Loader(f"s3://{bucket}/f", **args) as loader:
+        batches = iter(loader)
+        next(batches)
+        other = (image_folder / "class_000" / "img_00000.jpg").read_bytes()
+        s3_env.client().put_object(Bucket=bucket, Key="f/class_002/img_00011.jpg", Body=other)
+        with pytest.raises(stoker.ObjectChanged, match=f"{url}: the object was replaced"):
+            list(batches)
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_object_is_a_bad_sample_named_with_its_url(s3_env, data, image_folder):
+    bucket, layouts = data
+    given = dict(layouts["csv"][1])
+    gone = f"s3://{bucket}/folder/class_001/img_00003.jpg"
+    s3_env.client().delete_object(Bucket=bucket, Key="folder/class_001/img_00003.jpg")
+    try:
+        with pytest.warns(stoker.StokerWarning, match=f"{gone}"):
+            with stoker.Loader(**given, **COMMON, workers=0, max_errors=2) as loader:
+                assert sum(len(y) for _, y in loader) == len(loader) * 8  # replaced, shape kept
+                assert [n for n, _ in loader.stats().bad_files] == [gone]
+    finally:
+        s3_env.upload(image_folder / "class_001/img_00003.jpg", f"s3://{bucket}/folder/class_001")
+
+
+def _auth(count):
+    """Turn the in-process moto server's credential checks on (0: every request is checked
+    against its IAM, which knows no key) or off (``inf``)."""
+    from moto import settings
+    from moto.core.responses import ActionAuthenticatorMixin
+
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = count
+    ActionAuthenticatorMixin.request_count = 0
+
+
+@pytest.mark.timeout(60)
+def test_wrong_credentials_and_a_missing_bucket_are_clear_errors(s3_env, data, monkeypatch):
+    bucket = data[0]
+    with pytest.raises(stoker.SourceError, match="no-such-bkt.*does not exist.*endpoint"):
+        stoker.Loader("s3://no-such-bkt/folder/", **COMMON)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAWRONGWRONGWRONG0")
+    _auth(0)
+    try:
+        with pytest.raises(stoker.SourceError) as caught:
+            stoker.Loader(f"s3://{bucket}/folder/", **COMMON)
+    finally:
+        _auth(float("inf"))
+    text = str(caught.value)
+    assert f"s3://{bucket}/folder: cannot list: access denied" in text and "credentials" in text
+    assert "Traceback" not in text and "botocore" not in text
+
+
+@pytest.mark.timeout(60)
+def test_storage_options_reach_the_store_and_no_secret_is_shown(s3_server, data, monkeypatch):
+    bucket = data[0]
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID"):
+        monkeypatch.delenv(name, raising=False)
+    options = {
+        "endpoint_url": s3_server.endpoint,
+        "key": "testing",
+        "secret": "testing-secret",
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loader = stoker.Loader(f"s3://{bucket}/folder", **COMMON, storage_options=options)
+    with loader:
+        next(iter(loader))
+        shown = repr(loader.options) + str(loader.stats()) + str(loader.state_dict())
+    assert "testing-secret" not in shown
