@@ -74,7 +74,10 @@ def test_parse_checks_every_argument_and_keeps_the_typed_values() -> None:
         ({"subset": "training"}, "subset='training' needs validation_split="),
         ({"read_ahead": -1}, "read_ahead=-1: give 'auto'"),
         ({"page_cache": "evict"}, "page_cache='evict': give 'auto'"),
-        ({"cluster_workers": 4}, "cluster_workers, cluster_transport and cluster_listen need"),
+        (
+            {"cluster_workers": 4},
+            "cluster_workers, cluster_transport, cluster_listen and cluster_connect_timeout need",
+        ),
         (
             {"crop_to_aspect_ratio": True, "pad_to_aspect_ratio": True},
             "pass crop_to_aspect_ratio=True or pad_to_aspect_ratio=True, not both",

@@ -22,6 +22,7 @@ from ..sources.base import Source
 from ..sources.readahead import ReadSettings
 from ..stats import Stats
 from ..transforms import Pipeline
+from ..workers.address import reach as reach_cluster
 from ..workers.cluster import options as cluster_options
 from . import config, optiondocs, wiring
 from .compat import EpochSampler, Samples
@@ -81,8 +82,14 @@ class Loader(Starting, Views):
         self._prefetch_arg = run.prefetch
         ray = opts.ray
         self.cluster = cluster_options(
-            ray.cluster, ray.cluster_workers, ray.cluster_transport, ray.cluster_listen
+            ray.cluster,
+            ray.cluster_workers,
+            ray.cluster_transport,
+            ray.cluster_listen,
+            ray.cluster_connect_timeout,
         )
+        if self.cluster is not None:  # a wrong address is found now, not at the first batch
+            reach_cluster(self.cluster.address, self.cluster.connect_timeout)
         parts = wiring.build(opts)
         self.subset = opts.source.subset
         self.image_size, self.augment = parts.image_size, parts.augment

@@ -58,3 +58,4 @@ class LoaderKwargs(TypedDict, total=False):
     cluster_workers: Any
     cluster_transport: str
     cluster_listen: str | None
+    cluster_connect_timeout: float | None

@@ -415,9 +415,21 @@ class RayOptions:
         "With `cluster`: the address this trainer listens on for its nodes' connections; `None` "
         "is its Ray node IP.",
     )
+    cluster_connect_timeout: float | None = option(
+        None,
+        "float | None",
+        "With `cluster`: seconds the cluster's address has to answer when the Loader is made, "
+        "else a `ClusterError`; `None` is 5.",
+    )
 
     def __post_init__(self) -> None:
-        ray_options(self.cluster, self.cluster_workers, self.cluster_transport, self.cluster_listen)
+        ray_options(
+            self.cluster,
+            self.cluster_workers,
+            self.cluster_transport,
+            self.cluster_listen,
+            self.cluster_connect_timeout,
+        )
 
 
 #: The groups in the order the signature, ``help()`` and the docs page list them.

@@ -14,7 +14,8 @@ into the ring slot (``wire``; ``recv_into`` on a receiver thread, no pickle), or
 object store (``cluster_transport="object_store"``, and for a node whose connection could not
 be made). Ray places the actors and reports their deaths; a node that is gone has its batches
 reissued to the others, each batch accepted once (a request's ticket dies with its node).
-Ray is imported only here, when a loader has ``cluster=``.
+Ray is imported only by this package, when a loader has ``cluster=`` (``address`` checks
+the address when the Loader is made).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from ..errors import ClusterError, ConfigError, StokerWarning
 from ..schema import SlotLayout
 from ..shm.segments import Segment
 from . import actor as actor_mod
+from . import address as address_mod
 from .engine import Engine, Key
 from .nodes import Node, Nodes
 from .pool import WorkerPool
@@ -48,33 +50,43 @@ __all__ = [
 ]
 
 TRANSPORTS = ("tcp", "object_store")
+CONNECT_TIMEOUT_S = 5.0  # cluster_connect_timeout=None
 STRIKES = 3  # a batch in flight on this many nodes that died is the cause, not bad luck
 REMOTE_EXTRA = 1  # batches in flight per remote core beyond a local worker's (the wire's latency)
 
 
 @dataclass(frozen=True)
 class ClusterOptions:
-    """``Loader(cluster=..., cluster_workers=..., cluster_transport=..., cluster_listen=...)``."""
+    """``Loader(cluster=..., cluster_workers=..., cluster_transport=..., cluster_listen=...,
+    cluster_connect_timeout=...)``."""
 
-    address: str  # "auto" (the running cluster) or a Ray address
+    address: str  # "auto" (the running cluster) or a Ray address (``address.parse``)
     cores: int | None  # None: every CPU of the nodes other than the trainer's
     transport: str
     listen: str | None  # the address this trainer listens on for its nodes; None: its node IP
+    connect_timeout: float = CONNECT_TIMEOUT_S  # seconds to reach the cluster's address
 
 
-def options(cluster: Any, cores: Any, transport: Any, listen: Any) -> ClusterOptions | None:
-    """Validate the cluster arguments (nothing is started or imported)."""
+def options(
+    cluster: Any, cores: Any, transport: Any, listen: Any, connect_timeout: Any = None
+) -> ClusterOptions | None:
+    """Validate the cluster arguments (nothing is started, reached or imported)."""
     if cluster is None:
-        if cores != "auto" or transport != "tcp" or listen is not None:
+        if cores != "auto" or transport != "tcp" or listen is not None or connect_timeout:
             raise ConfigError(
-                "cluster_workers, cluster_transport and cluster_listen need "
-                "cluster='ray' (or a Ray address)"
+                "cluster_workers, cluster_transport, cluster_listen and "
+                "cluster_connect_timeout need cluster='ray' (or a Ray address)"
             )
         return None
     if not isinstance(cluster, str) or not cluster:
+        raise ConfigError(f"cluster={cluster!r}: use {address_mod.FORMS}")
+    ray_address = address_mod.parse(cluster)
+    wait = CONNECT_TIMEOUT_S if connect_timeout is None else connect_timeout
+    if isinstance(wait, bool) or not isinstance(wait, int | float | np.number) or not wait > 0:
         raise ConfigError(
-            f"cluster={cluster!r}: use 'ray' (the Ray cluster this process joined, "
-            "else address='auto') or a Ray address ('ray://head:10001', 'host:6379')"
+            f"cluster_connect_timeout={connect_timeout!r}: give the seconds to wait for the "
+            f"cluster's address to answer when the Loader is made, a number > 0 (None: "
+            f"{CONNECT_TIMEOUT_S:g})"
         )
     if isinstance(cores, bool) or not (
         cores == "auto" or isinstance(cores, int | np.integer) and cores > 0
@@ -95,10 +107,7 @@ def options(cluster: Any, cores: Any, transport: Any, listen: Any) -> ClusterOpt
             "nodes can reach, or None for its Ray node IP"
         )
     return ClusterOptions(
-        "auto" if cluster == "ray" else cluster,
-        None if cores == "auto" else int(cores),
-        str(transport),
-        listen,
+        ray_address, None if cores == "auto" else int(cores), str(transport), listen, float(wait)
     )
 
 
