@@ -124,7 +124,7 @@ def test_json_has_one_schema_with_the_facts_at_both_ends(common, tmp_path: Path)
 def test_the_old_scripts_are_merged_into_the_theme_scripts() -> None:
     scripts = {p.stem for p in BENCH.glob("*.py")}
     libraries = {"common", "peers", "photo_source", "s3local", "s3clients"}
-    assert scripts - libraries == {*THEMES, "cluster", "gpu_check"}
+    assert scripts - libraries == {*THEMES, "cluster", "cluster_start", "gpu_check"}
 
 
 def test_an_unknown_case_names_the_cases() -> None:
@@ -274,7 +274,7 @@ for page in pages:
             found.append((page.name, m.group(1), m.group(2)))
 bad, checked = [], 0
 for page, script, rest in found:
-    if script in ("cluster", "gpu_check", "THEME"):
+    if script in ("cluster", "cluster_start", "gpu_check", "THEME"):
         continue  # single-case scripts of their own (gpu_check has its own test)
     rest = re.sub(r"\$\([^)]*\)", "FILE", rest.split(" #")[0]).replace("...", "")
     args = shlex.split(rest)

@@ -678,3 +678,152 @@ def test_cluster_arguments_are_checked_before_anything_starts(dataset):
         stoker.Loader(dataset, cluster_workers=4)
     with pytest.raises(stoker.ConfigError, match="cluster="):
         stoker.Loader(dataset, cluster=3)
+
+
+class _Attack:
+    """Silent, slow (slowloris), garbage and flooding connections to the trainer's data port,
+    all queued the moment the port opens: before any node is asked to connect."""
+
+    def __init__(self, address: tuple[str, int]) -> None:
+        self.address, self.stop = address, threading.Event()
+        self.silent = [socket.create_connection(address, timeout=30) for _ in range(3)]
+        self.slow = [socket.create_connection(address, timeout=30) for _ in range(2)]
+        self.garbage = [socket.create_connection(address, timeout=60) for _ in range(2)]
+        for sock in self.garbage:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: stoker\r\n\r\n" + b"x" * 64)
+        self.flood = [socket.socket() for _ in range(150)]
+        for sock in self.flood:  # a burst that never waits for the backlog to take it
+            sock.setblocking(False)
+            sock.connect_ex(address)
+        self.threads = [
+            threading.Thread(target=self._dribble, daemon=True),
+            threading.Thread(target=self._churn, daemon=True),
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _dribble(self) -> None:
+        """A valid greeting, one byte at a time, never finished."""
+        greeting = wire.MAGIC + os.urandom(wire.CHALLENGE_BYTES)
+        for byte in greeting[:-1]:
+            for sock in self.slow:
+                with contextlib.suppress(OSError):
+                    sock.sendall(bytes([byte]))
+            if self.stop.wait(0.25):
+                return
+
+    def _churn(self) -> None:
+        """More connections as fast as they go, each dropped at once, until told to stop."""
+        while not self.stop.is_set():
+            with contextlib.suppress(OSError):
+                socket.create_connection(self.address, timeout=5).close()
+
+    def refused_garbage(self) -> None:
+        """Wait until the trainer closed both garbage connections (each counted first)."""
+        for sock in self.garbage:
+            with contextlib.suppress(ConnectionError):
+                while sock.recv(4096):
+                    pass
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(30)
+        for sock in self.silent + self.slow + self.garbage + self.flood:
+            sock.close()
+
+
+@pytest.mark.timeout(300)
+def test_silent_slow_and_flooding_connections_hold_up_no_node(ray_cluster, dataset, monkeypatch):
+    from stoker.workers import door as door_mod
+
+    want, _ = _reference(dataset)
+    attacks: list[_Attack] = []
+    listen = door_mod.listen
+
+    def listen_and_attack(host: str) -> socket.socket:
+        listener = listen(host)
+        attacks.append(_Attack(listener.getsockname()[:2]))  # queued ahead of every node
+        return listener
+
+    monkeypatch.setattr(door_mod, "listen", listen_and_attack)
+    try:
+        with _quiet():
+            with _cluster_loader(dataset) as loader:
+                got = _digests(loader)
+                attacks[0].refused_garbage()
+                report = loader.stats().cluster
+    finally:
+        for attack in attacks:
+            attack.close()
+    assert len(attacks) == 1
+    assert [n["transport"] for n in report["nodes"]] == ["tcp", "tcp"], report["nodes"]
+    assert got == want  # every batch once, bit-identical
+    assert report["refused"] >= 2
+
+
+INTRUDER = """
+import json, os, select, socket, sys, ray
+from stoker.workers import wire
+ray.init(address=sys.argv[1], log_to_driver=False, logging_level="ERROR")
+found = [a for a in ray.util.list_named_actors(all_namespaces=True)
+         if a["name"].startswith("stoker-") and a["name"].endswith("-0")]
+actor = ray.get_actor(found[0]["name"], namespace=found[0]["namespace"])
+server = socket.create_server(("127.0.0.1", 0))
+secret = os.urandom(32)
+ref = actor.connect.remote("127.0.0.1", server.getsockname()[1], secret, 0)
+got = 0
+while True:
+    done, _ = ray.wait([ref], timeout=0.05)
+    if select.select([server], [], [], 0)[0]:  # the actor dialled: play its trainer
+        sock, _ = server.accept()
+        sock.settimeout(60)
+        wire.prove(sock, secret, b"trainer", b"node")
+        wire.recv_exact(sock, wire.LENGTH.size)
+        wire.send_request(sock, 1, (0, 0))
+        head = wire.read_header(sock)
+        got = head.report_len + sum(head.lengths)
+        break
+    if done:
+        break
+try:
+    reply = ray.get(ref, timeout=60)
+except Exception as exc:
+    reply = f"{type(exc).__name__}: {exc}"
+server.setblocking(False)
+try:
+    server.accept()
+    dialled = True
+except BlockingIOError:
+    dialled = False
+print("RESULT " + json.dumps({"reply": str(reply)[-800:], "bytes": got, "dialled": dialled}))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_another_driver_cannot_connect_a_loaders_actor_to_itself(ray_cluster, dataset):
+    import ray
+
+    cluster, _ = ray_cluster
+    want, _ = _reference(dataset)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    with _one_batch_in(dataset, None) as (loader, batches, got, _):
+        proc = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(INTRUDER), cluster.address],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+        intruder = json.loads(lines[-1][len("RESULT ") :])
+        assert "PermissionError" in intruder["reply"] and "secret" in intruder["reply"]
+        assert intruder["bytes"] == 0 and not intruder["dialled"]  # no connection, no batch
+        got += _digests(batches)
+        actor = loader._run.pool.nodes.nodes[0].actor  # type: ignore[union-attr]
+        counts = ray.get(actor.counts.remote(), timeout=60)
+        report = loader.stats().cluster
+    assert counts["refused"] == 1
+    assert got == want
+    assert [(n["alive"], n["transport"]) for n in report["nodes"]] == [(True, "tcp")] * 2

@@ -3,10 +3,11 @@ pool on that node's cores.
 
 The actor receives the loader's Recipe, the very one the trainer's local pool gets (sent with
 its shared arrays by value), starts a ``WorkerPool`` of its own from it, and fills the batches
-the trainer asks for into slots of its own ring; so the C decode, read-ahead, replacement of
-bad samples and worker failure handling are the local code. A finished batch goes back as one
-frame (``wire``) over the trainer's TCP connection, or, on the object-store path, as the return
-value of ``fill``.
+the trainer asks for into slots of its own ring (``nodering``); so the C decode, read-ahead,
+replacement of bad samples and worker failure handling are the local code. A finished batch
+goes back as one frame (``wire``) over the trainer's TCP connection, or, on the object-store
+path, as the return value of ``fill``. The actor serves only the loader that started it (its
+secret).
 
 This module does not import Ray: ``workers.cluster`` wraps :class:`Decoder` with
 ``ray.remote`` on the trainer. When the trainer's connection ends (its process exited or was
@@ -18,6 +19,7 @@ removes the node's segments and lock files and kills what is left of its workers
 from __future__ import annotations
 
 import hashlib
+import hmac
 import os
 import pickle
 import queue
@@ -25,9 +27,7 @@ import socket
 import sys
 import threading
 import time
-from collections import deque
 from concurrent.futures import Future
-from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -36,15 +36,12 @@ from ..errors import StokerError, WorkerDied
 from ..schema import SlotLayout
 from ..shm import reaper
 from ..shm.segments import Segment
-from ..shm.stale import clean_stale
-from . import wire
-from .pool import WorkerPool
+from . import door, wire
+from .nodering import NodeRing
 
 if TYPE_CHECKING:
     from ..loader.recipe import Recipe
 
-PER_WORKER = 2  # tasks queued on each of the node's worker processes
-POLL_S = 0.2
 Result = tuple[str, Any]  # ("ok", Report) or ("error", JSON-able error)
 
 
@@ -81,131 +78,6 @@ def digest(parts: list[memoryview]) -> str:
     return h.hexdigest()
 
 
-def error_json(payload: dict[str, Any]) -> dict[str, Any]:
-    """A worker's packed exception without its pickle: type, text, traceback, sample, and
-    the bad samples a TooManyErrors carries."""
-    bad: list[Any] = []
-    if payload.get("blob") is not None:
-        try:
-            bad = list(getattr(pickle.loads(payload["blob"]), "bad", []))
-        except Exception:  # noqa: BLE001 - the text and traceback still travel
-            bad = []
-    return {
-        "type": payload["type"],
-        "text": payload["text"],
-        "tb": payload["tb"],
-        "wid": payload["wid"],
-        "sample": payload["sample"],
-        "bad": bad,
-    }
-
-
-class NodeRing:
-    """The node's pool, its slots, and the trainer's tasks; a thread hands tasks to the
-    workers and calls ``done(ticket, key, slot, result)`` as each finishes."""
-
-    def __init__(
-        self,
-        recipe: Recipe,
-        cores: int,
-        capacity: int,
-        timeout: float,
-        threads: int | None = 1,
-    ) -> None:
-        clean_stale()
-        self.layout: SlotLayout = recipe.schema.slot_layout
-        self.pool = WorkerPool(cores, recipe, timeout, threads)
-        self.pool.wait_started()
-        self.segments = [Segment.create(self.layout.nbytes, f"node{i}") for i in range(capacity)]
-        self.free: deque[int] = deque(range(capacity))
-        self.waiting: deque[tuple[int, tuple[int, int]]] = deque()
-        self.running: dict[int, tuple[int, tuple[int, int], int]] = {}  # slot -> wid, key, ticket
-        self.load = [0] * cores
-        self.lock = threading.Lock()
-        self.wake_r, self.wake_w = socket.socketpair()
-        self.failure: BaseException | None = None
-        self.stopped = False
-        self.done: Any = None  # set by the owner before the first task
-
-    def start(self) -> None:
-        """Start handing out tasks."""
-        threading.Thread(target=self._run, name="stoker-node-ring", daemon=True).start()
-
-    def submit(self, ticket: int, key: tuple[int, int]) -> None:
-        """Queue batch ``key`` under ``ticket``."""
-        with self.lock:
-            self.waiting.append((ticket, key))
-        self._wake()
-
-    def release(self, slot: int) -> None:
-        """The batch in ``slot`` went out: the slot takes the next task."""
-        with self.lock:
-            self.free.append(slot)
-        self._wake()
-
-    def _wake(self) -> None:
-        try:
-            self.wake_w.send(b"x")
-        except OSError:
-            pass
-
-    def _run(self) -> None:
-        try:
-            while not self.stopped:
-                self._dispatch()
-                ready = wait([*self.pool.conns, self.wake_r], POLL_S)
-                for conn in ready:
-                    if conn is self.wake_r:
-                        self.wake_r.recv(4096)
-                    else:
-                        self._reply(self.pool.conns.index(conn), conn)  # type: ignore[arg-type]
-                self.pool.check_alive("")
-        except BaseException as exc:  # noqa: BLE001 - a dead worker ends this node
-            if not self.stopped:
-                self.failure = exc
-                self.done(-1, (-1, -1), -1, ("fatal", f"{type(exc).__name__}: {exc}"))
-
-    def _dispatch(self) -> None:
-        with self.lock:
-            while self.waiting and self.free:
-                wid = min(range(len(self.load)), key=self.load.__getitem__)
-                if self.load[wid] >= PER_WORKER:
-                    return
-                ticket, key = self.waiting.popleft()
-                slot = self.free.popleft()
-                self.running[slot] = (wid, key, ticket)
-                self.load[wid] += 1
-                self.pool.send(wid, (key[0], key[1], slot, self.segments[slot].handle()))
-
-    def _reply(self, wid: int, conn: Any) -> None:
-        try:
-            kind, epoch, batch, slot, payload = conn.recv()
-        except (EOFError, OSError):
-            self.pool.raise_dead(wid, "")
-        with self.lock:
-            _, key, ticket = self.running.pop(slot)
-            self.load[wid] -= 1
-        if kind == "ok":
-            self.done(ticket, key, slot, ("ok", payload))
-        else:
-            self.done(ticket, key, slot, ("error", error_json(payload)))
-
-    def unlink(self) -> None:
-        """Remove the node's segments from the file system at once (mappings stay valid)."""
-        for seg in self.segments:
-            seg.unlink()
-        self.pool.status_seg.unlink()
-
-    def close(self) -> None:
-        """Stop the workers and unlink the slots."""
-        self.stopped = True
-        self.pool.close(0.5)
-        for seg in self.segments:
-            seg.unlink()
-            seg.close()
-        self.segments = []
-
-
 class Decoder:
     """One node's decode actor (wrapped with ``ray.remote`` by the trainer).
 
@@ -214,11 +86,17 @@ class Decoder:
     per worker: this node's ``WorkerPool(cores, recipe, timeout, threads)`` is the trainer's
     own, on ``cores`` processes that fill at most ``capacity`` batches at a time.
     ``claimed_version`` is the test suite's hook to impersonate another stoker version (see
-    :func:`identity`)."""
+    :func:`identity`).
+
+    ``secret`` is the loader's job secret: a method that starts, stops, connects or hands out
+    batches takes it as its ``secret`` argument and refuses (``PermissionError``) a caller
+    without it, so another driver of the same Ray cluster that finds this named actor cannot
+    take the node or its batches."""
 
     def __init__(
         self,
         settings: bytes,
+        secret: bytes,
         cores: int,
         capacity: int,
         timeout: float,
@@ -228,7 +106,8 @@ class Decoder:
         reaper.detach()  # before the first segment: Ray's kill of this actor kills its children
         self.recipe: Recipe = pickle.loads(settings)
         self.cores, self.capacity, self.timeout, self.threads = cores, capacity, timeout, threads
-        self.claimed = claimed_version
+        self.claimed, self.secret = claimed_version, secret
+        self.refused = 0  # calls without the secret
         self.ring: NodeRing | None = None
         self.futures: dict[int, Future] = {}
         self.outbox: queue.Queue[Any] = queue.Queue()
@@ -256,19 +135,31 @@ class Decoder:
             "python": sys.version.split()[0],
         }
 
-    def start(self) -> dict[str, Any]:
+    def _check(self, secret: Any) -> None:
+        """Refuse a caller that does not hold this loader's secret."""
+        if not (isinstance(secret, bytes) and hmac.compare_digest(secret, self.secret)):
+            self.refused += 1
+            raise PermissionError(
+                "this stoker decode actor serves only the loader that started it: the caller "
+                "does not hold that loader's secret"
+            )
+
+    def start(self, secret: bytes) -> dict[str, Any]:
         """Start the node's worker pool; this actor's pid and its workers'."""
+        self._check(secret)
         self.ring = NodeRing(self.recipe, self.cores, self.capacity, self.timeout, self.threads)
         self.ring.done = self._done
         self.ring.start()
         return {"pid": os.getpid(), "workers": [p.pid for p in self.ring.pool.procs]}
 
     def counts(self) -> dict[str, int]:
-        """Requests this node received from the trainer, and batches it finished."""
-        return {"requests": self.requests, "finished": self.finished}
+        """Requests this node received from the trainer, batches it finished, and the calls
+        it refused (no secret)."""
+        return {"requests": self.requests, "finished": self.finished, "refused": self.refused}
 
-    def probe(self, key: tuple[int, int]) -> dict[str, Any]:
+    def probe(self, secret: bytes, key: tuple[int, int]) -> dict[str, Any]:
         """Fill batch ``key`` here: the digest of its bytes and its bad samples."""
+        self._check(secret)
         kind, value, (slot, parts) = self._fill_now(-1, key)
         if kind != "ok":
             return {"error": value}
@@ -281,15 +172,15 @@ class Decoder:
     # ------------------------------------------------------------------ the TCP path
 
     def connect(self, host: str, port: int, secret: bytes, index: int) -> str:
-        """Open the data connection to the trainer; "" when it is up, else why not."""
+        """Open the data connection to the trainer (trying again within ``timeout``); "" when
+        it is up, else why not. Only the loader that started this actor may call it."""
+        self._check(secret)
+        if self.sock is not None:
+            raise PermissionError("this node's data connection is already up")
         try:
-            sock = socket.create_connection((host, port), timeout=10.0)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            wire.prove(sock, secret, b"node", b"trainer")
-            sock.sendall(wire.LENGTH.pack(index))
-            sock.settimeout(None)
-        except (OSError, EOFError, wire.WireError) as exc:
-            return f"{type(exc).__name__}: {exc}"
+            sock = door.dial(host, port, self.secret, index, self.timeout)
+        except wire.WireError as exc:
+            return str(exc)
         self.sock = sock
         threading.Thread(target=self._read_requests, name="stoker-node-in", daemon=True).start()
         threading.Thread(target=self._send_batches, name="stoker-node-out", daemon=True).start()
@@ -376,9 +267,10 @@ class Decoder:
         self.ring.release(slot)
         return kind, value, (slot, [])
 
-    def fill(self, ticket: int, epoch: int, batch: int) -> tuple[bytes, np.ndarray]:
+    def fill(self, secret: bytes, ticket: int, epoch: int, batch: int) -> tuple[bytes, np.ndarray]:
         """Batch ``(epoch, batch)`` through Ray's object store: a frame's header and report,
         and the field bytes in one array."""
+        self._check(secret)
         kind, value, (slot, parts) = self._fill_now(ticket, (epoch, batch))
         if kind != "ok":
             return wire.pack_header(wire.ERROR, ticket, (epoch, batch), _json(value), ()) + _json(
@@ -398,8 +290,9 @@ class Decoder:
         self.ring.release(slot)
         return head + report, out
 
-    def stop(self) -> None:
+    def stop(self, secret: bytes) -> None:
         """Stop the pool and remove this node's segments (the trainer then kills the actor)."""
+        self._check(secret)
         if self.ring is not None:
             self.ring.close()
             self.ring = None

@@ -1,7 +1,7 @@
 """The cluster's nodes, seen from the trainer, once started (``nodestart``): the data
-connections (``wire``: authenticated TCP, or Ray's object store) and the threads that receive
-batches straight into ring slots. Losses and replies go to the engine (``workers.cluster``)
-through one event queue."""
+connections (``door`` takes them, ``wire`` frames them; or Ray's object store) and the threads
+that receive batches straight into ring slots. Losses and replies go to the engine
+(``workers.cluster``) through one event queue."""
 
 from __future__ import annotations
 
@@ -21,9 +21,9 @@ from ..assemble import Report
 from ..errors import ClusterError, StokerError
 from ..schema import SlotLayout
 from ..shm.segments import Segment
-from . import nodestart, wire
+from . import door, nodestart, wire
 from .engine import Key
-from .nodestart import START_TIMEOUT_S, Node
+from .nodestart import Node
 
 if TYPE_CHECKING:
     from ..loader.recipe import Recipe
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CLAIMED_VERSION", "Node", "Nodes", "Ticket"]
 
-ACCEPT_S = 0.5
 STOP_TIMEOUT_S = 10.0  # a node's pool stops in well under this; then its actor is killed
 #: Test-only hook: the stoker version every node started from now on claims to run
 #: (``tests/test_cluster.py`` proves a mismatch is refused). Never set it elsewhere.
@@ -75,15 +74,18 @@ class Nodes:
         self.pending: dict[Any, int] = {}  # object-store refs -> ticket
         self.refused = self.duplicates = 0
         self.closed = False
-        self.listener: socket.socket | None = None
+        self.door: door.Door | None = None
+        self.started = False
         self.listen = ""
         self.threads: list[threading.Thread] = []
         nodestart.join(ray, opts.address)
         self.nodes = nodestart.place(ray, opts, first_wid)
         self.cores = sum(n.cores for n in self.nodes)
         try:
-            nodestart.start_actors(ray, self.nodes, recipe, timeout, threads, CLAIMED_VERSION)
-            nodestart.check(ray, self.nodes, recipe, probe, timeout)
+            nodestart.start_actors(
+                ray, self.nodes, recipe, timeout, threads, CLAIMED_VERSION, self.secret
+            )
+            nodestart.check(ray, self.nodes, recipe, probe, timeout, self.secret)
             self._connect()
         except BaseException:
             self.close()
@@ -101,23 +103,19 @@ class Nodes:
             self._connect_tcp()
         if any(n.transport == "object_store" for n in self.nodes):
             self._spawn(self._collect, "stoker-cluster-store")
-        if self.listener is not None:
-            self._spawn(self._doorman, "stoker-cluster-door")
 
     def _connect_tcp(self) -> None:
+        """Each node dials the door (``door``), retrying within ``timeout``; the door admits
+        each node's first authenticated connection while the start lasts."""
         host = self.opts.listen or self.ray.util.get_node_ip_address()
-        self.listener = socket.create_server((host, 0))
-        self.listen = f"{host}:{self.listener.getsockname()[1]}"
-        self.listener.settimeout(ACCEPT_S)
-        port = self.listener.getsockname()[1]
-        refs = [n.actor.connect.remote(host, port, self.secret, n.index) for n in self.nodes]
-        deadline = time.monotonic() + max(self.timeout, START_TIMEOUT_S)
-        while time.monotonic() < deadline:
-            self._accept_one()  # a node's connect() returns only after its handshake here
-            done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=0)
-            if len(done) == len(refs):
-                break
+        self.door = door.Door(door.listen(host), self.secret, self._admit, self._refuse)
+        self.listen = f"{host}:{self.door.port}"
+        refs = [
+            n.actor.connect.remote(host, self.door.port, self.secret, n.index) for n in self.nodes
+        ]
         whys = nodestart.get_all(self.ray, self.nodes, refs, "the data connection", self.timeout)
+        with self.lock:
+            self.started = True  # from now on every connection is someone else's
         for node, why in zip(self.nodes, whys, strict=True):
             if why and node.sock is not None:
                 node.sock.close()
@@ -127,32 +125,21 @@ class Nodes:
             else:
                 self._spawn(functools.partial(self._receive, node), f"stoker-cluster-{node.index}")
 
-    def _accept_one(self) -> None:
-        """Accept one connection and run the challenge; a peer without the secret is refused."""
-        assert self.listener is not None
-        try:
-            sock, _ = self.listener.accept()
-        except (TimeoutError, OSError):
-            return
-        try:
-            sock.settimeout(10.0)
-            wire.prove(sock, self.secret, b"trainer", b"node")
-            index = wire.LENGTH.unpack(wire.recv_exact(sock, wire.LENGTH.size))[0]
-            sock.settimeout(None)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def _admit(self, index: int, sock: socket.socket) -> bool:
+        """Node ``index`` takes ``sock`` (it proved the secret) while the start lasts; a node
+        that tried again replaces the connection it gave up on."""
+        with self.lock:
+            if self.started or not 0 <= index < len(self.nodes):
+                return False
             node = self.nodes[index]
-            if node.sock is not None:
-                raise wire.WireError("a second connection for one node")
-            node.sock = sock
-        except (OSError, EOFError, IndexError, wire.WireError):
-            with self.lock:
-                self.refused += 1
-            sock.close()
+            old, node.sock = node.sock, sock
+        if old is not None:
+            old.close()
+        return True
 
-    def _doorman(self) -> None:
-        """After the start: every later connection is someone else's, refused and counted."""
-        while not self.closed:
-            self._accept_one()
+    def _refuse(self) -> None:
+        with self.lock:
+            self.refused += 1
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -174,7 +161,7 @@ class Nodes:
             self.tickets[ticket] = Ticket(node, wid, key, slot, view)
             node.in_flight += 1
         if node.transport == "object_store":
-            ref = node.actor.fill.remote(ticket, key[0], key[1])
+            ref = node.actor.fill.remote(self.secret, ticket, key[0], key[1])
             with self.lock:
                 self.pending[ref] = ticket
             return
@@ -356,15 +343,15 @@ class Nodes:
         """Stop every node's pool, close the connections and kill every actor."""
         self.closed = True
         live = [n for n in self.nodes if n.alive and n.actor is not None]
-        stops = [n.actor.stop.remote() for n in live]
+        stops = [n.actor.stop.remote(self.secret) for n in live]
         if stops:
             self.ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT_S)
             ends = [n.actor.__ray_terminate__.remote() for n in live]  # a clean exit, no warning
             self.ray.wait(ends, num_returns=len(ends), timeout=STOP_TIMEOUT_S)
         for node in self.nodes:
             self._drop(node)
-        if self.listener is not None:
-            self.listener.close()
+        if self.door is not None:
+            self.door.close()
         for thread in self.threads:
             thread.join(2.0)
         self.wake_r.close()

@@ -129,9 +129,10 @@ def start_actors(
     timeout: float,
     threads: int | None,
     claimed: str | None,
+    secret: bytes,
 ) -> None:
     """One decode actor per node, pinned to it, each claiming the stoker version ``claimed``
-    (None: its own)."""
+    (None: its own) and serving only callers that hold ``secret``."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     with by_value():  # other machines cannot map this one's shared memory
@@ -147,7 +148,7 @@ def start_actors(
             max_task_retries=0,
             max_concurrency=capacity + 4,
             name=f"stoker-{os.getpid()}-{job}-{node.index}",
-        ).remote(blob, node.cores, capacity, timeout, threads, claimed)
+        ).remote(blob, secret, node.cores, capacity, timeout, threads, claimed)
 
 
 def get_all(ray: Any, nodes: list[Node], refs: list[Any], what: str, timeout: float) -> list[Any]:
@@ -166,7 +167,12 @@ def get_all(ray: Any, nodes: list[Node], refs: list[Any], what: str, timeout: fl
 
 
 def check(
-    ray: Any, nodes: list[Node], recipe: Recipe, probe: Callable[[], dict[str, Any]], timeout: float
+    ray: Any,
+    nodes: list[Node],
+    recipe: Recipe,
+    probe: Callable[[], dict[str, Any]],
+    timeout: float,
+    secret: bytes,
 ) -> None:
     """Same stoker and decoders, the data readable, and a probe batch byte-identical."""
     source = recipe.source
@@ -193,11 +199,11 @@ def check(
                 "mounted alike on every node), or use s3:// / gs:// / https:// shards"
             )
     started = get_all(
-        ray, nodes, [n.actor.start.remote() for n in nodes], "starting its workers", timeout
+        ray, nodes, [n.actor.start.remote(secret) for n in nodes], "starting its workers", timeout
     )
     for node, pids in zip(nodes, started, strict=True):
         node.pid, node.workers = pids["pid"], pids["workers"]
-    refs = [n.actor.probe.remote((0, 0)) for n in nodes]
+    refs = [n.actor.probe.remote(secret, (0, 0)) for n in nodes]
     own = probe()  # while the nodes make theirs
     found = get_all(ray, nodes, refs, "the probe batch", timeout)
     if "digest" not in own:

@@ -7,8 +7,9 @@ into its ring slot; nothing in a frame is unpickled. A request (trainer to node)
 alone.
 
 Both ends prove they hold the job's secret before anything else is read: each sends a random
-challenge and answers the other's with ``HMAC-SHA256(secret, challenge + role)``. A peer
-without the secret is refused (the connection is closed) and counted in ``stats()``.
+challenge and answers the other's with ``HMAC-SHA256(secret, challenge + role)``; the node then
+sends its index and waits for ``ADMITTED``. A peer without the secret is refused (the
+connection is closed) and counted in ``stats()``; ``door`` runs the trainer's side of it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ..errors import StokerError
 from ..sources.fetch import RequestCounts
 
 MAGIC = b"STKR"
-PROTOCOL = 1
+PROTOCOL = 2
 DATA, ERROR, REQUEST = 1, 2, 3
 HEAD = struct.Struct("<4sHBxQqqII")  # magic, protocol, kind, ticket, epoch, batch, report, fields
 LENGTH = struct.Struct("<Q")
@@ -37,6 +38,7 @@ DIGEST_BYTES = 32
 MAX_REPORT_BYTES = 64 << 20
 MAX_FIELDS = 4096
 DRAIN_CHUNK = 1 << 20
+ADMITTED = b"\x01"  # the trainer took this node's connection
 
 
 class WireError(StokerError):
@@ -163,7 +165,8 @@ def report_from(data: bytes) -> Report:
 # ---------------------------------------------------------------------------- the secret
 
 
-def _digest(secret: bytes, challenge: bytes, role: bytes) -> bytes:
+def answer(secret: bytes, challenge: bytes, role: bytes) -> bytes:
+    """The answer to ``challenge`` by the side called ``role`` (``b"trainer"``, ``b"node"``)."""
     return hmac.new(secret, challenge + role, hashlib.sha256).digest()
 
 
@@ -176,7 +179,7 @@ def prove(sock: socket.socket, secret: bytes, ours: bytes, theirs: bytes) -> Non
     got = recv_exact(sock, len(MAGIC) + CHALLENGE_BYTES)
     if got[: len(MAGIC)] != MAGIC:
         raise WireError("the peer is not a stoker cluster node")
-    sock.sendall(_digest(secret, got[len(MAGIC) :], ours))
-    answer = recv_exact(sock, DIGEST_BYTES)
-    if not hmac.compare_digest(answer, _digest(secret, challenge, theirs)):
+    sock.sendall(answer(secret, got[len(MAGIC) :], ours))
+    got_answer = recv_exact(sock, DIGEST_BYTES)
+    if not hmac.compare_digest(got_answer, answer(secret, challenge, theirs)):
         raise WireError("the peer does not hold this job's secret")
