@@ -627,6 +627,20 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
+def _driver(script: str, args: list[str], env: dict[str, str], timeout: float) -> dict:
+    """Run ``script`` (another Ray driver) in a fresh interpreter: its ``RESULT {json}`` line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
 @pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")
 @pytest.mark.timeout(400)
 def test_the_keras_wait_report_and_the_wait_meter_work_on_a_cluster_loader(ray_cluster, dataset):
@@ -637,16 +651,7 @@ def test_the_keras_wait_report_and_the_wait_meter_work_on_a_cluster_loader(ray_c
         "KERAS_BACKEND": "torch",
         "CUDA_VISIBLE_DEVICES": "",
     }
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(KERAS_TRAINER), cluster.address, str(dataset)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=360,
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT ") :])
+    out = _driver(KERAS_TRAINER, [cluster.address, str(dataset)], env, 360)
     hist = out["history"]
     assert len(hist["loss"]) == len(hist["data_wait"]) == len(hist["input_img_s"]) == 2
     assert all(0.0 <= w <= 1.0 for w in hist["data_wait"])
@@ -808,16 +813,7 @@ def test_another_driver_cannot_connect_a_loaders_actor_to_itself(ray_cluster, da
     want, _ = _reference(dataset)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     with _one_batch_in(dataset, None) as (loader, batches, got, _):
-        proc = subprocess.run(
-            [sys.executable, "-c", textwrap.dedent(INTRUDER), cluster.address],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=240,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-        intruder = json.loads(lines[-1][len("RESULT ") :])
+        intruder = _driver(INTRUDER, [cluster.address], env, 240)
         assert "PermissionError" in intruder["reply"] and "secret" in intruder["reply"]
         assert intruder["bytes"] == 0 and not intruder["dialled"]  # no connection, no batch
         got += _digests(batches)
