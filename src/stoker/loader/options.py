@@ -379,8 +379,9 @@ class RunOptions:
     request_rate: float = option(
         DEFAULT_RATE,
         "float",
-        "Most requests per second to one prefix of an object store (`s3://`, `gs://`), across "
-        "a process's reads; the default stays below S3's ~5,500/s and GCS's ~5,000/s.",
+        "Most requests per second to one prefix of an object store (`s3://`, `gs://`), shared "
+        "by the loader's worker processes (each cluster node has its own); the default stays "
+        "below S3's ~5,500/s and GCS's ~5,000/s.",
         check=of_value(config.request_rate),
     )
 

@@ -21,6 +21,7 @@ from ..errors import WorkerDied
 from ..shm import ownerlock
 from ..shm.segments import Segment
 from ..shm.stale import clean_stale
+from ..sources import fetch
 from .errors import describe_exit, pack_exception
 from .launch import START_TIMEOUT_S, Launch, Process, StartReport, payload_bytes
 from .lifecycle import start_worker, stop_workers
@@ -100,6 +101,9 @@ class _Worker:
     def __init__(self, wid: int, conn: Connection, spec: WorkerSpec, parent: int = -1) -> None:
         self.wid, self.conn, self.spec, self.parent = wid, conn, spec, parent
         self.assembler = spec.recipe.assembler()
+        reads = spec.recipe.read_ahead
+        if reads is not None:  # the loader's request-rate ceiling, shared by its workers
+            fetch.configure(rate=reads.request_rate / max(1, spec.workers))
         self.status_seg = Segment.attach(*spec.status)
         self.status = self.status_seg.array(np.int64, (spec.workers, STATUS_FIELDS))[wid]
         self.slots: dict[int, tuple[str, Segment, dict[str, np.ndarray]]] = {}
