@@ -22,10 +22,6 @@ TRAIN = {"batch_size": 4, "image_size": 16, "workers": 1, "seed": 2, "batch": FI
 VAL = {"batch_size": 5, "image_size": 16, "workers": 0, "augment": "eval", "shuffle": False}
 
 
-def as_tensors(loader: stoker.Loader):
-    return loader.torch(dtype=torch.float32, mean=0, std=1)
-
-
 def indices(batches, count: int) -> list[list[int]]:
     out = []
     for _, _, index in batches:
@@ -39,6 +35,12 @@ def indices(batches, count: int) -> list[list[int]]:
 train_data = stoker.Loader(FOLDER, **TRAIN)  # before the process group: the rank is read later
 val_data = stoker.Loader(FOLDER, rank_split="pad", batch=FIELDS, **VAL)
 accelerator = Accelerator(cpu=True)
+
+
+def as_tensors(loader: stoker.Loader):  # prepare() leaves a view as it is: place it here
+    return loader.torch(device=accelerator.device, dtype=torch.float32, mean=0, std=1)
+
+
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16 * 16 * 3, 3))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
