@@ -315,10 +315,10 @@ class S3Store(Store):
         """The client that serves this store here: ``"obstore"`` or ``"s3fs"``."""
         return "s3fs" if self.obstore() is None else "obstore"
 
-    def list(self, url: str) -> list[Entry]:
+    def list(self, url: str, recursive: bool = True) -> list[Entry]:
         client = self.obstore()
-        if client is None:
-            return super().list(url)
+        if client is None or not recursive:  # only s3fs lists one level
+            return super().list(url, recursive)
         try:  # a bucket that does not exist is refused here: no check_root needed
             found = client.list(url.rstrip("/"))
         except Exception as exc:  # noqa: BLE001
