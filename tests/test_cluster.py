@@ -795,13 +795,20 @@ try:
     reply = ray.get(ref, timeout=60)
 except Exception as exc:
     reply = f"{type(exc).__name__}: {exc}"
+others = []
+for call in (actor.fill.remote(secret, 1, 0, 0), actor.stop.remote(secret)):
+    try:  # the object-store path's batches, and stopping the node
+        others.append(repr(ray.get(call, timeout=60))[:200])
+    except Exception as exc:
+        others.append(f"{type(exc).__name__}: {exc}"[-300:])
 server.setblocking(False)
 try:
     server.accept()
     dialled = True
 except BlockingIOError:
     dialled = False
-print("RESULT " + json.dumps({"reply": str(reply)[-800:], "bytes": got, "dialled": dialled}))
+print("RESULT " + json.dumps({"reply": str(reply)[-800:], "bytes": got, "dialled": dialled,
+                              "others": others}))
 """
 
 
@@ -816,10 +823,11 @@ def test_another_driver_cannot_connect_a_loaders_actor_to_itself(ray_cluster, da
         intruder = _driver(INTRUDER, [cluster.address], env, 240)
         assert "PermissionError" in intruder["reply"] and "secret" in intruder["reply"]
         assert intruder["bytes"] == 0 and not intruder["dialled"]  # no connection, no batch
+        assert all("PermissionError" in why for why in intruder["others"]), intruder["others"]
         got += _digests(batches)
         actor = loader._run.pool.nodes.nodes[0].actor  # type: ignore[union-attr]
         counts = ray.get(actor.counts.remote(), timeout=60)
         report = loader.stats().cluster
-    assert counts["refused"] == 1
+    assert counts["refused"] == 3  # connect, fill, stop
     assert got == want
     assert [(n["alive"], n["transport"]) for n in report["nodes"]] == [(True, "tcp")] * 2

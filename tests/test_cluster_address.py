@@ -62,3 +62,13 @@ def test_an_address_that_answers_passes_and_the_wait_is_an_option():
             stoker.Loader(IMAGES, batch_size=4, cluster="127.0.0.1:1", cluster_connect_timeout=bad)
     with pytest.raises(stoker.ConfigError, match="need cluster="):
         stoker.Loader(IMAGES, batch_size=4, cluster_connect_timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_ray_before_this_process_joined_checks_the_address_ray_would_join(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    text = _refused("ray", ClusterError)
+    assert "cluster='ray': no Ray cluster answered at 127.0.0.1:1" in text
+    monkeypatch.setenv("RAY_ADDRESS", "not an address")
+    text = _refused("ray", stoker.ConfigError)
+    assert "RAY_ADDRESS='not an address' is not a Ray address" in text
