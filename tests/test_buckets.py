@@ -170,3 +170,41 @@ def test_storage_options_reach_the_store_and_no_secret_is_shown(s3_server, data,
         next(iter(loader))
         shown = repr(loader.options) + str(loader.stats()) + str(loader.state_dict())
     assert "testing-secret" not in shown
+
+
+class _Killed(BaseException):
+    """Stands for the run being killed (raised out of an upload, caught by no handler)."""
+
+
+@pytest.mark.timeout(240)
+def test_convert_reads_from_and_writes_to_a_bucket_and_resumes_after_a_kill(
+    s3_env, data, monkeypatch
+):
+    from stoker.cli.convert_bucket import staging
+    from stoker.sources.store import Store
+
+    bucket = data[0]
+    src, dst = f"s3://{bucket}/folder/", f"s3://{bucket}/converted"
+    small = {"shard_bytes": 60_000, "row_group_bytes": 12_000, "progress": False}
+    real_put, puts = Store.put, []
+
+    def put(self, local, url):
+        puts.append(url.rsplit("/", 1)[1])
+        if len(puts) == 2 and killing:  # killed after the first shard's upload
+            raise _Killed
+        real_put(self, local, url)
+
+    monkeypatch.setattr(Store, "put", put)
+    killing = True
+    with pytest.raises(_Killed):
+        convert(src, dst, **small)
+    killing, puts[:] = False, []
+    staged = staging(dst)[1]  # as if killed while shard 1 was written: it is not finished
+    (staged / "shard-00001.parquet").unlink()
+    again = convert(src, dst, **small)
+    assert again["run"]["shards_built"] == 1 and len(again["shards"]) >= 3
+    assert not staged.exists()  # removed once the manifest is in the bucket
+    assert "shard-00000.parquet" not in puts  # already in the bucket with its size
+    assert puts[-1] == "stoker-manifest.json"  # last: a manifest lists only shards present
+    args = {"shuffle": False, "workers": 0}
+    _same(_batches({"source": dst}, **args), _batches({"source": src}, **args))

@@ -5,6 +5,8 @@ and ``label: int64``; the image bytes are stored uncompressed with PLAIN encodin
 sits verbatim in the file and :class:`~stoker.sources.shards.ShardSource` reads one as an mmap
 slice. Row groups hold about ``row_group_bytes`` of images, shards about ``shard_bytes``.
 
+``DST`` may be a bucket URL (``s3://bucket/prefix``, any fsspec URL): see ``convert_bucket``.
+
 The run can be interrupted and resumed: the sample -> shard assignment is fixed by a plan saved
 in ``DST/.stoker-convert/plan.json`` before any shard is written; each shard is written under a
 temporary name and renamed when complete, so a rerun keeps the finished shards and rebuilds only
@@ -29,7 +31,9 @@ from ..errors import DATA_ERRORS, ConfigError
 from ..sources import open_source
 from ..sources.base import PathIndex, Source
 from ..sources.names import FORM, to_text
+from ..sources.store import is_url
 from ..sources.targets import class_ids
+from . import convert_bucket
 from .convert_local import run_shards as run_local
 from .outputs import output_folder
 from .shard_writer import STATE, prepare, shard_name, write_json
@@ -80,7 +84,17 @@ def convert(
         raise ConfigError(f"engine must be 'local' or 'ray', got {engine!r}")
     if ray_address is not None and engine != "ray":
         raise ConfigError("ray_address is only used with engine='ray'")
-    output_folder("dst", dst)  # before the source is scanned
+    bucket = isinstance(dst, str) and is_url(dst)
+    if bucket and engine == "ray":
+        raise ConfigError(
+            f"dst {dst}: engine='ray' writes shards on the cluster's nodes, into a folder they "
+            "share; for a bucket, convert with engine='local' (or into a shared folder, then "
+            "upload)"
+        )
+    if bucket:  # shards staged in a private folder, then uploaded (convert_bucket)
+        store, out = convert_bucket.staging(str(dst))
+    else:
+        out = output_folder("dst", dst)  # before the source is scanned
     source = open_source(src)
     if class_ids(source.labels) is None:
         raise ConfigError(
@@ -96,9 +110,9 @@ def convert(
             "would be lost); load it directly with stoker.Loader"
         )
     try:
-        return _convert(
+        manifest = _convert(
             source,
-            Path(dst),
+            out,
             max_side,
             quality,
             workers,
@@ -109,6 +123,9 @@ def convert(
             engine,
             ray_address,
         )
+        if bucket:
+            convert_bucket.upload(store, out, str(dst), manifest)
+        return manifest
     finally:
         if source is not src:
             source.close()
@@ -206,8 +223,11 @@ def _load_or_make_plan(source: Source, out: Path, settings: dict[str, Any]) -> d
 def _estimated_sizes(source: Source, samples: np.ndarray, settings: dict[str, Any]) -> np.ndarray:
     """Bytes each sample will take in a shard: file sizes, or a mean from a few reads."""
     index = getattr(source, "index", None)
+    listed = getattr(source, "sizes", None)  # the bytes a bucket's listing or a tar gives
     count = len(samples)
-    if isinstance(index, PathIndex) and count:
+    if isinstance(listed, np.ndarray) and listed.shape == (len(source),) and count:
+        sizes = np.maximum(listed[samples], 0).astype(np.int64)
+    elif isinstance(index, PathIndex) and count:
         sizes = np.empty(count, dtype=np.int64)
         for k, i in enumerate(samples):
             try:

@@ -18,6 +18,7 @@ The contract the bucket sources (``bucket.py``, ``remote.py``) and the request e
   ``If-Match``); otherwise ``ObjectChanged`` (not a bad sample: a silent mix of old and new bytes
   is never served). A missing object is ``FileNotFoundError``, any other failure an ``OSError``;
   each names the URL.
+- ``Store.put(local, url)`` uploads one file (``stoker convert`` into a bucket).
 - A ``Store`` pickles without its client (each process makes its own, never shared across a
   fork). No credential appears in what it shows: ``shown(url)`` drops a URL's user info and
   query string, and no message, ``repr`` or cache key holds ``storage_options``.
@@ -277,6 +278,14 @@ class Store:
                 "ignored the Range request, or the object is shorter than listed"
             )
         return data
+
+    def put(self, local: str | os.PathLike[str], url: str) -> None:
+        """Upload the file ``local`` to ``url`` (one object, replaced if there); a failure is a
+        SourceError naming the URL and the fix."""
+        try:
+            self.filesystem().put_file(os.fspath(local), url)
+        except Exception as exc:  # noqa: BLE001 - any backend's error: named, with the fix
+            raise self.problem(exc, url, "write") from None
 
     def _deadline(self) -> float:
         """How long one request may take in all: the client's timeout and a margin, so no
