@@ -8,7 +8,9 @@ points ``AWS_ENDPOINT_URL`` at a proxy in front of the session's server.
 
 from __future__ import annotations
 
+import io
 import pathlib
+import tarfile
 from collections.abc import Iterator
 
 import numpy as np
@@ -154,3 +156,47 @@ def test_stoker_bench_measures_a_bucket_and_what_its_requests_cost(
     line = next(ln for ln in out.splitlines() if "storage requests:" in ln)
     assert "GETs" in line and "per image" in line and "latency median" in line, line
     assert proxy.gets(".parquet") > 0
+
+
+def _tars(image_folder: pathlib.Path, folder: pathlib.Path) -> pathlib.Path:
+    """Two WebDataset shards of the image folder (a .jpg and a .cls member per sample)."""
+    files = sorted(image_folder.glob("*/*.jpg"))
+    folder.mkdir()
+    for part, rows in enumerate((range(0, 20), range(20, 36))):
+        with tarfile.open(folder / f"shard-{part:04d}.tar", "w") as tar:
+            for i in rows:
+                for name, data in (
+                    (f"s/{i:05d}.jpg", files[i].read_bytes()),
+                    (f"s/{i:05d}.cls", files[i].parent.name[-1].encode()),
+                ):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return folder
+
+
+@pytest.mark.timeout(180)
+def test_a_run_of_tar_members_is_one_get_and_a_folder_takes_one_get_per_image(
+    proxied: tuple[FaultProxy, str],
+    s3_env: object,
+    image_folder: pathlib.Path,
+    tmp_path: pathlib.Path,
+) -> None:
+    proxy, url = proxied
+    bucket = url.removeprefix("s3://").split("/")[0]
+    tars = _tars(image_folder, tmp_path / "wds")
+    s3_env.upload(tars, f"s3://{bucket}/wds")  # type: ignore[attr-defined]
+    s3_env.upload(image_folder, f"s3://{bucket}/folder")  # type: ignore[attr-defined]
+    for layout, local, most in (("wds", tars, 2 * 3), ("folder", image_folder, 36)):
+        with stoker.Loader(str(local), **KW) as loader:
+            expected = _epoch(loader)
+        with stoker.Loader(f"s3://{bucket}/{layout}/", **KW) as loader:
+            before = proxy.gets(f"/{layout}/")
+            got = _epoch(loader)
+            gets = proxy.gets(f"/{layout}/") - before
+            requests = loader.stats().requests
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True)), layout
+        # tars: each batch's members of a tar lie within the gap of each other: one GET per
+        # tar and batch at most; a folder: one GET per image, never more
+        assert 0 < gets <= most and requests["gets"] == gets, (layout, gets)
+        assert requests["gets_per_image"] <= (most / 36), layout

@@ -6,8 +6,9 @@ label members, by ranged GETs of ``SCAN_BLOCK`` bytes; the image bytes between t
 skipped), with ``tar.py``'s own scan: the same samples, keys, labels, refused names. The scan
 is cached under ``~/.cache/stoker/tar`` (``cachefile``'s rules) keyed on the tar's URL and
 stamped with its listed size and ETag/generation, so a replaced tar is scanned again. A
-sample is then one ranged GET of its image member, of the tar's listed version (a tar
-replaced since is ``ObjectChanged``).
+sample is then read out of its batch's merged span (a run of members at most ``merge_gap``
+bytes apart is one GET: ``sources.spans``), else with one ranged GET of its image member; both
+of the tar's listed version (a tar replaced since is ``ObjectChanged``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .spans import MergedReads
 from .store import Entry, ObjectFile, Store, shown
 from .tar import CACHE_VERSION, Sample, TarSource, _cache_file, _scan, cached_scan
 
 SCAN_BLOCK = 256 << 10  # bytes one GET of a scan reads from a member's header onwards
 
 
-class BucketTarSource(TarSource):
+class BucketTarSource(MergedReads, TarSource):
     """WebDataset ``.tar`` objects in a bucket; see the module docstring."""
 
     read_ahead_max = 64
@@ -49,8 +51,28 @@ class BucketTarSource(TarSource):
     def _tar_size(self, t: int) -> int:
         return self._tar_objects[t].size
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_spans", None)  # each process merges its own reads
+        return state
+
+    def sample_range(self, index: int) -> tuple[str, int, int] | None:
+        """The image member's bytes in its tar: ``(url, start, end)``."""
+        entry = self._tar_objects[int(self.tar_ids[index])]
+        offset = int(self.offsets[index])
+        return entry.url, offset, offset + int(self.sizes[index])
+
+    def span_get(self, url: str, start: int, end: int) -> bytes:
+        """One ranged GET of a run of members of tar ``url`` (of its listed version)."""
+        tag = next(e.tag for e in self._tar_objects if e.url == url)
+        return self.store.get(url, start, end, tag)
+
     def read(self, index: int) -> bytes:
-        """The image member's bytes: one ranged GET of the tar's listed version."""
+        """The image member's bytes: out of its batch's merged span (a run of members is one
+        GET: ``sources.spans``), else one ranged GET of the tar's listed version."""
+        planned = self.planned(index)
+        if planned is not None:
+            return planned
         entry = self._tar_objects[int(self.tar_ids[index])]
         offset, size = int(self.offsets[index]), int(self.sizes[index])
         return self.store.get(entry.url, offset, offset + size, entry.tag)
