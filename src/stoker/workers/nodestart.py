@@ -196,7 +196,7 @@ def check(
                 f"node {node.ip} (host {hello['host']}, Ray node {node.node_id[:12]}) cannot "
                 f"read {hello['name']}, which this trainer reads: {hello['unreadable']}. "
                 "Every node must reach the data at the same path (a shared file system "
-                "mounted alike on every node), or use s3:// / gs:// / https:// shards"
+                "mounted alike on every node), or put the data in a bucket (s3://, gs://, https://)"
             )
     started = get_all(
         ray, nodes, [n.actor.start.remote(secret) for n in nodes], "starting its workers", timeout
