@@ -129,3 +129,71 @@ def test_a_worker_keeps_only_absolute_pythonpath_entries_and_imports_stoker_from
     path = launch.worker_path()
     assert path[0] == SRC and path.count(SRC) == 1
     assert [p for p in sys.path if p != SRC] == path[1:]
+
+
+WAITING_TRAINER = """
+import sys
+import numpy, stoker  # imported before the module below is planted: the trainer is not its target
+print("READY", flush=True)
+sys.stdin.readline()  # the second user plants numpy.py in this folder meanwhile
+with stoker.Loader(sys.argv[1], batch_size=4, image_size=32, workers=2, seed=0) as loader:
+    print("TRAINED", sum(len(labels) for _, labels in loader), flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_module_another_user_plants_in_the_shared_folder_never_runs_in_a_worker(
+    tmp_path, image_folder, nobody, shared
+):
+    """``PYTHONPATH=/mine:`` started in a shared folder: Python puts that folder on the
+    trainer's sys.path (the empty entry). Another user plants numpy.py there after the trainer
+    imported numpy; the workers, started then, never import it (they used to: they took the
+    trainer's path whole), and the trainer is warned once, naming the folder."""
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "train.py").write_text(WAITING_TRAINER)
+    marker = shared / "imported.txt"
+    env = {**os.environ, "PYTHONPATH": SRC + os.pathsep, "HOME": str(tmp_path)}
+    trainer = subprocess.Popen(
+        [sys.executable, str(app / "train.py"), str(image_folder)],
+        cwd=shared,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert trainer.stdout.readline().strip() == "READY"
+        planted = (
+            "import os, sys\n"
+            f"open({str(marker)!r}, 'a').write('numpy ' + str(os.getpid()) + '\\n')\n"
+            "raise ImportError('planted numpy.py imported from ' + __file__)\n"
+        )
+        nobody(f"open({str(shared / 'numpy.py')!r}, 'w').write({planted!r})")
+        assert os.stat(shared / "numpy.py").st_uid == 65534  # the other user's file
+        out, err = trainer.communicate("go\n", timeout=200)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.communicate()
+    assert not marker.exists(), f"the planted module ran: {marker.read_text()}\n{err[-3000:]}"
+    assert trainer.returncode == 0 and "TRAINED 36" in out, err[-3000:]
+    warned = [ln for ln in err.splitlines() if "StokerWarning" in ln]
+    assert len(warned) == 1 and str(shared) in warned[0], err[-3000:]
+
+
+def test_the_entries_an_empty_or_relative_pythonpath_entry_made_are_found_where_python_put_them():
+    from stoker.workers.importpath import from_loose_entries
+
+    major, minor = sys.version_info[:2]
+    lib = [f"/py/lib/python{major}{minor}.zip", os.path.dirname(os.__file__)]
+    # python /app/train.py in /shared with PYTHONPATH=/mine: (and something inserted first)
+    assert from_loose_entries(["/app", "/mine", "/shared", *lib], "/mine:") == {"/shared"}
+    assert from_loose_entries(["/x", "/app", "/mine", "/shared", *lib], "/mine:") == {"/shared"}
+    # relative entries resolve under the same folder; '.' is that folder
+    path = ["", "/mine", "/s/rel", "/s", *lib]
+    assert from_loose_entries(path, "/mine:rel:.") == {"/s/rel", "/s"}
+    # the script's own folder, or an entry given as absolute too, is never one of them
+    assert from_loose_entries(["/shared", "/mine", *lib], "/mine:") == set()
+    assert from_loose_entries(["/app", "/mine", *lib], "/mine") == set()

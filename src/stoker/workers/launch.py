@@ -6,12 +6,13 @@ a top-level script without an ``if __name__ == "__main__":`` guard, ``python -c`
 script``, ``python -i`` and a Jupyter kernel all work, and ``import keras`` at the top of a script
 costs the workers nothing.
 
-A worker imports from exactly the folders the trainer imports from: its first statement, before
-any import, replaces ``sys.path`` with the trainer's (stoker's own folder first). So a
-``stoker/`` package or a ``numpy.py`` planted in the folder the trainer runs in is never
-imported: ``python -m`` would have put that folder first on the path (``-P``, which stops it,
-needs Python 3.11), and a ``PYTHONPATH`` entry that is empty or relative (``:`` at its end,
-``.``) would name the folder the worker starts in, not the one the trainer started in.
+A worker imports from the folders the trainer imports from, less those another user could
+plant a module in (:mod:`.importpath`): its first statement, before any import, replaces
+``sys.path`` with that list (stoker's own folder first). So a ``stoker/`` package or a
+``numpy.py`` planted in the folder the trainer runs in is never imported: ``python -m`` would
+have put that folder first on the path (``-P``, which stops it, needs Python 3.11), and a
+``PYTHONPATH`` entry that is empty or relative (``:`` at its end, ``.``) would name the folder
+the worker starts in, not the one the trainer started in.
 
 What the worker runs (a target function and its arguments) is serialized once with
 cloudpickle: stoker's own objects and functions of importable modules travel by reference
@@ -38,6 +39,7 @@ from ..shm.folder import pick_folder
 from ..shm.segments import Segment
 from . import threads as threads_mod
 from .errors import describe_exit, pack_exception, unpack_exception
+from .importpath import worker_path
 from .packing import pack
 
 # A worker's command: ``python -c BOOT N PATH_1 .. PATH_N ARGS..``. Its first statement sets
@@ -67,7 +69,6 @@ _HEAVY = (
     "scipy",
     "PIL",
 )
-_STOKER_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ---------------------------------------------------------------------------- parent side
@@ -195,13 +196,6 @@ class Process:
 
 # Python 3.11+: no folder is put first on sys.path even before BOOT runs (site's own imports).
 SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
-
-
-def worker_path() -> list[str]:
-    """The ``sys.path`` a worker imports from: stoker's own folder, then this process's path
-    (so a callable that travels by reference is imported from where this process found it)."""
-    entries = [p for p in sys.path if isinstance(p, str)]
-    return [_STOKER_ROOT, *(p for p in entries if p != _STOKER_ROOT)]
 
 
 def worker_env() -> dict[str, str]:
