@@ -11,7 +11,8 @@ node passes only once the trainer has taken its connection and said so (``wire.A
 
 A node (:func:`dial`) retries until its deadline: a connection dropped by a flood, refused, or
 slow to answer is tried again, with a growing pause, before the node falls back to Ray's
-object store.
+object store; a port where no TCP connection opens at all (closed, firewalled) is given up
+sooner.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ MAX_PENDING = 256  # handshakes open at once; a new one beyond it drops the olde
 POLL_S = 0.2  # how soon the door's thread sees close()
 RETRY_S = 0.05  # a node's first pause between tries; doubled up to RETRY_MAX_S
 RETRY_MAX_S = 1.0
+UNREACHABLE_S = 30.0  # a node gives up this soon when no TCP connection opens at all
 SEND_S = 5.0  # the admitted byte's send, on a socket made blocking again
 
 #: ``admit(index, sock)``: whether node ``index`` takes this authenticated connection.
@@ -208,27 +210,50 @@ class Door:
         self.thread.join(HANDSHAKE_S)
 
 
-def dial(host: str, port: int, secret: bytes, index: int, timeout: float) -> socket.socket:
+def dial(
+    host: str,
+    port: int,
+    secret: bytes,
+    index: int,
+    timeout: float,
+    unreachable_s: float = UNREACHABLE_S,
+) -> socket.socket:
     """The node's side: connect to the trainer as node ``index`` and prove the secret, trying
-    again until ``timeout`` seconds have passed; then a WireError with the last failure."""
-    deadline = time.monotonic() + timeout
-    pause, tries = RETRY_S, 0
+    again until ``timeout`` seconds have passed, or ``unreachable_s`` of tries in a row that
+    could not open a TCP connection at all (a closed or firewalled port: no flood does that);
+    then a WireError with the last failure."""
+    start = time.monotonic()
+    deadline, pause, tries = start + timeout, RETRY_S, 0
+    unreached_since: float | None = None
     while True:
         tries += 1
         left = deadline - time.monotonic()
         try:
             return _try(host, port, secret, index, max(0.1, min(HANDSHAKE_S, left)))
+        except _Unreachable as exc:
+            why: BaseException = exc.__cause__ or exc
+            unreached_since = unreached_since or time.monotonic()
         except (OSError, EOFError, wire.WireError) as exc:
-            if time.monotonic() + pause >= deadline:
-                raise wire.WireError(
-                    f"{type(exc).__name__}: {exc} (after {tries} tries in {timeout:g} s)"
-                ) from exc
+            why, unreached_since = exc, None
+        spent = time.monotonic() - (unreached_since or start)
+        if time.monotonic() + pause >= deadline or (unreached_since and spent >= unreachable_s):
+            raise wire.WireError(
+                f"{type(why).__name__}: {why} (after {tries} tries in "
+                f"{time.monotonic() - start:.0f} s)"
+            ) from why
         time.sleep(pause)
         pause = min(2 * pause, RETRY_MAX_S)
 
 
+class _Unreachable(Exception):
+    """No TCP connection could be opened (its cause says why)."""
+
+
 def _try(host: str, port: int, secret: bytes, index: int, timeout: float) -> socket.socket:
-    sock = socket.create_connection((host, port), timeout=timeout)
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as exc:
+        raise _Unreachable from exc
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         wire.prove(sock, secret, b"node", b"trainer")
