@@ -64,16 +64,18 @@ class S3Server:
             **CREDENTIALS,
         }
 
-    def client(self) -> Any:
-        """A boto3 S3 client for this server (for the tests' own setup and checks)."""
+    def client(self, endpoint: str | None = None, config: Any = None) -> Any:
+        """A boto3 S3 client for this server (for the tests' own setup and checks), or for
+        ``endpoint`` in front of it (a proxy), with a botocore ``Config`` when given."""
         import boto3
 
         return boto3.client(
             "s3",
-            endpoint_url=self.endpoint,
+            endpoint_url=endpoint or self.endpoint,
             aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
             aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
             region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
+            config=config,
         )
 
     def bucket(self, name: str | None = None) -> str:

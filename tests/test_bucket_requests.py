@@ -96,6 +96,22 @@ def test_throttling_resets_and_short_bodies_are_retried_and_counted(
 
 
 @pytest.mark.timeout(180)
+def test_first_byte_latency_and_a_bandwidth_cap_only_slow_the_reads(
+    proxied: tuple[FaultProxy, str],
+) -> None:
+    proxy, url = proxied
+    with stoker.Loader(url, **KW) as loader:
+        clean = _epoch(loader)
+    proxy.latency, proxy.bandwidth = 0.05, 2e6  # 50 ms to the first byte, 2 MB/s a connection
+    with stoker.Loader(url, **KW) as loader:
+        slow = _epoch(loader)
+        requests = loader.stats().requests
+    assert all(np.array_equal(a, b) for a, b in zip(slow, clean, strict=True))
+    assert requests["retries"] == requests["failed"] == 0 and loader.stats().skipped == 0
+    assert requests["latency_median_ms"] >= 50  # the proxy's sleep is in every request
+
+
+@pytest.mark.timeout(180)
 def test_the_request_rate_stays_under_the_ceiling(proxied: tuple[FaultProxy, str]) -> None:
     proxy, url = proxied
     with stoker.Loader(url, **{**KW, "batch_size": 2}, request_rate=20, read_ahead=0) as loader:

@@ -13,22 +13,6 @@ botocore = pytest.importorskip("botocore")
 from faultproxy import FaultProxy, error_body  # noqa: E402
 
 
-def _client(endpoint: str) -> object:
-    import boto3
-    from botocore.config import Config
-
-    from buckets import CREDENTIALS
-
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
-        config=Config(retries={"total_max_attempts": 1}, read_timeout=20),
-    )
-
-
 def test_error_body_is_s3s_slowdown_xml() -> None:
     body = error_body("503", "/bkt/key").decode()
     assert "<Code>SlowDown</Code>" in body and "<Resource>/bkt/key</Resource>" in body
@@ -42,7 +26,10 @@ def test_the_proxy_forwards_counts_and_injects_each_fault(s3_server: object) -> 
     payload = bytes(range(256)) * 40
     s3_server.client().put_object(Bucket=bucket, Key="a/obj", Body=payload)  # type: ignore[attr-defined]
     with FaultProxy(s3_server.endpoint, latency=0.01, bandwidth=1e6) as proxy:  # type: ignore[attr-defined]
-        client = _client(proxy.endpoint)
+        from botocore.config import Config
+
+        config = Config(retries={"total_max_attempts": 1}, read_timeout=20)
+        client = s3_server.client(proxy.endpoint, config)  # type: ignore[attr-defined]
         got = client.get_object(Bucket=bucket, Key="a/obj", Range="bytes=10-19")  # type: ignore[attr-defined]
         assert got["Body"].read() == payload[10:20]
         assert proxy.gets("/a/obj") == 1 and proxy.bytes_sent == 10
