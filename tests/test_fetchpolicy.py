@@ -149,3 +149,24 @@ def test_request_counts_add_and_give_latency_quantiles() -> None:
     assert 0.050 <= total.latency(0.5) <= 0.050 * 1.26 + 1e-9
     assert 0.099 <= total.latency(0.99) <= 0.099 * 1.26 + 1e-9
     assert RequestCounts().latency(0.5) == 0.0
+
+
+@pytest.mark.timeout(30)
+def test_the_process_wide_cap_bounds_the_requests_in_flight() -> None:
+    import threading
+
+    fetcher = Fetcher(rate=1e6, max_in_flight=2)
+    pair = threading.Barrier(2, timeout=10)  # two requests meet in flight, pair by pair
+
+    def call() -> bytes:
+        pair.wait()
+        return b"x"
+
+    threads = [
+        threading.Thread(target=fetcher.request, args=(f"s3://b/k{i}", call)) for i in range(6)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert fetcher.counts.gets == 6 and fetcher.peak_in_flight == 2 and fetcher.in_flight == 0
