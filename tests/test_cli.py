@@ -214,7 +214,7 @@ def test_bench_counts_only_the_batches_made_inside_each_timed_epoch(image_folder
         r"warning: short epochs: up to (\d+) of each 6 batches .* at least (\d+)", out
     )
     assert counted and warned, out
-    assert int(counted[1]) in (2, 3) and int(warned[1]) >= int(counted[1])
+    assert int(counted[1]) in (2, 3) and int(warned[1]) in (2, 3)  # 1 or 2 per worker, + 1
     assert int(warned[2]) == 10 * int(warned[1])
 
 

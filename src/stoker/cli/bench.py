@@ -140,12 +140,14 @@ class Timeline:
 
 @dataclass
 class Epoch:
-    """One timed epoch: images counted (made inside it) and taken, seconds, CPU seconds."""
+    """One timed epoch: images counted (made inside it) and taken, seconds, CPU seconds, and
+    the batches made ahead of it (taken, not counted)."""
 
     counted: int
     taken: int
     seconds: float
     cpu: float
+    ahead: int
 
     @property
     def rate(self) -> float:
@@ -185,7 +187,7 @@ def _epoch(
     seconds = time.perf_counter() - t0
     if timeline is not None:
         timeline.elapsed += seconds
-    return Epoch(counted, taken, seconds, tree_cpu() - cpu0)
+    return Epoch(counted, taken, seconds, tree_cpu() - cpu0, ahead)
 
 
 def check_epoch(size: int, ahead: int, images: int, max_batches: int, workers: int) -> str:
@@ -223,7 +225,6 @@ class Measured:
 
     title: str
     epochs: list[Epoch]
-    ahead: int
     warning: str
     one_core: float
     busy: list[float]
@@ -245,9 +246,10 @@ class Measured:
         rate = statistics.median(rates)
         cpu_ms = 1000 * sum(e.cpu for e in self.epochs) / sum(e.taken for e in self.epochs)
         slowest = max(self.stages, key=self.stages.__getitem__)
+        ahead = max(e.ahead for e in self.epochs)
         counted = (
-            f"; the first {self.ahead} batches of each epoch, made ahead of it, are not counted"
-            if self.ahead
+            f"; the first {ahead} batches of each epoch, made ahead of it, are not counted"
+            if ahead
             else ""
         )
         lines = [
@@ -329,7 +331,6 @@ def measure(
     return Measured(
         title,
         runs,
-        ahead,
         warning,
         one,
         busy,
