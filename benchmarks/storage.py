@@ -19,6 +19,8 @@ Cases (one per former script; `python benchmarks/storage.py CASE --help` for eac
                  tests/faultproxy.py): GETs/s and MB/s.
     clients      S3 clients (s3fs, obstore, boto3) on one latency-shaped endpoint: img/s and
                  img per CPU second.
+    bucket       Data in a bucket behind latency: stoker vs litdata, MosaicML Streaming,
+                 s3torchconnector and WebDataset, each on its own format; GETs per image.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import bucketbench
 import common
 import cv2
 import numpy as np
@@ -1336,6 +1339,7 @@ CASES = common.cases(
     eval_large_main,
     s3clients.s3_ceiling_main,
     s3clients.clients_main,
+    bucketbench.bucket_main,
 )
 
 

@@ -123,7 +123,7 @@ def test_json_has_one_schema_with_the_facts_at_both_ends(common, tmp_path: Path)
 
 def test_the_old_scripts_are_merged_into_the_theme_scripts() -> None:
     scripts = {p.stem for p in BENCH.glob("*.py")}
-    libraries = {"common", "peers", "photo_source", "s3local", "s3clients"}
+    libraries = {"common", "peers", "photo_source", "s3local", "s3clients", "bucketbench"}
     assert scripts - libraries == {*THEMES, "cluster", "cluster_start", "gpu_check"}
 
 
@@ -200,6 +200,13 @@ SMALL_CASES = [
         "clients",
         "--root TMP/s3 --objects 8 --shards 1 --shard-mb 2 --range-mb 0.5 --latency 0.01 "
         "--clients boto3,obstore --inflight 2 --seconds 0.3 --rounds 1",
+        True,
+    ),
+    (
+        "storage",
+        "bucket",
+        "--data DATA --root TMP/b --latency 0.01 --rounds 1 --warmup 0 --seconds 0.5 "
+        "--batch-size 6 --workers 1 --peers stoker-folder,stoker-shards,mosaicml-streaming",
         True,
     ),
     (
