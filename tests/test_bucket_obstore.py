@@ -28,6 +28,9 @@ def test_obstore_reads_the_same_listing_bytes_and_errors_as_s3fs(s3_bucket, s3_e
     listing = fast.list(url + "/")
     assert listing == standard.list(url + "/")
     assert [e.url.split("/", 3)[3] for e in listing] == sorted(objects)
+    top = fast.list(url + "/", recursive=False)
+    assert top == standard.list(url + "/", recursive=False)
+    assert [e.url.split("/", 3)[3] for e in top] == ["d/a.bin", "d/c"]
     for entry in listing:
         assert fast.head(entry.url) == standard.head(entry.url) == entry
         assert fast.get(entry.url, tag=entry.tag) == objects[entry.url.split("/", 3)[3]]

@@ -156,17 +156,25 @@ class S3Client:
         config.update(self.config)
         return S3Store(bucket, config=config, client_options=client, retry_config=retry)
 
-    def list(self, url: str) -> list[tuple[str, int, str]]:
-        """``(url, size, etag)`` of every object under the prefix ``url``, recursively."""
+    def list(self, url: str, recursive: bool = True) -> list[tuple[str, int, str]]:
+        """``(url, size, etag)`` of every object under the prefix ``url``, recursively, or only
+        those directly under it."""
         import obstore
 
         bucket, prefix = split(url)
         store = self._store(bucket)
         try:
+            if recursive:
+                metas = [
+                    m
+                    for chunk in obstore.list(store, prefix or None, chunk_size=1000)
+                    for m in chunk
+                ]
+            else:
+                metas = list(obstore.list_with_delimiter(store, prefix or None)["objects"])
             return [
                 (f"s3://{bucket}/{meta['path']}", int(meta["size"]), str(meta.get("e_tag") or ""))
-                for chunk in obstore.list(store, prefix or None, chunk_size=1000)
-                for meta in chunk
+                for meta in metas
             ]
         except Exception as exc:  # noqa: BLE001 - obstore's errors, translated
             raise translate(exc) from exc

@@ -326,10 +326,10 @@ class S3Store(Store):
 
     def list(self, url: str, recursive: bool = True) -> list[Entry]:
         client = self.obstore()
-        if client is None or not recursive:  # only s3fs lists one level
+        if client is None:
             return super().list(url, recursive)
         try:  # a bucket that does not exist is refused here: no check_root needed
-            found = client.list(url.rstrip("/"))
+            found = client.list(url.rstrip("/"), recursive)
         except Exception as exc:  # noqa: BLE001
             raise self.problem(exc, url.rstrip("/"), "list") from None
         return sorted(Entry(*one) for one in found if not one[0].endswith("/"))
