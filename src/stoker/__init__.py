@@ -18,6 +18,7 @@ from .errors import (
     WorkerHung,
 )
 from .loader import Loader
+from .loader.classes import class_names, num_classes
 from .sources.dataset import sample_rng
 from .stats import Figures, StatsReport, WaitMeter
 
@@ -25,6 +26,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Loader",
+    "class_names",
+    "num_classes",
     "sample_rng",
     "StatsReport",
     "WaitMeter",

@@ -7,6 +7,7 @@ just a position, and resuming is exact.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -268,6 +269,13 @@ def split(
     mask = np.zeros(n, dtype=bool)
     mask[val] = True
     return np.flatnonzero(~mask), np.flatnonzero(mask)
+
+
+def split_last(n: int, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """``(training, validation)``: the first ``floor(n * (1 - fraction))`` samples and the
+    rest, in order, exactly as Keras' ``fit(validation_split=)`` cuts arrays."""
+    split_at = math.floor(n * (1.0 - fraction))
+    return np.arange(split_at, dtype=np.int64), np.arange(split_at, n, dtype=np.int64)
 
 
 def shuffle_note(

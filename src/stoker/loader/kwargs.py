@@ -22,6 +22,7 @@ class LoaderKwargs(TypedDict, total=False):
     validation_split: float | None
     subset: str | None
     stratify: bool
+    validation_cut: str
     class_names: Any
     follow_links: bool
     storage_options: Any

@@ -42,7 +42,7 @@ from .optionfield import (
     option,
     storage_options,
 )
-from .selection import check_split
+from .selection import check_cut, check_split
 
 
 def _mask_map(value: Any) -> None:
@@ -121,6 +121,14 @@ class SourceOptions:
         "With `validation_split`, split each class in the same proportion.",
         check=flag,
     )
+    validation_cut: str = option(
+        "random",
+        "str",
+        'How `validation_split` cuts: `"random"` a seeded permutation (Keras\' '
+        '`image_dataset_from_directory`), `"last"` the last fraction in order, unshuffled '
+        "(Keras' `fit(validation_split=)` on arrays).",
+        check=of_value(check_cut),
+    )
     class_names: Any = option(
         None,
         "list[str] | None",
@@ -146,6 +154,7 @@ class SourceOptions:
 
     def __post_init__(self) -> None:
         check_split(self.validation_split, self.subset)
+        check_cut(self.validation_cut, self.stratify)
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ class Parts:
 def build(opts: Options) -> Parts:
     """The parts for ``Loader(**kwargs)``, from its checked options."""
     image, batch, subset = opts.image, opts.batch, opts.source.subset
-    source = _source(opts.source, opts.order.seed, _named(batch.batch, batch.batch_transform))
+    source = open_selected(opts.source, opts.order.seed, _named(batch.batch, batch.batch_transform))
     pixels = source.pixel_size()
     image_size = config.image_size(image.image_size, pixels)
     augment = config.augment(image.augment, pixels, subset)
@@ -101,7 +101,7 @@ def _named(form: Any, batch_transform: Any) -> tuple[str, ...] | None:
     return tuple(leaves(form))
 
 
-def _source(opts: SourceOptions, seed: int, keep: tuple[str, ...] | None = None) -> Source:
+def open_selected(opts: SourceOptions, seed: int, keep: tuple[str, ...] | None = None) -> Source:
     """The opened source, split (``validation_split``/``subset``) and its classes picked;
     ``keep``: the fields a per-sample dataset's batch holds (None: all)."""
     named = batch_mod.column_names(opts.sample_weight, opts.fields)
@@ -123,6 +123,7 @@ def _source(opts: SourceOptions, seed: int, keep: tuple[str, ...] | None = None)
         subset=opts.subset,
         seed=seed,
         stratify=opts.stratify,
+        cut=opts.validation_cut,
     )
 
 

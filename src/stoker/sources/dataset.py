@@ -120,6 +120,22 @@ def parse_spec(spec: Any) -> dict[str, tuple[str, tuple[int, ...]]]:
     return out
 
 
+def dataset_classes(dataset: Any) -> list[str] | None:
+    """The class names a per-sample dataset carries, read without loading a sample: a Hugging
+    Face dataset's ``ClassLabel`` feature (``label`` or ``labels``), else a ``classes`` list of
+    strings (torchvision's ImageFolder, CIFAR, ...); None if it has neither."""
+    features = getattr(dataset, "features", None)
+    if isinstance(features, Mapping):
+        for key in ("label", "labels"):
+            names = getattr(features.get(key), "names", None)
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                return list(names)
+    classes = getattr(dataset, "classes", None)
+    if isinstance(classes, (list, tuple)) and classes and all(isinstance(c, str) for c in classes):
+        return list(classes)
+    return None
+
+
 def _freeze(dataset: Any) -> bytes:
     """The dataset as cloudpickle bytes (classes of a notebook or ``__main__`` by value)."""
     try:
@@ -148,6 +164,7 @@ class DatasetSource(Source):
             raise SourceError("the dataset is empty (len() == 0)")
         self.count = int(count)
         self.labels = np.full(self.count, -1, dtype=np.int64)
+        self.classes = dataset_classes(dataset)
         # what workers get: the dataset as it is now, before the probe below opens files or
         # memory-maps arrays in it (a pickled np.memmap would be a full copy per worker)
         self._sent = _freeze(dataset)

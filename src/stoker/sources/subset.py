@@ -127,6 +127,12 @@ class SubsetSource(Source):
 
 def pick_classes(source: Source, names: Any) -> Source:
     """Keep only the classes ``names`` (in that order: class ``k`` is ``names[k]``)."""
+    if source.sample_fields is not None:
+        raise SourceError(
+            "class_names= picks the samples of some classes from a source's labels; a "
+            "per-sample dataset's labels are its own: filter the dataset itself (a Hugging Face "
+            "dataset's .filter(), a torch Subset)"
+        )
     if source.classes is None:
         raise SourceError(
             "class_names= picks classes by name, but this source has no class names (its "

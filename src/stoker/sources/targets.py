@@ -153,6 +153,12 @@ def class_ids(labels: np.ndarray) -> np.ndarray | None:
     return None
 
 
+def class_count(ids: np.ndarray, classes: list[str] | None) -> int:
+    """How many classes: the names' count when there are names, else the largest class id
+    plus one (as Keras' ``to_categorical`` counts them)."""
+    return len(classes) if classes else int(ids.max()) + 1
+
+
 LABEL_MODES = ("auto", "int", "categorical", "binary", None)
 
 
@@ -176,7 +182,7 @@ def label_mode(labels: np.ndarray, classes: list[str] | None, mode: Any) -> np.n
             + (" with unlabeled (-1) samples" if ids is not None else "")
             + ": use label_mode='auto' to keep numeric targets as they are"
         )
-    count = len(classes) if classes else int(ids.max()) + 1
+    count = class_count(ids, classes)
     if mode == "int":
         return ids.astype(np.int64)
     if mode == "binary":
