@@ -69,8 +69,20 @@ def center_box(h: int, w: int, out_h: int, out_w: int, fraction: float) -> Box:
     return (h - ch) // 2, (w - cw) // 2, ch, cw
 
 
-class RandomResizedCrop:
+class _Shown:
+    """An op whose repr is its call with its arguments: ``HorizontalFlip(p=0.5)``."""
+
+    _args: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in self._args)
+        return f"{type(self).__name__}({shown})"
+
+
+class RandomResizedCrop(_Shown):
     """Op: crop a random area fraction ``scale`` and aspect ``ratio`` of the image."""
+
+    _args = ("scale", "ratio")
 
     def __init__(self, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)) -> None:
         self.scale, self.ratio = tuple(scale), tuple(ratio)
@@ -89,8 +101,10 @@ class RandomResizedCrop:
         return cut(image, box), cut(mask, box)
 
 
-class CenterCrop:
+class CenterCrop(_Shown):
     """Op: keep the centre ``fraction`` of each side."""
+
+    _args = ("fraction",)
 
     def __init__(self, fraction: float = 0.875) -> None:
         self.fraction = fraction
@@ -105,8 +119,10 @@ class CenterCrop:
         return self(image, rng), self(mask, rng)
 
 
-class Resize:
+class Resize(_Shown):
     """Op: resize to ``size`` (int for a square, or (height, width))."""
+
+    _args = ("size",)
 
     def __init__(self, size: int | tuple[int, int]) -> None:
         self.size = (size, size) if isinstance(size, int) else tuple(size)
@@ -123,8 +139,10 @@ class Resize:
         return self(image, rng), out
 
 
-class HorizontalFlip:
+class HorizontalFlip(_Shown):
     """Op: mirror left-right with probability ``p``."""
+
+    _args = ("p",)
 
     def __init__(self, p: float = 0.5) -> None:
         self.p = p

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from types import FrameType
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -133,6 +134,13 @@ def user_stacklevel() -> int:
     while frame.f_back is not None and _ours(frame):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def warn(message: str) -> None:
+    """Give a :class:`StokerWarning` that points at the user's line (the first frame outside
+    stoker, :func:`user_stacklevel`), wherever in stoker it is raised: every StokerWarning
+    goes through here."""
+    warnings.warn(message, StokerWarning, stacklevel=user_stacklevel())
 
 
 def _ours(frame: FrameType) -> bool:

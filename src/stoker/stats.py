@@ -16,6 +16,7 @@ from .assemble import Report
 from .requeststats import request_figures, request_lines
 from .sources.fetch import RequestCounts
 
+AUTO_NONE = "auto: 0"  # how workers_reason begins when workers="auto" chose none
 INPUT_BOUND = 0.10  # waiting more than this share of wall time means the input is the bottleneck
 DISK_BOUND = 0.30  # workers waiting for bytes this share of their time: the disk limits
 
@@ -107,13 +108,28 @@ class StatsReport:
             return "unknown"
         return "input" if self.wait_share > INPUT_BOUND else "compute"
 
+    @property
+    def verdict(self) -> str:
+        """The bottleneck as the report words it: where the input is the bottleneck only
+        because ``workers="auto"`` chose to load in this process, that choice, its reason and
+        the fix, not a verdict on the user's data or code."""
+        chose_none = self.workers == 0 and self.workers_reason.startswith(AUTO_NONE)
+        if self.bottleneck != "input" or not chose_none:
+            return self.bottleneck
+        why = self.workers_reason[len(AUTO_NONE) :].lstrip(", ")
+        return (
+            f'input, because workers="auto" chose 0 worker processes ({why}); this loop '
+            "takes batches faster than one process makes them: pass workers=N (your CPU "
+            "cores) to make them in parallel"
+        )
+
     def __str__(self) -> str:
         lines = [
             f"stoker: {self.images} images in {self.batches} batches, {self.elapsed_s:.2f} s; "
             f"{self.images_per_s:,.0f} img/s in the training loop after the first batch",
             f"  first batch after {self.first_batch_s:.2f} s; after it, waited "
             f"for data {self.wait_s:.2f} s = {self.wait_share:.1%} of the training loop's "
-            f"{self.train_s:.2f} s -> bottleneck: {self.bottleneck}",
+            f"{self.train_s:.2f} s -> bottleneck: {self.verdict}",
             *([f"  {self.startup}"] if self.startup else []),
             f"  outside the training loop (validation, checkpoints, between epochs): "
             f"{self.outside_s:.2f} s, not counted",

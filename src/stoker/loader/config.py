@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import Any
 
 import numpy as np
 import psutil
 
 from ..decode.common import DEFAULT_MAX_PIXELS as DEFAULT_MAX_PIXELS  # the Loader's default
-from ..errors import ConfigError, StokerWarning, user_stacklevel
+from ..errors import ConfigError, warn
 from ..order import SPLITS
 from ..sources.fetchpolicy import DEFAULT_RATE
 from ..sources.readahead import PAGE_CACHE, ReadSettings
+from ..stats import AUTO_NONE
 from . import ranks
 
 START_METHODS = ("spawn",)
@@ -173,13 +173,11 @@ def check_workers(value: Any) -> Any:
             "Use workers='auto'"
         )
     if value > cpus:
-        warnings.warn(
+        warn(
             f"workers={value} is more than the {cpus} usable CPU cores: the extra "
             f"{value - cpus} workers add no decoding speed but cost about {WORKER_MIB} MiB of "
             f"memory each ({(value - cpus) * WORKER_MIB} MiB) and a slower start; use "
-            "workers='auto' unless your samples wait on slow storage",
-            StokerWarning,
-            stacklevel=user_stacklevel(),
+            "workers='auto' unless your samples wait on slow storage"
         )
     return value
 
@@ -266,7 +264,7 @@ def auto_workers(per_image_s: float | None, batch_size: int, probed: int) -> tup
     measured = f"{per_image_s * 1e3:.3f} ms/img measured on {probed} samples"
     if batch_s < CHEAP_BATCH_S:
         return 0, (
-            f"auto: 0, loading in this process: a batch is {batch_s * 1e3:.1f} ms of work "
+            f"{AUTO_NONE}, loading in this process: a batch is {batch_s * 1e3:.1f} ms of work "
             f"({measured}), less than worker processes cost to start and feed"
         )
     if count == 1:

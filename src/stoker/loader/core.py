@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..assemble import Assembler, Report
-from ..errors import ConfigError, StokerError, StokerWarning, TooManyErrors
+from ..errors import ConfigError, StokerError, TooManyErrors, warn
 from ..order import Plan
 from ..schema import BatchSchema, Columns, SlotLayout
 from ..seeding import user_states_kept
@@ -315,11 +315,9 @@ class Loader(Starting, Views):
         # only the samples within the budget are warned about: past it, the error below names
         # them all (max_errors=0 raises at the first bad sample, with no warning before)
         for k, (_, name, reason) in enumerate(new[: max(0, self.max_errors - before)], start=1):
-            warnings.warn(
+            warn(
                 f"stoker skipped {name} ({reason}); a good sample took its place "
-                f"({before + k} of max_errors={self.max_errors} used)",
-                StokerWarning,
-                stacklevel=5,
+                f"({before + k} of max_errors={self.max_errors} used)"
             )
         if len(self._stats.bad) > self.max_errors:
             listed = "\n".join(f"  {n}: {r}" for n, r in list(self._stats.bad.values())[:20])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import mmap
 import os
 import time
-import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +16,7 @@ import numpy as np
 from .. import order as order_mod
 from ..assemble import Assembler, Report
 from ..decode import jpegcrop
-from ..errors import StokerWarning
+from ..errors import warn
 from ..schema import SlotLayout
 from ..shm.folder import pick_folder
 from ..shm.stale import clean_stale
@@ -39,7 +38,7 @@ def warn_if_slow_decoder() -> None:
     if jpegcrop.AVAILABLE or _SLOW_DECODER_WARNED:
         return
     _SLOW_DECODER_WARNED.append(True)
-    warnings.warn(jpegcrop.missing_message(), StokerWarning, stacklevel=4)
+    warn(jpegcrop.missing_message())
 
 
 def _probe_cost(assembler: Assembler, layout: SlotLayout) -> float | None:

@@ -3,11 +3,10 @@ arithmetic on it. A position counts batches the training step received."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ConfigError, StokerWarning
+from ..errors import ConfigError, warn
 
 STATE_VERSION = 1
 #: what must match between a saved state and the loader resuming from it
@@ -36,12 +35,10 @@ def check_state(
     one whose own state is ``mine``; a ConfigError says what differs. ``older``: this
     dataset's fingerprints as earlier releases computed them, accepted with a warning."""
     if state.get("fingerprint") in older:
-        warnings.warn(
+        warn(
             "this state was saved by an earlier stoker, whose dataset fingerprint did not "
             "cover the tars' contents; it matches this dataset's tar names, sizes, members and "
-            "labels, and is resumed. Save a new state to have the full check",
-            StokerWarning,
-            stacklevel=3,
+            "labels, and is resumed. Save a new state to have the full check"
         )
         state = {**state, "fingerprint": mine["fingerprint"]}
     if state.get("version") != STATE_VERSION:

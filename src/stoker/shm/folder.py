@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-import warnings
+
+from ..errors import warn
 
 SHM_DIR = "/dev/shm"
 
@@ -72,12 +73,11 @@ def pick_folder(total_bytes: int, what: str = "the batch ring") -> str:
 
 
 def _warn_file_backed(what: str, want: int, free: int, kept: int, tmp: str, tmp_free: int) -> None:
-    warnings.warn(
+    warn(
         f"/dev/shm has {human_size(free)} free but {what} needs {human_size(want)} "
         f"(with room to grow) and {human_size(kept)} is left for other programs; using "
         f"file-backed memory in {tmp} ({human_size(tmp_free)} free) instead (slower to start). "
-        "Enlarge /dev/shm (docker run --shm-size=2g) to avoid this.",
-        stacklevel=4,
+        "Enlarge /dev/shm (docker run --shm-size=2g) to avoid this."
     )
 
 

@@ -159,7 +159,7 @@ def folder_layout(root: str, listing: list[Entry]) -> tuple[list[str], list[Entr
     for label, cls in enumerate(classes):
         files = [e for _, e in sorted(found[cls], key=lambda pair: pair[0])]
         if not files:
-            warn_empty_class(shown(top + cls), cls, label, stacklevel=7)
+            warn_empty_class(shown(top + cls), cls, label)
         kept.extend(files)
         labels.extend([label] * len(files))
     return classes, kept, labels

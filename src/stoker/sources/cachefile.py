@@ -24,7 +24,6 @@ import json
 import os
 import secrets
 import stat
-import warnings
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +31,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..errors import StokerWarning
+from ..errors import warn
 
 PRIVATE = 0o700  # folders stoker creates
 FILE_MODE = 0o600  # cache files
@@ -45,7 +44,7 @@ def warn_once(text: str) -> None:
     Loader)."""
     if text not in _warned:
         _warned.add(text)
-        warnings.warn(text, StokerWarning, stacklevel=3)
+        warn(text)
 
 
 # ---------------------------------------------------------------------------- folders

@@ -17,14 +17,13 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from ..decode import IMAGE_EXTENSIONS
-from ..errors import SourceError, StokerWarning
+from ..errors import SourceError, warn
 from . import cachefile
 from .base import FileListSource, PathIndex, cache_folder
 
@@ -114,11 +113,9 @@ def _scan_class(
             except OSError as exc:
                 raise _unreadable(sub, exc) from None
             if key in seen:
-                warnings.warn(
+                warn(
                     f"{sub} leads to {os.path.realpath(sub)}, a folder already walked (a link "
-                    "loop or a second link to it); it was skipped, not counted twice",
-                    StokerWarning,
-                    stacklevel=8,
+                    "loop or a second link to it); it was skipped, not counted twice"
                 )
                 continue
             seen.add(key)
@@ -137,13 +134,11 @@ def _unlinked(folder: str, names: list[str]) -> list[str]:
     return [n for n in names if not os.path.islink(os.path.join(folder, n))]
 
 
-def warn_empty_class(folder: str, cls: str, label: int, stacklevel: int) -> None:
+def warn_empty_class(folder: str, cls: str, label: int) -> None:
     """The warning for a class folder (or prefix) without image files."""
-    warnings.warn(
+    warn(
         f"{folder}: class folder {cls!r} (label {label}) has no image files "
-        f"({', '.join(IMAGE_EXTENSIONS)}); the class gets no samples",
-        StokerWarning,
-        stacklevel=stacklevel,
+        f"({', '.join(IMAGE_EXTENSIONS)}); the class gets no samples"
     )
 
 
@@ -228,7 +223,7 @@ class FolderSource(FileListSource):
             seen.add(key)
             files = _scan_class(folder, dirs, seen, seen_stamps, self.follow_links)
             if not files:
-                warn_empty_class(str(folder), cls, label, stacklevel=8)
+                warn_empty_class(str(folder), cls, label)
             rel.extend(files)
             labels.extend([label] * len(files))
         self.index = PathIndex(self.root, rel)

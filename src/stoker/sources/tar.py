@@ -20,14 +20,13 @@ import hashlib
 import json
 import os
 import tarfile
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import SourceError, warn
 from . import cachefile
 from .base import PathIndex, Source, cache_folder, drop_pages, short_read, stock
 from .targets import parse_column
@@ -90,11 +89,9 @@ class TarSource(Source):
                 f"{tars}: no samples with a {'/'.join(IMAGE_KEYS)} member in the tar file(s)"
             )
         if self.refused:
-            warnings.warn(
+            warn(
                 f"stoker refused {len(self.refused)} tar member(s) with unsafe names (absolute or "
-                f"containing '..'), first {self.refused[0]!r}; they are not part of the dataset",
-                UserWarning,
-                stacklevel=2,
+                f"containing '..'), first {self.refused[0]!r}; they are not part of the dataset"
             )
         self.index = PathIndex(Path(""), members)
         self.tar_ids = np.asarray(tar_ids, dtype=np.int32)

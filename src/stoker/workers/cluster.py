@@ -21,7 +21,6 @@ the address when the Loader is made).
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -30,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..assemble import Assembler, Report
-from ..errors import ClusterError, ConfigError, StokerWarning
+from ..errors import ClusterError, ConfigError, warn
 from ..schema import SlotLayout
 from ..shm.segments import Segment
 from . import actor as actor_mod
@@ -293,12 +292,10 @@ class ClusterEngine(Engine):
         nodes.forget(node)
         self.dead.update(node.wids)
         keys = sorted(k for k, (w, _) in self.inflight.items() if w in node.wids)
-        warnings.warn(
+        warn(
             f"stoker: cluster node {node.ip} left ({why}); its {len(keys)} batch(es) in "
             f"flight go to the others ({nodes.live_cores()} remote core(s) and "
-            f"{self.mixed.n_local} local worker(s) left)",
-            StokerWarning,
-            stacklevel=2,
+            f"{self.mixed.n_local} local worker(s) left)"
         )
         for key in keys:
             w, slot = self.inflight.pop(key)
