@@ -208,3 +208,30 @@ def test_convert_reads_from_and_writes_to_a_bucket_and_resumes_after_a_kill(
     assert puts[-1] == "stoker-manifest.json"  # last: a manifest lists only shards present
     args = {"shuffle": False, "workers": 0}
     _same(_batches({"source": dst}, **args), _batches({"source": src}, **args))
+
+
+@pytest.fixture(scope="module")
+def gcs_endpoint():
+    """A GCS API on loopback: the pip gcp-storage-emulator, in memory, bucket ``gbkt``."""
+    pytest.importorskip("gcp_storage_emulator.server")
+    from gcp_storage_emulator.server import create_server
+
+    from buckets import free_port
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True, default_bucket="gbkt")
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.mark.timeout(180)
+def test_an_image_folder_on_gcs_gives_the_local_batches(gcs_endpoint, image_folder):
+    import gcsfs.core
+
+    options = {"endpoint_url": gcs_endpoint, "token": "anon"}
+    fs = gcsfs.core.GCSFileSystem(**options)
+    for path in sorted(image_folder.glob("*/*.jpg")):
+        fs.pipe(f"gbkt/f/{path.relative_to(image_folder).as_posix()}", path.read_bytes())
+    want = _batches({"source": str(image_folder)}, workers=0)
+    _same(_batches({"source": "gs://gbkt/f/"}, workers=0, storage_options=options), want)

@@ -269,7 +269,7 @@ class Store:
             code = error_code(exc)
             if code in MISSING or getattr(exc, "status", 0) == 404:
                 raise FileNotFoundError(f"{shown(url)}: not found") from None
-            if code == "PreconditionFailed" or getattr(exc, "status", 0) == 412:
+            if code in ("PreconditionFailed", "412") or getattr(exc, "status", 0) == 412:
                 raise changed(url) from None
             raise OSError(f"{shown(url)}{span}: {one_line(exc)}") from None
         if start is not None and end is not None and len(data) != end - start:
@@ -406,7 +406,20 @@ class S3Store(Store):
 
 
 class GCSStore(Store):
-    """``gs://`` through gcsfs; a tagged read checks the reply's generation."""
+    """``gs://`` through gcsfs; a tagged read asks for that generation (``ifGenerationMatch``)
+    and checks the reply's."""
+
+    def _make_filesystem(self) -> Any:
+        """gcsfs's filesystem; with an ``endpoint_url`` (an emulator, a proxy: not Google),
+        its plain one, which does not probe the endpoint over gRPC for a zonal bucket (the probe
+        waits a minute on an endpoint that does not speak it)."""
+        if not self._options.get("endpoint_url"):
+            return super()._make_filesystem()
+        try:
+            from gcsfs.core import GCSFileSystem
+        except ImportError:
+            raise SourceError("gs:// needs gcsfs: pip install 'stoker[gcs]'") from None
+        return GCSFileSystem(skip_instance_cache=True, **self._client_options())
 
     def tag(self, info: dict[str, Any]) -> str:
         generation = info.get("generation")
@@ -421,7 +434,8 @@ class GCSStore(Store):
             headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
 
         async def call() -> bytes:
-            reply, data = await fs._call("GET", fs.url(url), headers=headers)
+            condition = {"ifGenerationMatch": tag} if tag.isdigit() else {}
+            reply, data = await fs._call("GET", fs.url(url), headers=headers, **condition)
             got = reply.get("x-goog-generation") or reply.get("X-Goog-Generation")
             if tag and got and str(got) != tag:
                 raise changed(url)
