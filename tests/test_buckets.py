@@ -235,3 +235,18 @@ def test_an_image_folder_on_gcs_gives_the_local_batches(gcs_endpoint, image_fold
         fs.pipe(f"gbkt/f/{path.relative_to(image_folder).as_posix()}", path.read_bytes())
     want = _batches({"source": str(image_folder)}, workers=0)
     _same(_batches({"source": "gs://gbkt/f/"}, workers=0, storage_options=options), want)
+
+
+@pytest.mark.timeout(120)
+def test_a_bucket_resumes_exactly_and_splits_across_ranks_as_the_disk_does(s3_env, data):
+    local, remote = data[1]["folder"]
+    args = {"workers": 0, "rank": 1, "world_size": 2}
+    want = _batches(local, **args)
+    _same(_batches(remote, **args), want)  # rank 1's share, as from the disk
+    with stoker.Loader(**remote, **COMMON, **args) as loader:
+        batches = iter(loader)
+        next(batches)
+        state = loader.state_dict()
+    with stoker.Loader(**remote, **COMMON, **args) as again:
+        again.load_state_dict(state)
+        _same([(x.copy(), y.copy()) for x, y in again], want[1:])
