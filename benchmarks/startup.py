@@ -7,11 +7,10 @@ Cases (one per former script; `python benchmarks/startup.py CASE --help` for eac
     first-batch  (was first_batch.py) First batch after ``Loader()`` in a user's own script, with
                  and without ``import keras`` at its top: what worker start-up costs the person who
                  runs ``python train.py``.
-    dataset      (was dataset_startup.py) First-batch time of ``Loader(dataset)`` with 2 workers,
-                 against PyTorch's DataLoader (2 forked workers) on the same dataset object, for a
-                 torchvision-like dataset (a map-style class in a module that imports torch and PIL)
-                 and a Hugging Face ``datasets`` image dataset (an ``Image()`` column over the JPEG
-                 paths, resized by ``with_transform``).
+    dataset      (was dataset_startup.py) ``Loader(dataset)`` with 2 workers against PyTorch's
+                 DataLoader (2 forked workers) on the same dataset object (torchvision-like, and
+                 Hugging Face ``datasets`` + ``with_transform``): first batch, time to 90 % of
+                 the steady rate, images in the first 10 s.
 """
 
 from __future__ import annotations
@@ -312,32 +311,36 @@ def first_batch_main(argv: list[str] | None = None) -> int:
 # ---------------------------------------------------------------------------- dataset
 
 DATASET_DOC = """\
-First-batch time of ``Loader(dataset)`` with 2 workers, against PyTorch's DataLoader (2
-forked workers) on the same dataset object, for a torchvision-like dataset (a map-style class in
-a module that imports torch and PIL) and a Hugging Face ``datasets`` image dataset (an
-``Image()`` column over the JPEG paths, resized by ``with_transform``).
+Start-up of ``Loader(dataset)`` with 2 workers, against PyTorch's DataLoader (2 forked
+workers, persistent) on the same dataset object, for a torchvision-like dataset (a map-style
+class in a module that imports torch and PIL) and a Hugging Face ``datasets`` image dataset
+(an ``Image()`` column over the JPEG paths, resized by ``with_transform``): the first batch,
+and how soon the batches come at the full rate.
 
 Each measurement runs in a FRESH Python process, as a training script does: it imports the
 dataset's module (torch or datasets: the trainer pays this in every pipeline), builds the
 dataset, constructs the loader, optionally does ``--setup-s`` seconds of its own CPU work (the
-model being built: a numpy loop on one core), then takes the first batch. Reported:
+model being built: a numpy loop), then takes batches for ``--run-s`` seconds (epoch after
+epoch), noting when each arrives. Reported, times in seconds after the constructor began
+(set-up included):
 
-    import              the dataset's module and the loader's package (stoker; torch for the
-                        DataLoader)
-    constructor         the Loader / DataLoader constructor
-    first batch         from the end of the trainer's own set-up (or of the constructor, with
-                        no set-up) to the first batch in hand: what the trainer waits
-    constructor + first the two together: the start-up the trainer sees on top of its own work
+    first batch         from the end of the set-up to the first batch in hand: what the
+                        trainer waits
+    90 % of steady rate the first batch from which the next 4 batches come at >= 90 % of the
+                        steady rate (the rate over the run's last --steady-s seconds); it means
+                        something only once the workers took over within the run (the stats()
+                        lines printed at the end say whether they did)
+    images in 10 s      images in hand 10 s after the constructor began
+    steady img/s        the rate over the last --steady-s seconds
 
 stoker's workers are fresh interpreters (never forked from the trainer), so each imports the
 dataset's modules itself; they are launched by the constructor, and the batches asked for while
-they are still starting are made in the trainer's process (which has the modules loaded), so
-neither the imports nor a set-up between the constructor and the first batch delay the first
-batch. The DataLoader forks its workers at the first ``iter()`` from a trainer that already
-imported everything. Medians of --repeats rounds of `common.interleave` (stoker, then the
-DataLoader). The last stats() line of
-each says who made the first batches and what the workers' start cost (Python, importing
-stoker, importing the dataset's modules).
+they are still starting are made in the trainer's process (which has the modules loaded). The
+DataLoader forks its workers at the first ``iter()`` from a trainer that already imported
+everything. Medians of --repeats rounds of `common.interleave` (stoker, then the DataLoader,
+then ``--before``'s stoker if given: another source tree, for an A/B of a change in one run).
+The stats() lines of stoker's last run say who made the first batches and what the workers'
+start cost (Python, importing stoker, importing the dataset's modules).
 
 Usage
     python /work/shared/make_dataset.py --out /tmp/stoker-bench/jpeg2k --classes 10 --per-class 200
@@ -397,8 +400,8 @@ def make(root, limit):
 
 _dataset_CHILD = r"""
 import json, sys, time
-kind, loader_kind, root, setup_s, limit = sys.argv[1:6]
-setup_s, limit = float(setup_s), int(limit)
+kind, loader_kind, root, setup_s, limit, run_s = sys.argv[1:7]
+setup_s, limit, run_s = float(setup_s), int(limit), float(run_s)
 t0 = time.perf_counter()
 import numpy as np
 mod = __import__(kind + "_startup_module")
@@ -413,60 +416,100 @@ t2 = time.perf_counter()
 if loader_kind == "stoker":
     loader = stoker.Loader(ds, batch_size=32, workers=2, shuffle=True, seed=0)
 else:
-    loader = DataLoader(ds, batch_size=32, num_workers=2, shuffle=True,
+    loader = DataLoader(ds, batch_size=32, num_workers=2, shuffle=True, persistent_workers=True,
                         generator=torch.Generator().manual_seed(0))
 t3 = time.perf_counter()
 a = np.ones((256, 256))
 while time.perf_counter() - t3 < setup_s:  # the trainer's own set-up (building its model)
     a = np.tanh(a @ a / 256)
 t4 = time.perf_counter()
-stream = loader.stream() if loader_kind == "stoker" else iter(loader)
+
+
+def batches():
+    if loader_kind == "stoker":
+        yield from loader.stream()
+    while True:
+        yield from loader
+
+
+stream = batches()
 batch = next(stream)
 t5 = time.perf_counter()
-startup = workers = ""
+startup = loader.stats().startup if loader_kind == "stoker" else ""
+ends = [t5 - t2]  # each batch's arrival, seconds after the constructor began
+while ends[-1] < run_s:
+    next(stream)
+    ends.append(time.perf_counter() - t2)
+workers = loader.stats().startup if loader_kind == "stoker" else ""
 if loader_kind == "stoker":
-    startup = loader.stats().startup
-    for _ in range(400):  # on, until the workers took over: what their start cost, and why
-        if "workers started in" in loader.stats().startup:
-            break
-        next(stream)
-    workers = loader.stats().startup
     loader.close()
 print(json.dumps({"import_s": t1 - t0, "dataset_s": t2 - t1, "construct_s": t3 - t2,
                   "first_s": t5 - t4, "total_s": (t3 - t2) + (t5 - t4), "startup": startup,
-                  "workers": workers}))
+                  "workers": workers, "ends": ends}))
 """
 
+BATCH = 32
+WINDOW = 4  # batches in the sliding window a rate is read over
 
-def run_child(folder: str, kind: str, loader: str, data: str, setup_s: float, limit: int) -> dict:
-    env = dict(
-        os.environ,
-        PYTHONPATH=os.pathsep.join(p for p in (folder, os.environ.get("PYTHONPATH", "")) if p),
-    )
-    cmd = [sys.executable, "-c", _dataset_CHILD, kind, loader, data, str(setup_s), str(limit)]
-    return common.child_json(cmd, f"{kind}/{loader}", env=env, timeout=600)
+
+def rates(ends: list[float], steady_s: float) -> dict[str, float]:
+    """From the batch arrival times (seconds after the constructor began): the steady rate
+    (img/s over the last ``steady_s`` seconds), the first moment the rate over the next
+    ``WINDOW`` batches is at least 90 % of it, and the images in hand at 10 s."""
+    last = ends[-1]
+    tail = [t for t in ends if t >= last - steady_s]
+    steady = BATCH * (len(tail) - 1) / max(tail[-1] - tail[0], 1e-9)
+    t90 = last
+    for k in range(len(ends) - WINDOW):
+        if BATCH * WINDOW / max(ends[k + WINDOW] - ends[k], 1e-9) >= 0.9 * steady:
+            t90 = ends[k]
+            break
+    return {"steady": steady, "t90_s": t90, "images_10s": BATCH * sum(t <= 10 for t in ends)}
+
+
+BEFORE = "stoker (--before)"
+
+
+def run_child(folder: str, kind: str, loader: str, args: argparse.Namespace, setup: float) -> dict:
+    path = args.before if loader == BEFORE else os.environ.get("PYTHONPATH", "")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (folder, path) if p))
+    kind_arg = "stoker" if loader == BEFORE else loader
+    cmd = [sys.executable, "-c", _dataset_CHILD, kind, kind_arg, args.data, str(setup)]
+    cmd += [str(args.limit), str(args.run_s)]
+    r = common.child_json(cmd, f"{kind}/{loader}", env=env, timeout=600)
+    return {**r, **rates(r["ends"], args.steady_s)}
+
+
+FIGURES = {  # figure -> (column, format); lower is better except where said
+    "first_s": ("first batch s", "{:.2f}"),
+    "t90_s": ("90 % of steady rate at s", "{:.1f}"),
+    "images_10s": ("images in the first 10 s (higher is better)", "{:,.0f}"),
+    "steady": ("steady img/s", "{:,.0f}"),
+}
 
 
 def dataset_rounds(
     folder: str, kind: str, setup: float, args: argparse.Namespace
-) -> tuple[dict[str, list[dict]], float]:
-    """stoker and the DataLoader as `common.interleave` peers: each one's runs, and the median
-    ratio of their constructor + first batch seconds."""
+) -> tuple[dict[str, list[dict]], common.Result]:
+    """stoker and the DataLoader as `common.interleave` peers: each one's runs, and the
+    `Result` of their figures (a series per figure of `FIGURES`)."""
     runs: dict[str, list[dict]] = {"stoker": [], "DataLoader": []}
+    if args.before:
+        runs[BEFORE] = []
 
-    def measure(loader: str) -> float:
-        r = run_child(folder, kind, loader, args.data, setup, args.limit)
+    def measure(loader: str) -> dict[str, float]:
+        r = run_child(folder, kind, loader, args, setup)
         runs[loader].append(r)
         print(
             f"  {kind} set-up {setup:.0f} s {loader}: import {r['import_s']:.2f} s, "
-            f"constructor {r['construct_s']:.2f} s, first batch {r['first_s']:.2f} s",
+            f"first batch {r['first_s']:.2f} s, 90 % at {r['t90_s']:.1f} s, "
+            f"{r['images_10s']} images in 10 s, steady {r['steady']:.0f} img/s",
             flush=True,
         )
-        return float(r["total_s"])
+        return {k: float(r[k]) for k in FIGURES}
 
     peers = [common.Peer(name, lambda name=name: measure(name)) for name in runs]
-    result = common.interleave(peers, args.repeats, warmup=0)
-    return runs, result.ratio("stoker", "DataLoader")["median"]
+    return runs, common.interleave(peers, args.repeats, warmup=0)
 
 
 def dataset_main(argv: list[str] | None = None) -> None:
@@ -474,53 +517,50 @@ def dataset_main(argv: list[str] | None = None) -> None:
     ap.add_argument("--data", default="/tmp/stoker-bench/jpeg2k")
     ap.add_argument("--kinds", default="tv,hf")
     ap.add_argument("--setup-s", default="0,4", help="trainer set-up seconds to try, comma list")
-    ap.add_argument("--limit", type=int, default=512, help="samples in the dataset")
+    ap.add_argument("--limit", type=int, default=2000, help="samples in the dataset")
+    ap.add_argument("--run-s", type=float, default=20.0, help="seconds of batches per run")
+    ap.add_argument("--steady-s", type=float, default=5.0, help="the steady rate's last seconds")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--before", default="", help="PYTHONPATH of another stoker (a src folder), a third peer"
+    )
     args = ap.parse_args(argv)
     common.print_facts()
     setups = [float(s) for s in args.setup_s.split(",")]
+    rows, ratios, notes = [], [], []
     with tempfile.TemporaryDirectory(prefix="stoker-startup-") as folder:
         Path(folder, "tv_startup_module.py").write_text(TV_MODULE)
         Path(folder, "hf_startup_module.py").write_text(HF_MODULE)
-        rows, notes, ratios = [], [], []
         for kind in args.kinds.split(","):
             for setup in setups:
-                runs, ratio = dataset_rounds(folder, kind, setup, args)
-                ratios.append([kind, f"{setup:.0f}", f"{ratio:.2f}"])
-                for loader, rs in runs.items():
-                    med = {
-                        k: common.median([r[k] for r in rs])
-                        for k in ("import_s", "construct_s", "first_s", "total_s")
-                    }
-                    rows.append(
-                        [
-                            kind,
-                            f"{setup:.0f}",
-                            loader,
-                            f"{med['import_s']:.2f}",
-                            f"{med['construct_s']:.2f}",
-                            f"{med['first_s']:.2f}",
-                            f"{med['total_s']:.2f}",
+                runs, result = dataset_rounds(folder, kind, setup, args)
+                for loader in runs:
+                    shown = [
+                        fmt.format(result.stats(f"{loader}: {k}")["median"])
+                        for k, (_, fmt) in FIGURES.items()
+                    ]
+                    rows.append([kind, f"{setup:.0f}", loader, *shown])
+                for loader in [n for n in runs if n != "DataLoader"]:
+                    ratios.append(
+                        [kind, f"{setup:.0f}", loader]
+                        + [
+                            f"{result.ratio(f'{loader}: {k}', f'DataLoader: {k}')['median']:.2f}"
+                            for k in FIGURES
                         ]
                     )
                 last = runs["stoker"][-1]
                 notes.append(f"{kind}, set-up {setup:.0f} s, first batch: {last['startup']}")
-                notes.append(
-                    f"{kind}, set-up {setup:.0f} s, once they took over: {last['workers']}"
-                )
+                notes.append(f"{kind}, set-up {setup:.0f} s, at the end: {last['workers']}")
+    columns = [c for c, _ in FIGURES.values()]
     print(
-        f"\nLoader(dataset) start-up, 2 workers, batch 32, {args.limit} samples, median of "
-        f"{args.repeats} fresh processes (seconds)"
+        f"\nLoader(dataset) start-up, 2 workers, batch 32, {args.limit} samples, "
+        f"{args.run_s:.0f} s per run, median of {args.repeats} fresh processes "
+        "(times are seconds after the constructor began, set-up included)"
     )
-    print(
-        common.table(
-            rows,
-            "dataset|set-up|loader|import|constructor|first batch|constructor + first".split("|"),
-        )
-    )
-    print("\nconstructor + first batch, stoker / DataLoader (median of the rounds' ratios):")
-    print(common.table(ratios, ["dataset", "set-up", "stoker / DataLoader"]))
-    print("\nstoker's stats() on start-up (last run of each), at the first batch and later:")
+    print(common.table(rows, ["dataset", "set-up", "loader", *columns]))
+    print("\n/ DataLoader (median of the rounds' ratios):")
+    print(common.table(ratios, ["dataset", "set-up", "loader", *columns]))
+    print("\nstoker's stats() on start-up (last run of each), at the first batch and at the end:")
     for note in notes:
         print(f"  {note}")
 
