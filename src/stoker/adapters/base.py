@@ -4,7 +4,7 @@ setter, and the one-batch look-ahead that device adapters use."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -38,7 +38,7 @@ class LoaderView:
         """Batches per epoch: ``len(loader)``."""
         return len(self.loader)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[object]:
         """The rest of the loader's current epoch, as the framework's batches."""
         raise NotImplementedError
 
@@ -54,7 +54,7 @@ class LoaderView:
         return self.loader.batch_sampler
 
     @property
-    def collate_fn(self) -> Callable[[Any], Any]:
+    def collate_fn(self) -> Callable[[object], object]:
         """Passes a batch fetched from ``dataset`` through; see ``Loader.collate_fn``."""
         return self.loader.collate_fn
 

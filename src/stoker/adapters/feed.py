@@ -11,7 +11,7 @@ own types named below are imported for the type checker alone (adapters import n
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import numpy as np
 
@@ -176,11 +176,11 @@ class Feed(Protocol):
         ...
 
     @property
-    def collate_fn(self) -> Callable[[Any], Any]:
+    def collate_fn(self) -> Callable[[object], object]:
         """What a DataLoader rebuilt from the parts applies to a fetched batch."""
         ...
 
-    def dataset_of(self, view: Iterable[Any]) -> Samples:
+    def dataset_of(self, view: Iterable[object]) -> Samples:
         """``dataset``, whose ``__getitems__`` hands out ``view``'s batches."""
         ...
 
