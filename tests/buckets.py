@@ -13,22 +13,16 @@ from __future__ import annotations
 
 import os
 import pathlib
-import socket
 import uuid
 from typing import Any
+
+from helpers import free_port
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing-secret",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class S3Server:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import time
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,13 @@ OPTIONAL = {
 }
 
 MARK = 200  # a pixel value set in the top-left corner of a poisoned image
+
+
+def free_port() -> int:
+    """A loopback TCP port nobody listens on now (for a server or a process group to take)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def is_marked(image: np.ndarray) -> bool:

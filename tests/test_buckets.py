@@ -216,7 +216,7 @@ def gcs_endpoint():
     pytest.importorskip("gcp_storage_emulator.server")
     from gcp_storage_emulator.server import create_server
 
-    from buckets import free_port
+    from helpers import free_port
 
     port = free_port()
     server = create_server("127.0.0.1", port, in_memory=True, default_bucket="gbkt")

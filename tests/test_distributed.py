@@ -4,13 +4,14 @@ drop_last; set_epoch picks the epoch's order."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from helpers import free_port
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -113,17 +114,11 @@ JAX = textwrap.dedent(
 )
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(tmp_path, script_text, *args, timeout=240):
     """Run ``script_text`` as rank 0 and 1 (the script starts its group); their RESULT dicts."""
     script = tmp_path / "rank.py"
     script.write_text(script_text.format(src=SRC))
-    port = str(_free_port())
+    port = str(free_port())
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
     procs = [
         subprocess.Popen(

@@ -8,21 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import free_port
+
 HERE = Path(__file__).resolve().parent
 SRC = str(HERE.parent / "src")
-
-
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -47,7 +42,7 @@ def _training_split(reports: list[dict], per_rank: int) -> None:
 @pytest.mark.needs("lightning")
 @pytest.mark.timeout(600)
 def test_lightning_ddp_data_in_init_and_setup_resume_and_validation(tmp_path, image_folder):
-    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port())
+    env = _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     script = [sys.executable, str(HERE / "lightning_ddp.py"), str(image_folder), str(tmp_path)]
     run = subprocess.Popen(script, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     reports = _reports(tmp_path, [run], timeout=540)  # Lightning starts rank 1 itself
@@ -65,7 +60,7 @@ def test_lightning_ddp_data_in_init_and_setup_resume_and_validation(tmp_path, im
 @pytest.mark.needs("accelerate")
 @pytest.mark.timeout(600)
 def test_accelerate_prepare_resume_skip_and_gather_for_metrics(tmp_path, image_folder):
-    port = _free_port()
+    port = str(free_port())
     script = [sys.executable, str(HERE / "accelerate_ddp.py"), str(image_folder), str(tmp_path)]
     procs = [
         subprocess.Popen(
