@@ -202,7 +202,9 @@ def ops_main(argv: list[str] | None = None) -> None:
     print('CPU ms per image (process tree, median) and its ratio to "train":')
     for key, values in cpus.items():
         cpu = statistics.median(values)
-        print(f"  augment={key:56s} {cpu:5.2f} ms  {cpu / base_cpu:5.2f}x")
+        # CPU times tick in 10 ms steps: a short run's base can read 0, which has no ratio
+        ratio = f"{cpu / base_cpu:5.2f}x" if base_cpu > 0 else "  n/a (base below the clock tick)"
+        print(f"  augment={key:56s} {cpu:5.2f} ms  {ratio}")
     print(f"load average at the start {load_start:.1f}, at the end {os.getloadavg()[0]:.1f}")
 
 
