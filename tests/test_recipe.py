@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import stoker
-from stoker.loader.recipe import Recipe
+from stoker.recipe import Recipe
 from stoker.shm.segments import by_value
 from stoker.workers.launch import pack
 from stoker.workers.pool import WorkerSpec

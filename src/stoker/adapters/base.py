@@ -11,7 +11,7 @@ import numpy as np
 from .feed import Batch, Feed, State
 
 if TYPE_CHECKING:
-    from ..loader.compat import EpochBatches, EpochSampler, Samples
+    from .dataloader import EpochBatches, EpochSampler, Samples
 
 Issued = TypeVar("Issued")
 Out = TypeVar("Out")
@@ -24,7 +24,7 @@ class LoaderView:
 
     A DataLoader rebuilt from these parts (``accelerate.skip_first_batches(view, n)`` does
     that) gives exactly this view's batches from batch ``n`` of the epoch, made by the loader's
-    workers (see ``loader.compat``)."""
+    workers (see ``adapters.dataloader``)."""
 
     loader: Feed
     #: Torch DataLoader worker processes this view starts: none (the loader's own processes are

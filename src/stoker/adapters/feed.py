@@ -4,9 +4,9 @@ the workers' engine, so the loader's insides can change without an adapter notic
 checks that every adapter asks only for what is listed here (``Loader`` satisfies ``Feed``:
 ``loader/core.py`` proves it to mypy).
 
-When the program runs this imports only numpy and ``schema`` (what a batch is); the loader's
-own types named below are imported for the type checker alone (adapters import nothing from
-``workers/``)."""
+When the program runs this imports only numpy and ``schema`` (what a batch is); the DataLoader
+parts (``dataloader``) and the stats types named below are imported for the type checker alone
+(adapters import nothing from ``loader/`` or ``workers/``: ``tests/test_imports.py``)."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from ..schema import FieldSpec, Form
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-    from ..loader.compat import EpochBatches, EpochSampler, Samples
     from ..stats import Stats, WaitMeter
+    from .dataloader import EpochBatches, EpochSampler, Samples
 
 __all__ = [
     "Batch",

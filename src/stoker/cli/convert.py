@@ -36,12 +36,10 @@ from ..sources.targets import class_ids
 from . import convert_bucket
 from .convert_local import run_shards as run_local
 from .outputs import output_folder
-from .shard_writer import STATE, prepare, shard_name, write_json
+from .shard_writer import ERRORS, MANIFEST, STATE, prepare, shard_name, write_json
 
 __all__ = ["convert", "MANIFEST", "ERRORS", "STATE", "shard_name"]
 
-MANIFEST = "stoker-manifest.json"
-ERRORS = "errors.csv"
 FORMAT = "stoker-shards"
 FORMAT_VERSION = 2  # 2: names bytes-escaped (stoker.sources.names)
 _SIZE_SAMPLES = 32  # samples read to estimate sizes when the source has no file paths

@@ -20,6 +20,7 @@ from ..errors import ConfigError
 from ..sources.base import cache_folder
 from ..sources.cachefile import private_folder
 from ..sources.store import NotInStore, Store, open_store, shown
+from .shard_writer import ERRORS, MANIFEST
 
 __all__ = ["staging", "upload"]
 
@@ -40,8 +41,6 @@ def staging(url: str) -> tuple[Store, Path]:
 def upload(store: Store, out: Path, url: str, manifest: dict[str, Any]) -> None:
     """Put the shards, errors.csv and (last) the manifest from ``out`` under ``url``; a shard
     already there with its recorded size is kept. Then remove the staging folder."""
-    from .convert import ERRORS, MANIFEST
-
     root = url.rstrip("/")
     try:
         there = {e.url: e.size for e in store.list(root)}

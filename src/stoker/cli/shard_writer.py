@@ -27,10 +27,14 @@ __all__ = [
     "shard_name",
     "tmp_name",
     "write_json",
+    "ERRORS",
+    "MANIFEST",
     "STATE",
     "DEFAULT_QUALITY",
 ]
 
+MANIFEST = "stoker-manifest.json"  # written last: its presence says the shards are whole
+ERRORS = "errors.csv"  # the samples left out, with their reason
 STATE = ".stoker-convert"  # folder in DST for the plan and the per-shard records
 DEFAULT_QUALITY = 90  # JPEG quality when re-encoding and no quality is given
 _TICK = 16  # a worker reports progress every this many samples

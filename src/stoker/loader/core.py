@@ -13,9 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..adapters.dataloader import EpochSampler, Samples
 from ..assemble import Assembler, Report
 from ..errors import ConfigError, StokerError, TooManyErrors, warn
 from ..order import Plan
+from ..recipe import Recipe
 from ..schema import BatchSchema, Columns, SlotLayout
 from ..seeding import user_states_kept
 from ..sources.base import Source
@@ -23,12 +25,10 @@ from ..sources.readahead import ReadSettings
 from ..stats import Stats
 from ..transforms import Pipeline
 from ..workers.address import reach as reach_cluster
-from ..workers.cluster import options as cluster_options
+from ..workers.clusteroptions import options as cluster_options
 from . import config, optiondocs, wiring
-from .compat import EpochSampler, Samples
 from .consumer import Guard
 from .options import Options
-from .recipe import Recipe
 from .running import Running, warn_if_slow_decoder
 from .starting import Starting
 from .state import advance_state, check_state, make_state

@@ -27,7 +27,7 @@ from typing import Any
 from .. import pixels
 from ..decode.masks import MaskMap
 from ..errors import ConfigError
-from ..workers.cluster import options as ray_options
+from ..workers.clusteroptions import options as ray_options
 from . import config
 from .config import DEFAULT_MAX_PIXELS, DEFAULT_RATE
 from .optionfield import (

@@ -17,6 +17,7 @@ from .. import order as order_mod
 from ..assemble import Assembler, Report
 from ..decode import jpegcrop
 from ..errors import warn
+from ..recipe import Recipe
 from ..schema import SlotLayout
 from ..shm.folder import pick_folder
 from ..shm.stale import clean_stale
@@ -25,7 +26,6 @@ from ..workers.engine import COPY_BYTES, HELD, Engine
 from ..workers.launch import StartReport
 from ..workers.pool import WorkerPool
 from . import config
-from .recipe import Recipe
 from .supplier import Fields, Supplier
 
 PROBE_SAMPLES = 8

@@ -17,9 +17,9 @@ from .supplier import Supplier
 if TYPE_CHECKING:
     import weakref
 
-    from ..workers.cluster import ClusterOptions
+    from ..recipe import Recipe
+    from ..workers.clusteroptions import ClusterOptions
     from .consumer import Guard
-    from .recipe import Recipe
     from .running import Running
 
 

@@ -8,13 +8,13 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from .. import order as order_mod
+from ..adapters.dataloader import EpochBatches, Samples, collate
 from ..decode import decoder_name
 from ..sources.targets import class_ids
 from ..stats import Stats, StatsReport, WaitMeter
 from ..workers.launch import describe as describe_start
 from ..workers.threads import describe as describe_threads
 from . import config
-from .compat import EpochBatches, Samples, collate
 
 if TYPE_CHECKING:  # never evaluated at run time
     import tensorflow
@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # never evaluated at run time
     from ..adapters.jax import JaxLoader
     from ..adapters.keras import LoaderCheckpoint, StokerPyDataset, WaitReport
     from ..adapters.torch import TorchLoader
-    from .recipe import Recipe
+    from ..recipe import Recipe
     from .running import Running
 
 
@@ -56,7 +56,7 @@ class Views:
     @property
     def collate_fn(self) -> Callable[[Any], Any]:
         """What a DataLoader rebuilt from this loader's parts applies to a batch fetched from
-        ``dataset``: it passes the loader's own batch through (``compat.collate``)."""
+        ``dataset``: it passes the loader's own batch through (``dataloader.collate``)."""
         return collate
 
     def dataset_of(self, view: Iterable[Any]) -> Samples:

@@ -19,13 +19,13 @@ from ..batchfn import BatchTransform
 from ..decode.masks import MaskMap
 from ..errors import ConfigError
 from ..order import Plan
+from ..recipe import Recipe
 from ..schema import BatchSchema, Columns, SlotLayout, field_specs, leaves, resolve_form
 from ..sources import open_source
 from ..sources.base import Source
 from ..transforms import CustomPipeline, check_mask_ops, image_pipeline
 from . import config, ranks
 from .options import ImageOptions, Options, OrderOptions, SourceOptions
-from .recipe import Recipe
 from .selection import check_split, select
 
 

@@ -40,7 +40,7 @@ from . import door, wire
 from .nodering import NodeRing
 
 if TYPE_CHECKING:
-    from ..loader.recipe import Recipe
+    from ..recipe import Recipe
 
 Result = tuple[str, Any]  # ("ok", Report) or ("error", JSON-able error)
 
@@ -52,7 +52,7 @@ def identity(claimed_version: str | None = None) -> dict[str, str]:
     start a node that says it runs another stoker (``tests/test_cluster.py``)."""
     import cv2
 
-    from .. import __version__
+    from .._version import __version__
     from ..decode import decoder_name, jpegcrop
 
     return {

@@ -22,92 +22,30 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Any
 
 import numpy as np
 
 from ..assemble import Assembler, Report
-from ..errors import ClusterError, ConfigError, warn
+from ..errors import ClusterError, warn
 from ..schema import SlotLayout
 from ..shm.segments import Segment
 from . import actor as actor_mod
-from . import address as address_mod
 from .engine import Engine, Key
 from .nodes import Node, Nodes
 from .pool import WorkerPool
 
 __all__ = [
     "ClusterEngine",
-    "ClusterOptions",
     "MixedPool",
     "Node",
     "Nodes",
-    "options",
     "probe_digest",
 ]
 
-TRANSPORTS = ("tcp", "object_store")
-CONNECT_TIMEOUT_S = 5.0  # cluster_connect_timeout=None
 STRIKES = 3  # a batch in flight on this many nodes that died is the cause, not bad luck
 REMOTE_EXTRA = 1  # batches in flight per remote core beyond a local worker's (the wire's latency)
-
-
-@dataclass(frozen=True)
-class ClusterOptions:
-    """``Loader(cluster=..., cluster_workers=..., cluster_transport=..., cluster_listen=...,
-    cluster_connect_timeout=...)``."""
-
-    address: str  # "auto" (the running cluster) or a Ray address (``address.parse``)
-    cores: int | None  # None: every CPU of the nodes other than the trainer's
-    transport: str
-    listen: str | None  # the address this trainer listens on for its nodes; None: its node IP
-    connect_timeout: float = CONNECT_TIMEOUT_S  # seconds to reach the cluster's address
-
-
-def options(
-    cluster: Any, cores: Any, transport: Any, listen: Any, connect_timeout: Any = None
-) -> ClusterOptions | None:
-    """Validate the cluster arguments (nothing is started, reached or imported)."""
-    if cluster is None:
-        if cores != "auto" or transport != "tcp" or listen is not None or connect_timeout:
-            raise ConfigError(
-                "cluster_workers, cluster_transport, cluster_listen and "
-                "cluster_connect_timeout need cluster='ray' (or a Ray address)"
-            )
-        return None
-    if not isinstance(cluster, str) or not cluster:
-        raise ConfigError(f"cluster={cluster!r}: use {address_mod.FORMS}")
-    ray_address = address_mod.parse(cluster)
-    wait = CONNECT_TIMEOUT_S if connect_timeout is None else connect_timeout
-    if isinstance(wait, bool) or not isinstance(wait, int | float | np.number) or not wait > 0:
-        raise ConfigError(
-            f"cluster_connect_timeout={connect_timeout!r}: give the seconds to wait for the "
-            f"cluster's address to answer when the Loader is made, a number > 0 (None: "
-            f"{CONNECT_TIMEOUT_S:g})"
-        )
-    if isinstance(cores, bool) or not (
-        cores == "auto" or isinstance(cores, int | np.integer) and cores > 0
-    ):
-        raise ConfigError(
-            f"cluster_workers={cores!r}: give a number of CPU cores on other nodes "
-            "(> 0), or 'auto' for all of them"
-        )
-    if transport not in TRANSPORTS:
-        raise ConfigError(
-            f"cluster_transport={transport!r}: use 'tcp' (batches stream straight "
-            "into the ring) or 'object_store' (through Ray, where only Ray's ports "
-            "are open)"
-        )
-    if listen is not None and (not isinstance(listen, str) or not listen):
-        raise ConfigError(
-            f"cluster_listen={listen!r}: give this trainer's IP address that the "
-            "nodes can reach, or None for its Ray node IP"
-        )
-    return ClusterOptions(
-        ray_address, None if cores == "auto" else int(cores), str(transport), listen, float(wait)
-    )
 
 
 def probe_digest(assembler: Assembler, layout: SlotLayout, key: Key) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from ..shm.stale import clean_stale
 from .pool import WorkerPool
 
 if TYPE_CHECKING:
-    from ..loader.recipe import Recipe
+    from ..recipe import Recipe
 
 PER_WORKER = 2  # tasks queued on each of the node's worker processes
 POLL_S = 0.2

@@ -26,8 +26,8 @@ from .engine import Key
 from .nodestart import Node
 
 if TYPE_CHECKING:
-    from ..loader.recipe import Recipe
-    from .cluster import ClusterOptions
+    from ..recipe import Recipe
+    from .clusteroptions import ClusterOptions
 
 __all__ = ["CLAIMED_VERSION", "Node", "Nodes", "Ticket"]
 

@@ -16,8 +16,8 @@ from . import actor as actor_mod
 from .packing import pack
 
 if TYPE_CHECKING:
-    from ..loader.recipe import Recipe
-    from .cluster import ClusterOptions
+    from ..recipe import Recipe
+    from .clusteroptions import ClusterOptions
 
 NODE_SLOTS_PER_CORE = 4  # a node's own ring: more than the trainer ever asks of one core
 START_TIMEOUT_S = 180.0

@@ -26,8 +26,8 @@ from .errors import describe_exit, pack_exception
 from .launch import START_TIMEOUT_S, Launch, Process, StartReport, payload_bytes
 from .lifecycle import start_worker, stop_workers
 
-if TYPE_CHECKING:  # the loader builds the Recipe and imports this module
-    from ..loader.recipe import Recipe
+if TYPE_CHECKING:  # a type only: the Recipe arrives pickled from the parent
+    from ..recipe import Recipe
 
 STATUS_FIELDS = 2  # current sample index, batches done
 

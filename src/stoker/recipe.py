@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..assemble import Assembler
-from ..batchfn import BatchTransform
-from ..order import Plan
-from ..schema import BatchSchema
-from ..sources.base import Source
-from ..sources.readahead import ReadSettings
-from ..transforms import Pipeline
+from .assemble import Assembler
+from .batchfn import BatchTransform
+from .order import Plan
+from .schema import BatchSchema
+from .sources.base import Source
+from .sources.readahead import ReadSettings
+from .transforms import Pipeline
 
 
 @dataclass(frozen=True)
