@@ -1,7 +1,8 @@
 """The adapter boundary (``stoker.adapters.feed``) and the loader's one supplier protocol.
 
 Adapters see a Loader only as a ``Feed`` and its ring only as a ``Ring``: every adapter's
-``loader`` is annotated ``Feed``, no adapter module names ``Any`` or imports from
+``loader`` is annotated ``Feed`` (the DataLoader parts, ``adapters/dataloader.py``, with their own
+``Sampled`` protocol), no adapter module names ``Any`` or imports from
 ``workers/``, and a real Loader has every member the protocol lists (mypy proves the types:
 ``loader/core.py``'s ``_is_a_feed``). The in-process filler and the workers' engine answer the
 loader's questions through one ``Supplier`` protocol, never an ``isinstance``.
@@ -22,6 +23,8 @@ from stoker.loader import running, supplier
 
 ADAPTERS = pathlib.Path(feed.__file__).parent
 KW = {"batch_size": 4, "image_size": 16, "augment": "train", "seed": 1}
+#: The protocol a module's ``loader`` is typed against, where it is not ``Feed``.
+PROTOCOL = {"dataloader.py": "Sampled"}
 
 
 def _modules() -> dict[str, ast.Module]:
@@ -47,17 +50,18 @@ def _names_any(value: object) -> bool:
 def test_every_adapter_takes_the_loader_as_a_feed() -> None:
     loose = []
     for name, tree in _modules().items():
+        protocol = PROTOCOL.get(name, "Feed")
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 args = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
                 for arg in args:
                     if (
                         arg.arg == "loader"
-                        and ast.unparse(arg.annotation or ast.Name("")) != "Feed"
+                        and ast.unparse(arg.annotation or ast.Name("")) != protocol
                     ):
                         loose.append(f"{name}:{node.lineno} {node.name}({arg.arg})")
             if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "loader":
-                if ast.unparse(node.annotation) != "Feed":
+                if ast.unparse(node.annotation) != protocol:
                     loose.append(f"{name}:{node.lineno} loader: {ast.unparse(node.annotation)}")
     assert not loose, f"adapter parameters typed otherwise than Feed: {loose}"
 

@@ -13,10 +13,82 @@ batch it is), ``dataset.__getitems__`` hands back that whole batch as the view g
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sized
+from typing import TYPE_CHECKING, Protocol
 
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..order import Plan
+
+
+class Sampled(Protocol):
+    """What these parts read of the loader they describe (``stoker.Loader`` is one): its
+    batches, order, position and state."""
+
+    def __len__(self) -> int:
+        """Batches per epoch."""
+        ...
+
+    def __iter__(self) -> Iterator[object]:
+        """The rest of the current epoch."""
+        ...
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch."""
+        ...
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the ragged last batch of an epoch is dropped."""
+        ...
+
+    @property
+    def shuffle(self) -> bool:
+        """Whether each epoch is shuffled."""
+        ...
+
+    @property
+    def seed(self) -> int:
+        """The seed of the order and augmentation."""
+        ...
+
+    @property
+    def resumed(self) -> bool:
+        """True while the position is one ``load_state_dict`` restored (no batch since)."""
+        ...
+
+    @property
+    def plan(self) -> Plan:
+        """Which samples batch k of epoch e holds, for this rank."""
+        ...
+
+    @property
+    def source(self) -> Sized:
+        """The samples drawn from."""
+        ...
+
+    @property
+    def classes(self) -> list[str] | None:
+        """Class names, when the source has them."""
+        ...
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch at the next iteration."""
+        ...
+
+    def state_dict(self) -> Mapping[str, object]:
+        """The position."""
+        ...
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Resume from ``state_dict()``."""
+        ...
+
+    def _received(self) -> tuple[int, int]:
+        """``(epoch, position)`` of the next batch the training step has not received."""
+        ...
 
 
 class Samples:
@@ -27,14 +99,14 @@ class Samples:
     ``evaluate`` compares it with the samples it saw, summed across processes (equal with
     ``drop_last=False``, and with ``rank_split="once"`` on several ranks)."""
 
-    def __init__(self, loader: Any, owner: Iterable[Any] | None = None) -> None:
+    def __init__(self, loader: Sampled, owner: Iterable[object] | None = None) -> None:
         self._loader = loader
         self._owner = loader if owner is None else owner
 
     def __len__(self) -> int:
         return len(self._loader.source)
 
-    def __getitems__(self, ref: Any) -> list[Any]:
+    def __getitems__(self, ref: object) -> list[object]:
         """The whole batch ``ref`` (a ``BatchRef`` from ``batch_sampler``) as the loader or view
         it came from gives it, in a one-item list that ``collate`` unwraps: what a DataLoader
         rebuilt from the view's parts fetches."""
@@ -72,7 +144,7 @@ class EpochSampler:
     batches) starts again from its first batch.
     ``len()`` is the samples this rank visits per epoch, as ``len(DistributedSampler)``."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Sampled) -> None:
         self._loader = loader
 
     def set_epoch(self, epoch: int) -> None:
@@ -129,7 +201,7 @@ class EpochBatches:
 
     The epoch is the one the next batch of the loader belongs to, read when iteration starts."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Sampled) -> None:
         self._loader = loader
 
     @property
@@ -167,7 +239,7 @@ class EpochBatches:
         return f"<batch_sampler of {self._loader!r}: {len(self)} batches>"
 
 
-def collate(data: Any) -> Any:
+def collate(data: object) -> object:
     """``collate_fn``: the batch ``dataset.__getitems__`` gave (it is already one batch)."""
     if isinstance(data, list) and len(data) == 1:
         return data[0]
@@ -182,12 +254,12 @@ class Cursor:
     from its parts: taken from one iteration of ``owner`` while the keys asked for follow each
     other, the loader moved to the key (its state) when they jump, as a skip does."""
 
-    def __init__(self, owner: Iterable[Any], loader: Any) -> None:
+    def __init__(self, owner: Iterable[object], loader: Sampled) -> None:
         self._owner, self._loader = owner, loader
         self._next: tuple[int, int] | None = None
-        self._batches: Iterator[Any] | None = None
+        self._batches: Iterator[object] | None = None
 
-    def at(self, key: tuple[int, int]) -> Any:
+    def at(self, key: tuple[int, int]) -> object:
         """The batch ``key`` as ``owner`` gives it."""
         if key != self._next or self._batches is None:
             self.stop()
@@ -205,7 +277,7 @@ class Cursor:
         self._batches, self._next = None, None
 
 
-def cursor(owner: Iterable[Any], loader: Any) -> Cursor:
+def cursor(owner: Iterable[object], loader: Sampled) -> Cursor:
     """``owner``'s one Cursor (made at its first use)."""
     found = getattr(owner, "_stoker_cursor", None)
     if found is None:

@@ -19,6 +19,7 @@ from . import config
 if TYPE_CHECKING:  # never evaluated at run time
     import tensorflow
 
+    from ..adapters.dataloader import Sampled
     from ..adapters.feed import Feed, Ring
     from ..adapters.jax import JaxLoader
     from ..adapters.keras import LoaderCheckpoint, StokerPyDataset, WaitReport
@@ -46,12 +47,17 @@ class Views:
         """This loader as adapters see it (``core._is_a_feed`` proves a ``Loader`` is a Feed)."""
         return cast("Feed", self)
 
+    def _sampled(self) -> Sampled:
+        """This loader as its DataLoader parts see it (``core.py`` hands them the Loader itself,
+        which mypy checks against the protocol)."""
+        return cast("Sampled", self)
+
     @property
     def batch_sampler(self) -> EpochBatches:
         """The epoch's batches as a DataLoader's batch sampler yields them (lists of sample
         indices, from the epoch's first batch; ``len()`` = batches per epoch): what
         Lightning's shuffle check and ``accelerate.skip_first_batches`` read."""
-        return EpochBatches(self)
+        return EpochBatches(self._sampled())
 
     @property
     def collate_fn(self) -> Callable[[Any], Any]:
@@ -62,7 +68,7 @@ class Views:
     def dataset_of(self, view: Iterable[Any]) -> Samples:
         """``dataset`` for ``view`` (this loader or one of its framework views): a DataLoader
         rebuilt from the view's parts fetches the view's own batches from it."""
-        return Samples(self, view)
+        return Samples(self._sampled(), view)
 
     def stats(self) -> StatsReport:
         """Throughput, time the consumer waited for data and its share, stage times, bad files."""
