@@ -24,71 +24,29 @@ if TYPE_CHECKING:
 
 class Sampled(Protocol):
     """What these parts read of the loader they describe (``stoker.Loader`` is one): its
-    batches, order, position and state."""
+    batches (``len``, iteration, ``batch_size``, ``drop_last``), order (``plan``, ``shuffle``,
+    ``seed``), samples (``source``, ``classes``), and position: ``_received()`` is the
+    ``(epoch, position)`` of the next batch the training step has not received, ``resumed``
+    whether that position is one ``load_state_dict`` restored."""
 
-    def __len__(self) -> int:
-        """Batches per epoch."""
-        ...
-
-    def __iter__(self) -> Iterator[object]:
-        """The rest of the current epoch."""
-        ...
-
-    @property
-    def batch_size(self) -> int:
-        """Samples per batch."""
-        ...
+    batch_size: int
+    drop_last: bool
+    shuffle: bool
+    seed: int
+    resumed: bool
 
     @property
-    def drop_last(self) -> bool:
-        """Whether the ragged last batch of an epoch is dropped."""
-        ...
-
+    def plan(self) -> Plan: ...
     @property
-    def shuffle(self) -> bool:
-        """Whether each epoch is shuffled."""
-        ...
-
+    def source(self) -> Sized: ...
     @property
-    def seed(self) -> int:
-        """The seed of the order and augmentation."""
-        ...
-
-    @property
-    def resumed(self) -> bool:
-        """True while the position is one ``load_state_dict`` restored (no batch since)."""
-        ...
-
-    @property
-    def plan(self) -> Plan:
-        """Which samples batch k of epoch e holds, for this rank."""
-        ...
-
-    @property
-    def source(self) -> Sized:
-        """The samples drawn from."""
-        ...
-
-    @property
-    def classes(self) -> list[str] | None:
-        """Class names, when the source has them."""
-        ...
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch at the next iteration."""
-        ...
-
-    def state_dict(self) -> Mapping[str, object]:
-        """The position."""
-        ...
-
-    def load_state_dict(self, state: dict[str, object]) -> None:
-        """Resume from ``state_dict()``."""
-        ...
-
-    def _received(self) -> tuple[int, int]:
-        """``(epoch, position)`` of the next batch the training step has not received."""
-        ...
+    def classes(self) -> list[str] | None: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[object]: ...
+    def set_epoch(self, epoch: int) -> None: ...
+    def state_dict(self) -> Mapping[str, object]: ...
+    def load_state_dict(self, state: dict[str, object]) -> None: ...
+    def _received(self) -> tuple[int, int]: ...
 
 
 class Samples:
