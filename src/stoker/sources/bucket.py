@@ -5,7 +5,8 @@ A URL is recognised by the same rules as a local path (``open_source``): a ``.cs
 and a ``.tar`` object one WebDataset shard; a prefix is listed once and is what a local folder
 with those files would be (``folder_kind``): Parquet shards (``remote.RemoteShardSource``), tar
 shards (``buckettar.BucketTarSource``) or an ImageFolder (``bucketfiles.BucketFolderSource``).
-HTTP(S) has no listing: a URL there is a file, or a folder of shards with a stoker manifest.
+A listing is cached and shared by the ranks of a job (``listing.py``). HTTP(S) has no listing:
+a URL there is a file, or a folder of shards with a stoker manifest.
 ``paths=`` of URLs is ``bucketfiles.BucketPathSource``.
 """
 
@@ -17,6 +18,7 @@ from ..errors import SourceError
 from .base import Source
 from .bucketfiles import BucketFolderSource, BucketPathSource, BucketTableSource
 from .buckettar import BucketTarSource
+from .listing import listed
 from .store import directly_under, is_url, open_store, shown
 
 TABLES = (".csv", ".tsv", ".txt")
@@ -53,7 +55,7 @@ def open_url(
         return RemoteShardSource(root, **shards)
     if lower.endswith(".tar"):
         return BucketTarSource(store, [store.head(root)])
-    listing = store.list(root)
+    listing = listed(store, root)
     if not listing:
         raise SourceError(
             f"{shown(root)}: no objects under this prefix; check the bucket and the path (keys "

@@ -6,10 +6,11 @@ the sorted names of the prefix's "subfolders" (not starting with a dot), a class
 the objects under it with an image extension, in the order a local walk visits them (a
 folder's files by name, then its subfolders by name); a CSV's paths are keys relative to the
 CSV's own prefix, or full URLs of the same store. The objects are listed once, in the process
-that opens the source (``Store.list``, or one listing per distinct parent prefix for a CSV or a
-path list); each sample keeps the listed size and version tag, which travel with the source to
-every worker and cluster node (nothing is listed again there), and every read asks for exactly
-that version: an object replaced since is ``ObjectChanged``, never a mix of old and new bytes.
+that opens the source (``listing.listed``: cached, and rank 0's on every rank of a job; one
+listing per distinct parent prefix for a CSV or a path list); each sample keeps the listed size
+and version tag, which travel with the source to every worker and cluster node (nothing is
+listed again there), and every read asks for exactly that version: an object replaced since is
+``ObjectChanged``, never a mix of old and new bytes.
 An object listed in a CSV but missing from the store is a bad sample named with its URL, as a
 missing local file is.
 """
@@ -29,6 +30,7 @@ from ..decode import IMAGE_EXTENSIONS
 from ..errors import SourceError
 from .base import FileListSource, PathIndex
 from .folder import warn_empty_class
+from .listing import listed
 from .store import Entry, NotInStore, Store, is_url, shown
 from .table import given_lists, read_rows
 
@@ -255,20 +257,27 @@ def _same_store(store: Store, paths: list[str], what: str) -> list[str]:
 
 def lookup(store: Store, urls: list[str]) -> list[Entry]:
     """Each URL's listed entry (size -1 and no tag for one that is not in the store): one
-    listing per distinct parent prefix where the store lists (HTTP: one HEAD per URL)."""
+    listing per distinct parent prefix where the store lists (HTTP: one HEAD per URL). A
+    cached listing that lacks a URL named is not taken: that prefix is listed again."""
     known: dict[str, Entry] = {}
-    listed: set[str] = set()
+    seen: set[str] = set()
     if store.protocol not in ("http", "https"):
-        for parent in sorted({posixpath.dirname(u) for u in urls}):
+        wanted: dict[str, set[str]] = {}
+        for u in urls:
+            wanted.setdefault(posixpath.dirname(u), set()).add(u)
+        for parent in sorted(wanted):
             try:
-                known.update((e.url, e) for e in store.list(parent, recursive=False))
+                found = {e.url: e for e in listed(store, parent, recursive=False)}
+                if not wanted[parent] <= found.keys():
+                    found = {e.url: e for e in listed(store, parent, False, fresh=True)}
             except NotInStore:
                 continue  # nothing to list there: each URL is looked up by itself
-            listed.add(parent)
+            known.update(found)
+            seen.add(parent)
     out = []
     for url in urls:
         entry = known.get(url)
-        if entry is None and posixpath.dirname(url) in listed:
+        if entry is None and posixpath.dirname(url) in seen:
             entry = Entry(url, -1, "")  # its prefix was listed without it
         if entry is None:
             try:

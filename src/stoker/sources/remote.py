@@ -45,6 +45,7 @@ from ..errors import DecodeError, ObjectChanged, SourceError, one_line
 from .base import cache_folder
 from .fetchpolicy import DEFAULT_MAX_GAP
 from .hfpaths import refuse_remote_path_rows
+from .listing import listed, note
 from .shardindex import (
     HEADER_ROWS,
     cache_index,
@@ -82,6 +83,8 @@ class RemoteShardSource(MergedReads, ShardSource):
     ) -> None:
         self.store = open_store(url, storage_options, timeout)
         self._listing = listing  # the prefix's objects, when the caller listed them already
+        if listing is not None:
+            note(self.store, url)
         self.url = url.rstrip("/")
         self.protocol = self.store.protocol
         if (
@@ -167,7 +170,7 @@ class RemoteShardSource(MergedReads, ShardSource):
     def _listed(self) -> list[Entry]:
         """The objects under the URL, listed once."""
         if self._listing is None:
-            self._listing = self.store.list(self.url)
+            self._listing = listed(self.store, self.url)
         return self._listing
 
     def _stored(self, entries: list[tuple[str, int, str]]) -> list[Entry]:

@@ -6,7 +6,8 @@ The contract the bucket sources (``bucket.py``, ``remote.py``) and the request e
   scheme: ``s3://`` (s3fs), ``gs://`` (gcsfs), ``http(s)://`` and any other fsspec protocol.
   Credentials come from each library's own chain (environment, profiles, instance metadata);
   ``storage_options`` go to the fsspec filesystem unchanged (an endpoint, ``anon=True``, keys).
-- ``Store.list(url) -> list[Entry]``: every object under a prefix, recursively, sorted by URL;
+- ``Store.list(url) -> list[Entry]``: every object under a prefix, recursively, sorted by URL
+  (the sources list through ``listing.listed``, which caches it and shares rank 0's);
   ``Store.head(url) -> Entry``. An ``Entry`` is ``(url, size, tag)``; ``tag`` is what the store
   says changes when the object is replaced (S3's ETag, GCS's generation, HTTP's ETag). A
   listing that fails is a ``SourceError`` naming the URL and the fix (a bucket that does not
@@ -16,12 +17,14 @@ The contract the bucket sources (``bucket.py``, ``remote.py``) and the request e
   retries, pacing and counters belong here. With a ``tag``, the object must still be that
   version (S3: ``If-Match`` and the reply's ETag; GCS: the reply's generation; HTTP:
   ``If-Match``); otherwise ``ObjectChanged`` (not a bad sample: a silent mix of old and new bytes
-  is never served). A missing object is ``FileNotFoundError``, any other failure an ``OSError``;
-  each names the URL.
+  is never served), which also removes the cached listings the store's sources were made from
+  (``listed_from``; see ``listing.py``). A missing object is ``FileNotFoundError``, any other
+  failure an ``OSError``; each names the URL.
 - ``Store.put(local, url)`` uploads one file (``stoker convert`` into a bucket).
 - A ``Store`` pickles without its client (each process makes its own, never shared across a
   fork). No credential appears in what it shows: ``shown(url)`` drops a URL's user info and
-  query string, and no message, ``repr`` or cache key holds ``storage_options``.
+  query string, and no message, ``repr`` or cache key holds a credential (a listing's key holds
+  only ``scope()``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ from . import fetch, obstores
 
 DEFAULT_TIMEOUT = 60.0  # seconds for one request (connect + transfer)
 _HTTP = ("http", "https")
+#: Storage options (also inside ``client_kwargs``) that change which objects a listing shows,
+#: and never hold a credential: they, the URL and the endpoint key a cached listing.
+SCOPE_OPTIONS = frozenset(
+    {"region_name", "region", "requester_pays", "version_aware", "anon", "project", "use_ssl"}
+)
 
 
 class Entry(NamedTuple):
@@ -57,6 +65,16 @@ class StorageOptions(dict):  # type: ignore[type-arg]
 
     def __repr__(self) -> str:
         return f"StorageOptions(<{', '.join(sorted(map(str, self)))}>)"
+
+
+def remove_files(paths: list[str]) -> None:
+    """Remove cache files (best effort): one already gone, or not on this machine (a cluster
+    node's copy of a source names the trainer's files), is no error."""
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def is_url(spec: Any) -> bool:
@@ -119,13 +137,20 @@ class Store:
         self._options = storage_options
         self._reset()
 
+        self._listings: list[str] = []  # cached listings this store's sources came from
+
     def _reset(self) -> None:
         self._fs: Any = None
         self._fs_pid = -1
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"protocol": self.protocol, "timeout": self.timeout, "_options": self._options}
+        return {
+            "protocol": self.protocol,
+            "timeout": self.timeout,
+            "_options": self._options,
+            "_listings": self._listings,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -133,6 +158,31 @@ class Store:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.protocol}://)"
+
+    def scope(self) -> list[str]:
+        """What besides a URL decides which objects its listing shows, as a listing cache's key
+        may hold it: the protocol, the endpoint (without user info) and the options in
+        ``SCOPE_OPTIONS``; never a credential."""
+        options = self._options
+        client = options.get("client_kwargs")
+        client = client if isinstance(client, dict) else {}
+        endpoint = options.get("endpoint_url") or client.get("endpoint_url") or self._endpoint()
+        picked = [f"{k}={options[k]!r}" for k in sorted(SCOPE_OPTIONS) if k in options]
+        picked += [f"client.{k}={client[k]!r}" for k in sorted(SCOPE_OPTIONS) if k in client]
+        return [self.protocol, shown(str(endpoint or "")), *picked]
+
+    def _endpoint(self) -> str:
+        """The endpoint this store's client finds by itself (its environment), or ""."""
+        return ""
+
+    def listed_from(self, path: os.PathLike[str] | str) -> None:
+        """Note a cached listing this store's sources are made from: one of its objects found
+        replaced (``ObjectChanged``) removes it, so the next Loader lists again."""
+        if os.fspath(path) not in self._listings:
+            self._listings.append(os.fspath(path))
+
+    def _forget_listings(self) -> None:
+        remove_files(self._listings)
 
     def same_as(self, other: Store) -> bool:
         """Whether ``other`` reaches the same store with the same options."""
@@ -258,6 +308,7 @@ class Store:
                 url, lambda: self._fetch(url, start, end, tag), size, deadline=self.timeout
             )
         except ObjectChanged:
+            self._forget_listings()
             raise
         except FileNotFoundError:
             raise FileNotFoundError(f"{shown(url)}: not found") from None
@@ -270,6 +321,7 @@ class Store:
             if code in MISSING or getattr(exc, "status", 0) == 404:
                 raise FileNotFoundError(f"{shown(url)}: not found") from None
             if code in ("PreconditionFailed", "412") or getattr(exc, "status", 0) == 412:
+                self._forget_listings()
                 raise changed(url) from None
             raise OSError(f"{shown(url)}{span}: {one_line(exc)}") from None
         if start is not None and end is not None and len(data) != end - start:
@@ -303,6 +355,9 @@ class S3Store(Store):
     """``s3://`` through obstore where it is installed and the options fit it
     (`obstores.s3_config`), else through s3fs; a tagged read is a GET with ``If-Match`` on the
     listed ETag."""
+
+    def _endpoint(self) -> str:
+        return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
 
     def _reset(self) -> None:
         super()._reset()
@@ -420,6 +475,9 @@ class GCSStore(Store):
         except ImportError:
             raise SourceError("gs:// needs gcsfs: pip install 'stoker[gcs]'") from None
         return GCSFileSystem(skip_instance_cache=True, **self._client_options())
+
+    def _endpoint(self) -> str:
+        return os.environ.get("STORAGE_EMULATOR_HOST") or ""
 
     def tag(self, info: dict[str, Any]) -> str:
         generation = info.get("generation")

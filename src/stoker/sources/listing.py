@@ -1,0 +1,223 @@
+"""Bucket listings: cached like a folder scan, the same on every rank of a job.
+
+``listed(store, url, recursive)`` is how every bucket source lists a prefix (``bucket.py``,
+``bucketfiles.lookup``, ``remote.py``); nothing else calls ``Store.list``.
+
+The cache. A listing is kept under ``~/.cache/stoker/listing`` (``cachefile``'s rules: a folder
+of this user's alone, mode 0700; a file read only when it is this user's and no one else can
+write it; written atomically, never through a link), one ``.npz`` per listed prefix, named by a
+digest of the URL, whether it was listed recursively and the store's ``scope()`` (the endpoint
+and the options that change what a listing shows, never a credential: none is in the name or
+the file). Each entry keeps what the store says changes when an object is replaced (its ETag
+or generation) and its size.
+
+How a cached listing is trusted without listing again: for ``TTL`` seconds after it was
+listed, and no longer. An object store has no cheap "did this prefix change" question (no
+folder mtime; a listing is one request per 1,000 keys), so the cache is a TTL, and what it can
+miss is bounded by the reads themselves: every read asks for the listed version (``If-Match``
+on the ETag, the GCS generation), so an object replaced since it was listed is
+``ObjectChanged`` naming it, never a mix of old and new bytes, and that refusal drops the
+cached listings its store was made from (``Store.forget_listings``), so the next Loader lists
+again. An object deleted since is a bad sample named with its URL; one added since is not in
+the dataset until the cache expires or is deleted (``rm -r ~/.cache/stoker/listing``).
+
+Every rank the same listing: when ``torch.distributed`` is initialised with several ranks,
+rank 0 lists (or takes its cache) and publishes the listing in the process group's key-value
+store; the other ranks take it from there and list nothing. Rank 0's listing is used by all
+rather than each rank listing and the listings compared: the ranks then cannot differ even
+while objects are uploaded between their listings, and a job lists once instead of once per
+rank (S3 bills a LIST at 12.5 GETs, and all ranks' LISTs share the prefix's request rate).
+Rank 0 never waits for the others; another rank waits at most ``RANK0_WAIT`` seconds for rank 0
+(then a ``SourceError`` saying to make the Loader on every rank), and gets rank 0's error when
+rank 0's listing failed. Loaders must be made in the same order on every rank (as
+``DistributedSampler`` needs): the n-th listing of a prefix on one rank is the n-th on rank 0.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import threading
+import time
+import zlib
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import SourceError
+from . import cachefile
+from .base import cache_folder
+from .store import Entry, NotInStore, Store, remove_files, shown
+
+CACHE_VERSION = 1
+#: Seconds a cached listing is used for after it was listed (see the module docstring).
+TTL = 600.0
+#: Seconds a rank other than 0 waits for rank 0's listing of a prefix.
+RANK0_WAIT = 1800.0
+_ARRAYS = ("urls", "url_ends", "tags", "tag_ends", "sizes")
+_rounds: Counter[str] = Counter()  # listings of each key shared so far by this process
+_rounds_lock = threading.Lock()
+
+
+def listed(store: Store, url: str, recursive: bool = True, fresh: bool = False) -> list[Entry]:
+    """The objects under the prefix ``url`` (as ``Store.list``): rank 0's listing in a
+    torch.distributed job of several ranks, else this process's, cached for ``TTL`` seconds
+    (``fresh``: listed now, whatever the cache holds)."""
+    url = url.rstrip("/")
+    key = listing_key(store, url, recursive)
+    group = _torch_group()
+    if group is None:
+        return _cached_list(store, url, recursive, key, fresh)
+    rank, world, kv = group
+    with _rounds_lock:
+        _rounds[key] += 1
+        name = f"stoker/listing/{key}/{_rounds[key]}"
+    if rank != 0:
+        return _from_rank0(kv, name, world, url)
+    try:
+        entries = _cached_list(store, url, recursive, key, fresh)
+    except SourceError as exc:
+        kv.set(name, _encode_error(exc))
+        raise
+    kv.set(name, _encode(entries))
+    return entries
+
+
+def note(store: Store, url: str, recursive: bool = True) -> None:
+    """Tell ``store`` (another Store for the same objects than the one that listed) which
+    cached listing its source is made from, so a replaced object removes it."""
+    store.listed_from(cache_path(listing_key(store, url.rstrip("/"), recursive)))
+
+
+def listing_key(store: Store, url: str, recursive: bool) -> str:
+    """The cache's name for a listing: a digest of the URL, the depth and the store's scope."""
+    what = json.dumps([CACHE_VERSION, shown(url), recursive, store.scope()])
+    return hashlib.blake2b(what.encode(), digest_size=12).hexdigest()
+
+
+def cache_path(key: str) -> Path:
+    """Where the listing named ``key`` is cached."""
+    return cache_folder(None, "listing") / f"{key}.npz"
+
+
+# ---------------------------------------------------------------------------- the cache
+
+
+def _cached_list(store: Store, url: str, recursive: bool, key: str, fresh: bool) -> list[Entry]:
+    """The cached listing while it is fresh, else a new one (cached unless it is empty: a
+    prefix is empty until its upload begins, and then it is not)."""
+    path = cache_path(key)
+    store.listed_from(path)
+    entries = None if fresh else load(path, url, time.time())
+    if entries is None:
+        entries = store.list(url, recursive)
+        if entries:
+            save(path, url, entries, time.time())
+        else:
+            remove_files([str(path)])  # an older one would be taken next
+    return entries
+
+
+def save(path: Path, url: str, entries: list[Entry], now: float) -> bool:
+    """Cache ``entries``, the listing of ``url`` made at ``now`` (best effort)."""
+    urls = [e.url.encode() for e in entries]
+    tags = [e.tag.encode() for e in entries]
+    meta = {"version": CACHE_VERSION, "url": shown(url), "listed_at": now}
+    arrays = {
+        "urls": np.frombuffer(b"".join(urls), np.uint8),
+        "url_ends": np.cumsum([len(u) for u in urls], dtype=np.int64),
+        "tags": np.frombuffer(b"".join(tags), np.uint8),
+        "tag_ends": np.cumsum([len(t) for t in tags], dtype=np.int64),
+        "sizes": np.asarray([e.size for e in entries], dtype=np.int64),
+    }
+    return cachefile.save_arrays(path, meta, arrays)
+
+
+def load(path: Path, url: str, now: float, ttl: float = TTL) -> list[Entry] | None:
+    """The listing of ``url`` cached at ``path`` when it is trusted (``cachefile``), whole,
+    of this version and URL, and listed less than ``ttl`` seconds before ``now``; else None."""
+    cached = cachefile.load_arrays(path, _ARRAYS)
+    if cached is None:
+        return None
+    meta, a = cached
+    try:
+        at = float(meta["listed_at"])
+        if (
+            meta["version"] != CACHE_VERSION
+            or meta["url"] != shown(url)
+            or not (0 <= now - at < ttl)
+        ):
+            return None
+        urls = _split(a["urls"], a["url_ends"])
+        tags = _split(a["tags"], a["tag_ends"])
+        sizes = [int(s) for s in a["sizes"]]
+    except (KeyError, TypeError, ValueError, UnicodeDecodeError):
+        return None
+    top = url + "/"
+    if not len(urls) == len(tags) == len(sizes) or any(not u.startswith(top) for u in urls):
+        return None
+    return [Entry(u, s, t) for u, s, t in zip(urls, sizes, tags, strict=True)]
+
+
+def _split(blob: np.ndarray, ends: np.ndarray) -> list[str]:
+    raw = blob.tobytes()
+    starts = [0, *ends[:-1].tolist()] if len(ends) else []
+    return [raw[a:b].decode() for a, b in zip(starts, ends.tolist(), strict=True)]
+
+
+# ---------------------------------------------------------------------------- ranks
+
+
+def _torch_group() -> tuple[int, int, Any] | None:
+    """(rank, world size, the group's key-value store) of an initialised torch.distributed
+    job of several ranks; None otherwise (torch is never imported here)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    world = int(dist.get_world_size())
+    if world < 2:
+        return None
+    from torch.distributed import distributed_c10d
+
+    return int(dist.get_rank()), world, distributed_c10d._get_default_store()
+
+
+def _from_rank0(kv: Any, name: str, world: int, url: str) -> list[Entry]:
+    """Rank 0's listing published under ``name`` (the last rank to take it removes it)."""
+    try:
+        kv.wait([name], timedelta(seconds=RANK0_WAIT))
+    except Exception as exc:  # noqa: BLE001 - torch's store raises its own on a timeout
+        raise SourceError(
+            f"{shown(url)}: rank 0 did not list this prefix within {RANK0_WAIT:.0f} s "
+            f"({type(exc).__name__}). In a torch.distributed job every rank takes rank 0's "
+            "listing: make this Loader on every rank, in the same order, or on rank 0 too"
+        ) from None
+    raw = kv.get(name)
+    if kv.add(f"{name}/taken", 1) == world - 1:
+        kv.delete_key(name)
+        kv.delete_key(f"{name}/taken")
+    return _decode(raw, url)
+
+
+def _encode(entries: list[Entry]) -> bytes:
+    body = json.dumps({"entries": [list(e) for e in entries]}).encode()
+    return zlib.compress(body, 1)
+
+
+def _encode_error(exc: SourceError) -> bytes:
+    kind = "missing" if isinstance(exc, NotInStore) else "error"
+    return zlib.compress(json.dumps({kind: str(exc)}).encode(), 1)
+
+
+def _decode(raw: bytes, url: str) -> list[Entry]:
+    """Rank 0's listing, or rank 0's error raised here."""
+    got = json.loads(zlib.decompress(bytes(raw)))
+    if "missing" in got:
+        raise NotInStore(f"{got['missing']} (rank 0's listing)")
+    if "error" in got:
+        raise SourceError(f"{got['error']} (rank 0's listing)")
+    return [Entry(str(u), int(s), str(t)) for u, s, t in got["entries"]]

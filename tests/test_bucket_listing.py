@@ -1,0 +1,205 @@
+"""Bucket listings (sources/listing.py) on a real S3 API behind the fault proxy: a second Loader
+takes the cached listing (no LIST request), a replaced object is refused by name and makes the
+next Loader list again, the cache follows cachefile's ownership rules and holds no credential,
+and the ranks of a torch.distributed job all take rank 0's listing. LIST requests are counted
+at the proxy (a LIST is a GET of the bucket's own path)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stoker
+from faultproxy import FaultProxy
+from helpers import free_port
+from stoker.sources import listing
+from stoker.sources.bucketfiles import lookup
+from stoker.sources.store import Entry, open_store
+
+pytest.importorskip("s3fs")
+
+KW = {"batch_size": 12, "image_size": 32, "workers": 0, "seed": 3, "augment": None}
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+@pytest.fixture
+def bucket(s3_env, image_folder, monkeypatch, tmp_path):
+    """(the proxy in front of the S3 server, a fresh bucket holding the image folder under
+    ``f/``); caches go to the test's own home."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    name = s3_env.bucket()
+    s3_env.upload(image_folder, f"s3://{name}/f")
+    with FaultProxy(s3_env.endpoint) as proxy:
+        for key, value in proxy.env().items():
+            monkeypatch.setenv(key, value)
+        yield proxy, name
+
+
+def _lists(proxy: FaultProxy, bucket: str) -> int:
+    return proxy.requests[("GET", f"/{bucket}")]
+
+
+def _epoch(url: str, **kw: object) -> list[np.ndarray]:
+    with stoker.Loader(url, **KW, **kw) as loader:
+        return [np.array(x) for x, _ in loader]
+
+
+@pytest.mark.timeout(180)
+def test_a_second_loader_takes_the_cached_listing_and_a_replaced_object_lists_again(
+    bucket, s3_env, image_folder, tmp_path
+):
+    proxy, name = bucket
+    url = f"s3://{name}/f/"
+    first = _epoch(url)
+    listed = _lists(proxy, name)
+    assert listed >= 1
+    cached = list((tmp_path / "home/.cache/stoker/listing").iterdir())
+    assert len(cached) == 1 and stat.S_IMODE(cached[0].stat().st_mode) == 0o600
+    assert stat.S_IMODE(cached[0].parent.stat().st_mode) == 0o700
+    assert b"testing-secret" not in cached[0].read_bytes()
+
+    again = _epoch(url)
+    assert _lists(proxy, name) == listed  # the cached listing: nothing listed again
+    assert all(np.array_equal(a, b) for a, b in zip(again, first, strict=True))
+
+    key = "f/class_002/img_00011.jpg"  # replaced after it was listed: refused by name
+    other = (image_folder / "class_000/img_00000.jpg").read_bytes()
+    s3_env.client().put_object(Bucket=name, Key=key, Body=other)
+    with pytest.raises(stoker.ObjectChanged, match=f"s3://{name}/{key}: the object was replaced"):
+        _epoch(url, shuffle=False)
+    assert not cached[0].exists()  # the refusal dropped the cached listing
+
+    fresh = _epoch(url)  # lists again, and reads the new bytes
+    assert _lists(proxy, name) == listed + 1
+    assert len(fresh) == len(first)
+
+
+@pytest.mark.timeout(120)
+def test_a_cached_listing_another_user_could_have_written_is_not_used(bucket, tmp_path):
+    proxy, name = bucket
+    url = f"s3://{name}/f"
+    _epoch(url)
+    cached = next((tmp_path / "home/.cache/stoker/listing").iterdir())
+    os.chmod(cached, 0o666)  # as if planted: writable by anyone
+    listed = _lists(proxy, name)
+    with pytest.warns(stoker.StokerWarning, match="writable by group or others"):
+        _epoch(url)
+    assert _lists(proxy, name) == listed + 1  # listed again, not read from that file
+
+
+@pytest.mark.timeout(120)
+def test_a_table_naming_an_object_its_cached_listing_lacks_lists_that_prefix_again(bucket, s3_env):
+    proxy, name = bucket
+    store = open_store(f"s3://{name}/f")
+    urls = [f"s3://{name}/f/class_000/img_00000.jpg", f"s3://{name}/f/class_000/new.jpg"]
+    assert [e.size for e in lookup(store, urls)][1] == -1  # not there (yet)
+    s3_env.client().put_object(Bucket=name, Key="f/class_000/new.jpg", Body=b"\xff\xd8")
+    before = _lists(proxy, name)
+    found = lookup(store, urls[:1])
+    assert _lists(proxy, name) == before and found[0].size > 0  # the cache holds it
+    found = lookup(store, urls)
+    assert _lists(proxy, name) == before + 1 and found[1].size == 2  # listed again for it
+
+
+@pytest.mark.timeout(120)
+def test_a_bucket_source_travels_with_its_listing(bucket):
+    """What a worker or a cluster node receives lists nothing (the Recipe carries the source)."""
+    proxy, name = bucket
+    with stoker.Loader(f"s3://{name}/f", **KW) as loader:
+        listed = _lists(proxy, name)
+        copy = pickle.loads(pickle.dumps(loader.source))
+        assert copy.fingerprint() == loader.source.fingerprint()
+        assert copy.read(0) == loader.source.read(0)
+        assert _lists(proxy, name) == listed
+
+
+def test_a_listing_is_trusted_for_its_ttl_and_keyed_without_credentials(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    url = "s3://b/p"
+    entries = [Entry("s3://b/p/a.jpg", 10, '"e1"'), Entry("s3://b/p/q/b.jpg", 3, '"e2"')]
+    path = tmp_path / "l.npz"
+    assert listing.save(path, url, entries, now=1000.0)
+    assert listing.load(path, url, now=1000.0 + listing.TTL - 1) == entries
+    assert listing.load(path, url, now=1000.0 + listing.TTL) is None  # expired
+    assert listing.load(path, url, now=999.0) is None  # listed "in the future": a clock moved
+    assert listing.load(path, "s3://b/other", now=1000.0) is None
+
+    def key(**options: object) -> str:
+        return listing.listing_key(open_store(url, options), url, True)
+
+    plain = key(endpoint_url="http://127.0.0.1:9")
+    assert plain == key(endpoint_url="http://127.0.0.1:9", key="AK", secret="s3cr3t", token="T")
+    assert plain != key(endpoint_url="http://127.0.0.1:8")  # another store
+    assert plain != key(endpoint_url="http://127.0.0.1:9", requester_pays=True)
+    assert "s3cr3t" not in repr(open_store(url, {"secret": "s3cr3t"}).scope())
+    shown = open_store(url, {"endpoint_url": "http://u:pw@h:9"}).scope()
+    assert "pw" not in repr(shown)
+
+
+RANKS = textwrap.dedent(
+    """
+    import json, os, sys
+    sys.path.insert(0, {src!r})
+    import torch.distributed as dist
+    import stoker
+    from stoker.sources.listing import listed
+    from stoker.sources.store import open_store
+
+    rank = int(sys.argv[2])
+    os.environ["HOME"] = os.path.join(sys.argv[4], f"home{{rank}}")  # no cache in common
+    dist.init_process_group("gloo", rank=rank, world_size=2,
+                            init_method="tcp://127.0.0.1:" + sys.argv[3])
+    out = {{"rank": rank}}
+    with stoker.Loader(sys.argv[1], batch_size=6, image_size=16, workers=0) as loader:
+        out["fingerprint"] = loader.source.fingerprint()
+        out["samples"] = len(loader.source)
+    try:
+        stoker.Loader("s3://no-such-bkt-zz/none/", batch_size=6)
+    except stoker.SourceError as exc:
+        out["error"] = str(exc)
+    print("RESULT " + json.dumps(out))
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.timeout(240)
+def test_every_rank_takes_rank_0s_listing(bucket, tmp_path):
+    proxy, name = bucket
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS.format(src=SRC))
+    port, url = str(free_port()), f"s3://{name}/f/"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), url, str(r), port, str(tmp_path)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in range(2)
+    ]
+    outs = []
+    deadline = time.monotonic() + 200
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+        assert p.returncode == 0, stderr[-3000:]
+        line = next(ln for ln in stdout.splitlines() if ln.startswith("RESULT "))
+        outs.append(json.loads(line[len("RESULT ") :]))
+    assert outs[0]["fingerprint"] == outs[1]["fingerprint"] and outs[0]["samples"] == 36
+    assert _lists(proxy, name) == 1  # rank 0 alone listed
+    assert proxy.requests[("GET", "/no-such-bkt-zz")] == 1  # rank 1 got rank 0's error
+    assert "no-such-bkt-zz" in outs[1]["error"] and "does not exist" in outs[1]["error"]
+    assert "rank 0's listing" in outs[1]["error"]
+    assert not (tmp_path / "home1/.cache/stoker/listing").exists()
