@@ -491,9 +491,16 @@ class GCSStore(Store):
         if start is not None:
             headers["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
 
+        # gcsfs's _request retries by itself (6 tries, its own backoff), hidden from
+        # sources.fetch: its undecorated body makes one request, which fetch retries and counts
+        once = getattr(type(fs)._request, "__wrapped__", None)
+
         async def call() -> bytes:
             condition = {"ifGenerationMatch": tag} if tag.isdigit() else {}
-            reply, data = await fs._call("GET", fs.url(url), headers=headers, **condition)
+            if once is None:
+                reply, data = await fs._call("GET", fs.url(url), headers=headers, **condition)
+            else:
+                _, reply, _, data = await once(fs, "GET", fs.url(url), headers=headers, **condition)
             got = reply.get("x-goog-generation") or reply.get("X-Goog-Generation")
             if tag and got and str(got) != tag:
                 raise changed(url)
