@@ -4,10 +4,14 @@ and the small builders several test files share."""
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -45,6 +49,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: The source tree, for a script run in a fresh interpreter (``sys.path.insert(0, SRC)``).
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def run_ranks(tmp_path, script_text, *args, timeout=240):
+    """Run ``script_text`` (``{src}`` filled in) as rank 0 and 1, each given ``*args``, its
+    rank and a free port (the script starts its group); their RESULT dicts."""
+    script = tmp_path / "rank.py"
+    script.write_text(script_text.format(src=SRC))
+    port = str(free_port())
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), *args, str(r), port],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for r in range(2)
+    ]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)  # two torch imports on a loaded machine
+        assert p.returncode == 0, err[-2000:]
+        line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+        outs.append(json.loads(line[len("RESULT ") :]))
+    return outs
 
 
 def is_marked(image: np.ndarray) -> bool:

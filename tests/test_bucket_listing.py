@@ -6,22 +6,17 @@ at the proxy (a LIST is a GET of the bucket's own path)."""
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import stat
-import subprocess
-import sys
 import textwrap
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import stoker
 from faultproxy import FaultProxy
-from helpers import free_port
+from helpers import run_ranks
 from stoker.sources import listing
 from stoker.sources.bucketfiles import lookup
 from stoker.sources.store import Entry, open_store
@@ -29,7 +24,6 @@ from stoker.sources.store import Entry, open_store
 pytest.importorskip("s3fs")
 
 KW = {"batch_size": 12, "image_size": 32, "workers": 0, "seed": 3, "augment": None}
-SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 @pytest.fixture
@@ -152,13 +146,11 @@ RANKS = textwrap.dedent(
     sys.path.insert(0, {src!r})
     import torch.distributed as dist
     import stoker
-    from stoker.sources.listing import listed
-    from stoker.sources.store import open_store
 
-    rank = int(sys.argv[2])
-    os.environ["HOME"] = os.path.join(sys.argv[4], f"home{{rank}}")  # no cache in common
+    rank = int(sys.argv[3])
+    os.environ["HOME"] = os.path.join(sys.argv[2], f"home{{rank}}")  # no cache in common
     dist.init_process_group("gloo", rank=rank, world_size=2,
-                            init_method="tcp://127.0.0.1:" + sys.argv[3])
+                            init_method="tcp://127.0.0.1:" + sys.argv[4])
     out = {{"rank": rank}}
     with stoker.Loader(sys.argv[1], batch_size=6, image_size=16, workers=0) as loader:
         out["fingerprint"] = loader.source.fingerprint()
@@ -176,27 +168,8 @@ RANKS = textwrap.dedent(
 @pytest.mark.timeout(240)
 def test_every_rank_takes_rank_0s_listing(bucket, tmp_path):
     proxy, name = bucket
-    script = tmp_path / "ranks.py"
-    script.write_text(RANKS.format(src=SRC))
-    port, url = str(free_port()), f"s3://{name}/f/"
-    env = {**os.environ, "PYTHONPATH": SRC}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), url, str(r), port, str(tmp_path)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for r in range(2)
-    ]
-    outs = []
-    deadline = time.monotonic() + 200
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        assert p.returncode == 0, stderr[-3000:]
-        line = next(ln for ln in stdout.splitlines() if ln.startswith("RESULT "))
-        outs.append(json.loads(line[len("RESULT ") :]))
+    pytest.importorskip("torch.distributed")
+    outs = run_ranks(tmp_path, RANKS, f"s3://{name}/f/", str(tmp_path))
     assert outs[0]["fingerprint"] == outs[1]["fingerprint"] and outs[0]["samples"] == 36
     assert _lists(proxy, name) == 1  # rank 0 alone listed
     assert proxy.requests[("GET", "/no-such-bkt-zz")] == 1  # rank 1 got rank 0's error

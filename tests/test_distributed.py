@@ -2,18 +2,11 @@
 the rank split (pad / drop / once) matches DistributedSampler and is independent of the batch-level
 drop_last; set_epoch picks the epoch's order."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-from helpers import free_port
-
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+from helpers import run_ranks
 
 SCRIPT = textwrap.dedent(
     """
@@ -114,35 +107,10 @@ JAX = textwrap.dedent(
 )
 
 
-def _run_ranks(tmp_path, script_text, *args, timeout=240):
-    """Run ``script_text`` as rank 0 and 1 (the script starts its group); their RESULT dicts."""
-    script = tmp_path / "rank.py"
-    script.write_text(script_text.format(src=SRC))
-    port = str(free_port())
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(script), *args, str(r), port],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for r in range(2)
-    ]
-    outs = []
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)  # two torch imports on a loaded machine
-        assert p.returncode == 0, err[-2000:]
-        line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
-        outs.append(json.loads(line[len("RESULT ") :]))
-    return outs
-
-
 @pytest.mark.timeout(300)
 def test_rank_and_world_size_come_from_torch_distributed(tmp_path, image_folder):
     pytest.importorskip("torch.distributed")
-    outs = _run_ranks(tmp_path, SCRIPT, str(image_folder))
+    outs = run_ranks(tmp_path, SCRIPT, str(image_folder))
     assert sorted(o["rank"] for o in outs) == [0, 1] and {o["world"] for o in outs} == {2}
     assert outs[0]["batches"] == outs[1]["batches"] == 3  # 36 samples / 2 ranks, batches of 5
     assert not set(outs[0]["samples"]) & set(outs[1]["samples"])
@@ -161,7 +129,7 @@ def test_rank_and_world_size_come_from_torch_distributed(tmp_path, image_folder)
 @pytest.mark.timeout(300)
 def test_a_loader_made_before_init_process_group_takes_the_groups_split(tmp_path, image_folder):
     pytest.importorskip("torch.distributed")
-    outs = _run_ranks(tmp_path, EARLY, str(image_folder))
+    outs = run_ranks(tmp_path, EARLY, str(image_folder))
     assert sorted(o["rank"] for o in outs) == [0, 1] and {o["world"] for o in outs} == {2}
     for o in outs:
         assert o["before"] == 7 and o["after"] == 3  # 36 samples, full batches of 5: 7 alone
@@ -180,7 +148,7 @@ def test_a_loader_made_before_init_process_group_takes_the_groups_split(tmp_path
 @pytest.mark.needs("jax")
 @pytest.mark.timeout(300)
 def test_a_loader_made_before_jax_distributed_initialize_takes_its_split(tmp_path):
-    outs = _run_ranks(tmp_path, JAX)
+    outs = run_ranks(tmp_path, JAX)
     assert [o["rank"] for o in outs] == [0, 1]
     assert [o["before"] for o in outs] == [5, 5] and [o["after"] for o in outs] == [3, 3]
     assert outs[0]["got"] == [0, 2, 4, 6, 8] and outs[1]["got"] == [1, 3, 5, 7, 9]
