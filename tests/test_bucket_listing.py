@@ -142,17 +142,34 @@ def test_a_listing_is_trusted_for_its_ttl_and_keyed_without_credentials(tmp_path
 
 RANKS = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, time
     sys.path.insert(0, {src!r})
+    import boto3
     import torch.distributed as dist
     import stoker
 
-    rank = int(sys.argv[3])
-    os.environ["HOME"] = os.path.join(sys.argv[2], f"home{{rank}}")  # no cache in common
+    url, work, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    os.environ["HOME"] = os.path.join(work, f"home{{rank}}")  # no cache in common
+    bucket, flag = url.split("/")[2], os.path.join(work, "uploaded")
+    # made before the group (as Lightning does): each rank lists g/ on its own, and an object
+    # is added between rank 0's listing and rank 1's (a handshake through a file)
+    if rank == 1:
+        for _ in range(2400):
+            if os.path.exists(flag):
+                break
+            time.sleep(0.05)
+    early = stoker.Loader(f"s3://{{bucket}}/g/", batch_size=6, image_size=16, workers=0)
+    if rank == 0:
+        boto3.client("s3").put_object(Bucket=bucket, Key="g/class_000/new.jpg", Body=b"x")
+        open(flag, "w").close()
     dist.init_process_group("gloo", rank=rank, world_size=2,
                             init_method="tcp://127.0.0.1:" + sys.argv[4])
     out = {{"rank": rank}}
-    with stoker.Loader(sys.argv[1], batch_size=6, image_size=16, workers=0) as loader:
+    try:
+        out["early"] = len(early)
+    except stoker.SourceError as exc:
+        out["early"] = str(exc)
+    with stoker.Loader(url, batch_size=6, image_size=16, workers=0) as loader:
         out["fingerprint"] = loader.source.fingerprint()
         out["samples"] = len(loader.source)
     try:
@@ -160,19 +177,27 @@ RANKS = textwrap.dedent(
     except stoker.SourceError as exc:
         out["error"] = str(exc)
     print("RESULT " + json.dumps(out))
+    early.close()
     dist.destroy_process_group()
     """
 )
 
 
 @pytest.mark.timeout(240)
-def test_every_rank_takes_rank_0s_listing(bucket, tmp_path):
+def test_every_rank_takes_rank_0s_listing_and_ranks_that_listed_apart_are_compared(
+    bucket, s3_env, image_folder, tmp_path
+):
     proxy, name = bucket
     pytest.importorskip("torch.distributed")
+    s3_env.upload(image_folder / "class_000", f"s3://{name}/g/class_000")
     outs = run_ranks(tmp_path, RANKS, f"s3://{name}/f/", str(tmp_path))
     assert outs[0]["fingerprint"] == outs[1]["fingerprint"] and outs[0]["samples"] == 36
-    assert _lists(proxy, name) == 1  # rank 0 alone listed
+    assert _lists(proxy, name) == 3  # g/ by each rank before the group; f/ by rank 0 alone
     assert proxy.requests[("GET", "/no-such-bkt-zz")] == 1  # rank 1 got rank 0's error
     assert "no-such-bkt-zz" in outs[1]["error"] and "does not exist" in outs[1]["error"]
     assert "rank 0's listing" in outs[1]["error"]
-    assert not (tmp_path / "home1/.cache/stoker/listing").exists()
+    assert isinstance(outs[0]["early"], int)  # rank 0 never waits, never compares
+    error = outs[1]["early"]
+    assert f"s3://{name}/g: rank 1 listed 13 objects here and rank 0 listed 12" in error
+    assert "before init_process_group" in error and "Make the Loader after" in error
+    assert len(list((tmp_path / "home1/.cache/stoker/listing").iterdir())) == 1  # g/ only

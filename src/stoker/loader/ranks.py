@@ -21,6 +21,7 @@ import sys
 
 from ..errors import ConfigError
 from ..order import Plan
+from ..sources.listing import agree_early
 
 #: (rank, world_size) of a single process.
 ALONE = (0, 1)
@@ -85,4 +86,5 @@ def regroup(plan: Plan, used: bool) -> Plan | None:
             "init_process_group, or pass rank= and world_size= (dist.get_rank(), "
             "dist.get_world_size()), or start iterating only once the group exists"
         )
+    agree_early()  # each rank listed its buckets on its own: the same objects as rank 0?
     return dataclasses.replace(plan, rank=rank, world_size=world)

@@ -31,6 +31,9 @@ Rank 0 never waits for the others; another rank waits at most ``RANK0_WAIT`` sec
 (then a ``SourceError`` saying to make the Loader on every rank), and gets rank 0's error when
 rank 0's listing failed. Loaders must be made in the same order on every rank (as
 ``DistributedSampler`` needs): the n-th listing of a prefix on one rank is the n-th on rank 0.
+A Loader made before ``init_process_group`` cannot wait for rank 0: each rank lists on its
+own, and when the group is found (``agree_early``) the listings are compared with rank 0's;
+ranks that listed a prefix differently get one error naming it, both counts and the fix.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ RANK0_WAIT = 1800.0
 _ARRAYS = ("urls", "url_ends", "tags", "tag_ends", "sizes")
 _rounds: Counter[str] = Counter()  # listings of each key shared so far by this process
 _rounds_lock = threading.Lock()
+#: Listings this process took while no process group existed: key -> [url, count, digest].
+_early: dict[str, list[Any]] = {}
+_compared = False  # whether they were compared with rank 0's (once per process)
 
 
 def listed(store: Store, url: str, recursive: bool = True, fresh: bool = False) -> list[Entry]:
@@ -71,7 +77,10 @@ def listed(store: Store, url: str, recursive: bool = True, fresh: bool = False) 
     key = listing_key(store, url, recursive)
     group = _torch_group()
     if group is None:
-        return _cached_list(store, url, recursive, key, fresh)
+        entries = _cached_list(store, url, recursive, key, fresh)
+        _early[key] = [shown(url), len(entries), _digest(entries)]
+        return entries
+    agree_early()
     rank, world, kv = group
     with _rounds_lock:
         _rounds[key] += 1
@@ -186,8 +195,48 @@ def _torch_group() -> tuple[int, int, Any] | None:
     return int(dist.get_rank()), world, distributed_c10d._get_default_store()
 
 
-def _from_rank0(kv: Any, name: str, world: int, url: str) -> list[Entry]:
-    """Rank 0's listing published under ``name`` (the last rank to take it removes it)."""
+def agree_early() -> None:
+    """Compare the listings this process took before its torch.distributed group existed (a
+    Loader made before ``init_process_group``, as Lightning makes it: each rank listed on its
+    own) with rank 0's, once, when the group is first seen (``loader.ranks.regroup``, or a
+    listing inside the group): a prefix two ranks listed differently is a SourceError naming
+    it, both counts and the fix. Rank 0 publishes its own and never waits."""
+    global _compared
+    group = _torch_group()
+    if _compared or group is None:
+        return
+    _compared = True
+    rank, _, kv = group
+    name = "stoker/listing/before-the-group"
+    if rank == 0:
+        kv.set(name, json.dumps(_early).encode())
+        return
+    if not _early:
+        return
+    _wait(kv, name, next(iter(_early.values()))[0])
+    theirs = json.loads(bytes(kv.get(name)))
+    for key, (url, count, digest) in _early.items():
+        other = theirs.get(key)
+        if other is not None and other[2] != digest:
+            raise SourceError(
+                f"{url}: rank {rank} listed {count} objects here and rank 0 listed {other[1]}"
+                f"{' (other versions)' if other[1] == count else ''}: the objects changed "
+                "between the ranks' listings, which each rank made on its own because the "
+                "Loader was made before init_process_group. Make the Loader after "
+                "init_process_group (every rank then takes rank 0's listing), or finish "
+                "the upload before the job starts"
+            )
+
+
+def _digest(entries: list[Entry]) -> str:
+    h = hashlib.blake2b(digest_size=12)
+    for e in entries:
+        h.update(f"{e.url}\0{e.size}\0{e.tag}\n".encode())
+    return h.hexdigest()
+
+
+def _wait(kv: Any, name: str, url: str) -> None:
+    """Wait for rank 0 to publish ``name`` (a listing of ``url``, or its digests)."""
     try:
         kv.wait([name], timedelta(seconds=RANK0_WAIT))
     except Exception as exc:  # noqa: BLE001 - torch's store raises its own on a timeout
@@ -196,6 +245,11 @@ def _from_rank0(kv: Any, name: str, world: int, url: str) -> list[Entry]:
             f"({type(exc).__name__}). In a torch.distributed job every rank takes rank 0's "
             "listing: make this Loader on every rank, in the same order, or on rank 0 too"
         ) from None
+
+
+def _from_rank0(kv: Any, name: str, world: int, url: str) -> list[Entry]:
+    """Rank 0's listing published under ``name`` (the last rank to take it removes it)."""
+    _wait(kv, name, url)
     raw = kv.get(name)
     if kv.add(f"{name}/taken", 1) == world - 1:
         kv.delete_key(name)
