@@ -77,6 +77,11 @@ def test_a_second_loader_takes_the_cached_listing_and_a_replaced_object_lists_ag
     assert _lists(proxy, name) == listed + 1
     assert len(fresh) == len(first)
 
+    s3_env.client().delete_object(Bucket=name, Key=key)  # gone since it was listed
+    with pytest.warns(stoker.StokerWarning, match=f"s3://{name}/{key}"):
+        _epoch(url, max_errors=1)  # a bad sample named with its URL
+    assert not cached[0].exists()  # and the cached listing is dropped
+
 
 @pytest.mark.timeout(120)
 def test_a_cached_listing_another_user_could_have_written_is_not_used(bucket, tmp_path):
@@ -201,3 +206,28 @@ def test_every_rank_takes_rank_0s_listing_and_ranks_that_listed_apart_are_compar
     assert f"s3://{name}/g: rank 1 listed 13 objects here and rank 0 listed 12" in error
     assert "before init_process_group" in error and "Make the Loader after" in error
     assert len(list((tmp_path / "home1/.cache/stoker/listing").iterdir())) == 1  # g/ only
+
+
+@pytest.mark.timeout(180)
+def test_shards_converted_again_over_a_cached_listing_are_listed_again(
+    bucket, s3_env, image_folder, tmp_path
+):
+    from stoker.cli.convert import convert
+
+    proxy, name = bucket
+    url = f"s3://{name}/s/"
+    for n, classes in enumerate((["class_000"], ["class_000", "class_001"])):
+        part = tmp_path / f"part{n}"
+        for cls in classes:
+            (part / cls).mkdir(parents=True)
+            for f in (image_folder / cls).glob("*.jpg"):
+                (part / cls / f.name).write_bytes(f.read_bytes())
+        convert(part, tmp_path / f"shards{n}", progress=False)
+    s3_env.upload(tmp_path / "shards0", f"s3://{name}/s")
+    with stoker.Loader(url, **KW) as loader:
+        assert len(loader.source) == 12
+    listed = _lists(proxy, name)
+    s3_env.upload(tmp_path / "shards1", f"s3://{name}/s")  # the same names, other bytes
+    with stoker.Loader(url, **KW) as loader:  # the manifest disagrees with the cached listing
+        assert len(loader.source) == 24 and len([x for x, _ in loader]) == 2
+    assert _lists(proxy, name) == listed + 1

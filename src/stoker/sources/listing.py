@@ -1,7 +1,8 @@
 """Bucket listings: cached like a folder scan, the same on every rank of a job.
 
 ``listed(store, url, recursive)`` is how every bucket source lists a prefix (``bucket.py``,
-``bucketfiles.lookup``, ``remote.py``); nothing else calls ``Store.list``.
+``bucketfiles.lookup``, ``remote.py``). ``stoker convert`` alone lists with ``Store.list``
+itself: it needs what its destination holds now.
 
 The cache. A listing is kept under ``~/.cache/stoker/listing`` (``cachefile``'s rules: a folder
 of this user's alone, mode 0700; a file read only when it is this user's and no one else can
@@ -16,10 +17,12 @@ listed, and no longer. An object store has no cheap "did this prefix change" que
 folder mtime; a listing is one request per 1,000 keys), so the cache is a TTL, and what it can
 miss is bounded by the reads themselves: every read asks for the listed version (``If-Match``
 on the ETag, the GCS generation), so an object replaced since it was listed is
-``ObjectChanged`` naming it, never a mix of old and new bytes, and that refusal drops the
-cached listings its store was made from (``Store.forget_listings``), so the next Loader lists
-again. An object deleted since is a bad sample named with its URL; one added since is not in
-the dataset until the cache expires or is deleted (``rm -r ~/.cache/stoker/listing``).
+``ObjectChanged`` naming it, never a mix of old and new bytes; an object deleted since is a
+bad sample named with its URL. Either removes the cached listings its store was made from
+(``Store.listed_from``), so the next Loader lists again. An object added since is not in the
+dataset until the cache expires or is deleted (``rm -r ~/.cache/stoker/listing``). A manifest
+or a CSV that names an object the cached listing lacks (or with another size) has that prefix
+listed again at once.
 
 Every rank the same listing: when ``torch.distributed`` is initialised with several ranks,
 rank 0 lists (or takes its cache) and publishes the listing in the process group's key-value

@@ -181,14 +181,18 @@ class RemoteShardSource(MergedReads, ShardSource):
             return [Entry(url, size, "") for url, size, _ in entries]
         if len(entries) == 1 and entries[0][0] == self.url:
             return [self.store.head(self.url)]
-        listed = {e.url: e for e in self._listed()}
-        missing = [url for url, _, _ in entries if url not in listed]
+        known = {e.url: e for e in self._listed()}
+        if any(url not in known or known[url].size != size for url, size, _ in entries):
+            # a cached listing older than the manifest (converted again since): list again
+            self._listing = listed(self.store, self.url, fresh=True)
+            known = {e.url: e for e in self._listing}
+        missing = [url for url, _, _ in entries if url not in known]
         if missing:
             raise SourceError(
                 f"{shown(self.url)}: {len(missing)} shard(s) listed in {MANIFEST} are missing, "
                 f"first {shown(missing[0])}; upload them or convert again"
             )
-        return [listed[url] for url, _, _ in entries]
+        return [known[url] for url, _, _ in entries]
 
     def _open_parquet(self, k: int) -> tuple[pq.ParquetFile, Any]:
         """A ParquetFile reading shard ``k`` through the store, and its file."""

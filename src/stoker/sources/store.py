@@ -17,9 +17,9 @@ The contract the bucket sources (``bucket.py``, ``remote.py``) and the request e
   retries, pacing and counters belong here. With a ``tag``, the object must still be that
   version (S3: ``If-Match`` and the reply's ETag; GCS: the reply's generation; HTTP:
   ``If-Match``); otherwise ``ObjectChanged`` (not a bad sample: a silent mix of old and new bytes
-  is never served), which also removes the cached listings the store's sources were made from
-  (``listed_from``; see ``listing.py``). A missing object is ``FileNotFoundError``, any other
-  failure an ``OSError``; each names the URL.
+  is never served). A missing object is ``FileNotFoundError``, any other failure an
+  ``OSError``; each names the URL. ``ObjectChanged`` and ``FileNotFoundError`` also remove the
+  cached listings the store's sources were made from (``listed_from``; see ``listing.py``).
 - ``Store.put(local, url)`` uploads one file (``stoker convert`` into a bucket).
 - A ``Store`` pickles without its client (each process makes its own, never shared across a
   fork). No credential appears in what it shows: ``shown(url)`` drops a URL's user info and
@@ -311,6 +311,7 @@ class Store:
             self._forget_listings()
             raise
         except FileNotFoundError:
+            self._forget_listings()  # listed, and gone since: the listing is stale
             raise FileNotFoundError(f"{shown(url)}: not found") from None
         except TimeoutError:  # fsspec's FSTimeoutError, aiohttp's and asyncio's
             raise OSError(
@@ -319,6 +320,7 @@ class Store:
         except Exception as exc:  # noqa: BLE001 - network errors of any backend
             code = error_code(exc)
             if code in MISSING or getattr(exc, "status", 0) == 404:
+                self._forget_listings()
                 raise FileNotFoundError(f"{shown(url)}: not found") from None
             if code in ("PreconditionFailed", "412") or getattr(exc, "status", 0) == 412:
                 self._forget_listings()
