@@ -836,20 +836,28 @@ def test_another_driver_cannot_connect_a_loaders_actor_to_itself(ray_cluster, da
 
 @pytest.mark.timeout(300)
 def test_nodes_read_a_bucket_themselves_and_give_the_batches_of_workers_0(
-    ray_cluster, s3_server, image_folder, monkeypatch
+    ray_cluster, s3_server, image_folder, monkeypatch, tmp_path
 ):
     """No shared folder: the images are only in a bucket of the test S3 server. The nodes
-    started before any AWS variable was set, so they reach it through storage_options alone."""
+    started before any AWS variable was set, so they reach it through storage_options alone,
+    and they list nothing: the trainer's listing travels in the Recipe (LISTs are counted at a
+    proxy: a LIST is a GET of the bucket's own path)."""
+    from faultproxy import FaultProxy
+
     bucket = s3_server.bucket()
     s3_server.upload(image_folder, f"s3://{bucket}/folder")
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID"):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # the trainer's listing cache: its own
     url = f"s3://{bucket}/folder/"
-    options = {"endpoint_url": s3_server.endpoint, "key": "testing", "secret": "testing-secret"}
-    with stoker.Loader(url, workers=0, storage_options=options, **COMMON) as loader:
-        want = _digests(loader)
-    with _cluster_loader(url, storage_options=options) as loader:
-        got = _digests(loader)
-        report = loader.stats()
+    with FaultProxy(s3_server.endpoint) as proxy:
+        options = {"endpoint_url": proxy.endpoint, "key": "testing", "secret": "testing-secret"}
+        with stoker.Loader(url, workers=0, storage_options=options, **COMMON) as loader:
+            want = _digests(loader)
+        listed = proxy.requests[("GET", f"/{bucket}")]
+        with _cluster_loader(url, storage_options=options) as loader:
+            got = _digests(loader)
+            report = loader.stats()
+        assert proxy.requests[("GET", f"/{bucket}")] == listed == 1  # the trainer's, cached
     assert got == want
     assert report.cluster["cores"] == 2 and all(n["batches"] > 0 for n in report.cluster["nodes"])
