@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SourceError
+from ..errors import SourceError, one_line
 from . import cachefile
 from .base import cache_folder
 from .store import Entry, NotInStore, Store, remove_files, shown
@@ -81,7 +81,8 @@ def listed(store: Store, url: str, recursive: bool = True, fresh: bool = False) 
     group = _torch_group()
     if group is None:
         entries = _cached_list(store, url, recursive, key, fresh)
-        _early[key] = [shown(url), len(entries), _digest(entries)]
+        if "torch.distributed" in sys.modules:  # a group may be made later: kept to compare
+            _early[key] = [shown(url), len(entries), _digest(entries)]
         return entries
     agree_early()
     rank, world, kv = group
@@ -92,7 +93,7 @@ def listed(store: Store, url: str, recursive: bool = True, fresh: bool = False) 
         return _from_rank0(kv, name, world, url)
     try:
         entries = _cached_list(store, url, recursive, key, fresh)
-    except SourceError as exc:
+    except BaseException as exc:  # the other ranks get it too, rather than wait for a listing
         kv.set(name, _encode_error(exc))
         raise
     kv.set(name, _encode(entries))
@@ -232,10 +233,8 @@ def agree_early() -> None:
 
 
 def _digest(entries: list[Entry]) -> str:
-    h = hashlib.blake2b(digest_size=12)
-    for e in entries:
-        h.update(f"{e.url}\0{e.size}\0{e.tag}\n".encode())
-    return h.hexdigest()
+    text = "\n".join(f"{e.url}\0{e.size}\0{e.tag}" for e in entries)
+    return hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
 
 
 def _wait(kv: Any, name: str, url: str) -> None:
@@ -265,9 +264,10 @@ def _encode(entries: list[Entry]) -> bytes:
     return zlib.compress(body, 1)
 
 
-def _encode_error(exc: SourceError) -> bytes:
+def _encode_error(exc: BaseException) -> bytes:
     kind = "missing" if isinstance(exc, NotInStore) else "error"
-    return zlib.compress(json.dumps({kind: str(exc)}).encode(), 1)
+    text = str(exc) if isinstance(exc, SourceError) else f"cannot list ({one_line(exc)})"
+    return zlib.compress(json.dumps({kind: text}).encode(), 1)
 
 
 def _decode(raw: bytes, url: str) -> list[Entry]:
