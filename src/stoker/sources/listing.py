@@ -196,7 +196,11 @@ def _torch_group() -> tuple[int, int, Any] | None:
         return None
     from torch.distributed import distributed_c10d
 
-    return int(dist.get_rank()), world, distributed_c10d._get_default_store()
+    try:
+        kv = distributed_c10d._get_default_store()
+    except (RuntimeError, ValueError, AttributeError):
+        return None  # a group without a key-value store: each rank lists on its own
+    return int(dist.get_rank()), world, kv
 
 
 def agree_early() -> None:
