@@ -148,7 +148,11 @@ def test_the_hook_sizes_a_module_right_after_its_import_and_then_leaves(tmp_path
         seen.append(module.imported_with)
         module.size = 1
 
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    # without a hook an earlier test left waiting (seeding's for torch, after a workers=0 run
+    # of a user augment in this process): this one's must be the only watch, so it leaves
+    monkeypatch.setattr(
+        sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, AfterImport)]
+    )
     after_import("fake_pool_lib", setter)
     hook = next(f for f in sys.meta_path if isinstance(f, AfterImport))
     import fake_pool_lib  # noqa: PLC0415
