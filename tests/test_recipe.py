@@ -28,8 +28,10 @@ def test_the_loader_is_made_of_one_frozen_recipe_it_reads_through(image_folder):
             recipe.plan = None  # type: ignore[misc]
         with pytest.raises(AttributeError):
             loader.plan = recipe.plan
-        # what each worker process is given: the Recipe, its status segment, the worker count
-        assert [f.name for f in dataclasses.fields(WorkerSpec)] == ["recipe", "status", "workers"]
+        # what each worker process is given: the Recipe, the RunSpec, its status segment and
+        # the count of its pool's workers
+        names = [f.name for f in dataclasses.fields(WorkerSpec)]
+        assert names == ["recipe", "run", "status", "workers"]
 
 
 @pytest.mark.timeout(120)

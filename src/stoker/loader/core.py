@@ -26,6 +26,7 @@ from ..stats import Stats
 from ..transforms import Pipeline
 from ..workers.address import reach as reach_cluster
 from ..workers.clusteroptions import options as cluster_options
+from ..workers.runspec import RunSpec
 from . import config, optiondocs, wiring
 from .consumer import Guard
 from .options import Options
@@ -42,6 +43,23 @@ if TYPE_CHECKING:  # never evaluated at run time; typing_extensions has Unpack o
 
 Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
 Fields = dict[str, np.ndarray]
+
+
+def _run_spec(opts: Options) -> RunSpec:
+    """The run half of the checked options, resolved: the worker count and why, the cluster."""
+    run, ray = opts.run, opts.ray
+    workers, reason = config.worker_count(run.workers)
+    cluster = cluster_options(
+        ray.cluster,
+        ray.cluster_workers,
+        ray.cluster_transport,
+        ray.cluster_listen,
+        ray.cluster_connect_timeout,
+    )
+    auto = isinstance(run.workers, str) and run.workers == "auto"
+    return RunSpec.of(
+        run, workers=workers, workers_reason=reason, auto_workers=auto, cluster=cluster
+    )
 
 
 def _boxed(batch: Any) -> list[Any] | None:
@@ -72,24 +90,12 @@ class Loader(Starting, Views):
             opts.order.seed,
             opts.order.shuffle,
         )
-        self.timeout, self.worker_threads, self.start_method = (
-            run.timeout,
-            run.worker_threads,
-            run.start_method,
-        )
-        self.workers, self._workers_reason = config.worker_count(run.workers)
-        self._auto_workers = isinstance(run.workers, str) and run.workers == "auto"
-        self._prefetch_arg = run.prefetch
-        ray = opts.ray
-        self.cluster = cluster_options(
-            ray.cluster,
-            ray.cluster_workers,
-            ray.cluster_transport,
-            ray.cluster_listen,
-            ray.cluster_connect_timeout,
-        )
-        if self.cluster is not None:  # a wrong address is found now, not at the first batch
-            reach_cluster(self.cluster.address, self.cluster.connect_timeout)
+        self.start_method = run.start_method
+        #: how the batches are made, resolved once: the pool and the nodes receive this object
+        self.run: RunSpec = _run_spec(opts)
+        cluster = self.run.cluster
+        if cluster is not None:  # a wrong address is found now, not at the first batch
+            reach_cluster(cluster.address, cluster.connect_timeout)
         parts = wiring.build(opts)
         self.subset = opts.source.subset
         self.image_size, self.augment = parts.image_size, parts.augment
@@ -134,6 +140,12 @@ class Loader(Starting, Views):
             return tuple(cls(*args, subset=half, **halves[half]) for half in config.HALVES)
         config.no_per_half(kwargs)
         return super().__new__(cls)
+
+    @property
+    def workers(self) -> int:
+        """Worker processes (0: batches are made in the calling process); ``"auto"`` is
+        settled at the first batch (``run.workers_reason`` says why)."""
+        return self.run.workers
 
     @property
     def source(self) -> Source:

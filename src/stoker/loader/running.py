@@ -25,6 +25,7 @@ from ..workers import shutdown
 from ..workers.engine import COPY_BYTES, HELD, Engine
 from ..workers.launch import StartReport
 from ..workers.pool import WorkerPool
+from ..workers.runspec import RunSpec
 from . import config
 from .supplier import Fields, Supplier
 
@@ -217,39 +218,22 @@ class Running:
         self.engine = Inline(assembler, layout)
         self._reason, self.folder = "none: workers=0 loads on demand", "process memory"
 
-    def launch_pool(
-        self,
-        recipe: Recipe,
-        workers: int,
-        prefetch: Any,
-        timeout: float,
-        threads: int | None = 1,
-    ) -> None:
-        """Launch ``workers`` processes (``threads`` per thread pool in each) without waiting
-        for them: they start while the caller goes on; a failed launch leaves nothing."""
+    def launch_pool(self, recipe: Recipe, run: RunSpec) -> None:
+        """Launch ``run.workers`` processes without waiting for them: they start while the
+        caller goes on; a failed launch leaves nothing."""
         layout = recipe.schema.slot_layout
         clean_stale()
-        self._depth = config.prefetch(prefetch, workers, HELD, layout.nbytes)
+        self._depth = config.prefetch(run.prefetch, run.workers, HELD, layout.nbytes)
         self._reason = self._depth[3]
         self.folder = pick_folder(self._depth[2] * layout.nbytes)
         shutdown.register(self)
         try:
-            self.pool = WorkerPool(workers, recipe, timeout, threads)
+            self.pool = WorkerPool(run.workers, recipe, run)
         except BaseException:
             self.close(fast=True)
             raise
 
-    def start_pool(
-        self,
-        recipe: Recipe,
-        workers: int,
-        prefetch: Any,
-        batches: int,
-        timeout: float,
-        name: Any,
-        threads: int | None = 1,
-        here: Assembler | None = None,
-    ) -> None:
+    def start_pool(self, recipe: Recipe, run: RunSpec, here: Assembler | None = None) -> None:
         """Start the prefetch engine over a ring in shared memory once the workers have
         started (launched here unless :meth:`launch_pool` already did); a failed start leaves
         no worker and no segment. Workers launched ahead that are still starting: with
@@ -257,9 +241,9 @@ class Running:
         (:class:`Warming`); without, waited for, and ``waited_s`` is set."""
         ahead = self.pool is not None
         if not ahead:
-            self.launch_pool(recipe, workers, prefetch, timeout, threads)
+            self.launch_pool(recipe, run)
         assert self.pool is not None
-        ring = (recipe.schema.slot_layout, batches, timeout, name)
+        ring = (recipe.schema.slot_layout, recipe.plan.batches(), run.timeout, recipe.source.name)
         try:
             if ahead and here is not None and not self.pool.poll_started():
                 self.engine = Warming(here, ring[0], lambda: self._take_over(ring))
@@ -292,22 +276,11 @@ class Running:
             self.pool, layout, slots, per_worker, batches, self.folder, timeout, name, deepest
         )
 
-    def start_cluster(
-        self,
-        recipe: Recipe,
-        workers: int,
-        cluster: Any,
-        prefetch: Any,
-        batches: int,
-        timeout: float,
-        name: Any,
-        samples: Any,
-        probe: Any,
-        threads: int | None = 1,
-    ) -> None:
-        """Start decode actors on the cluster's nodes (``workers.cluster``) beside ``workers``
-        local processes, and the prefetch engine over both; a failed start leaves nothing.
-        Each node starts its own ``WorkerPool`` from the same ``recipe`` and ``threads``."""
+    def start_cluster(self, recipe: Recipe, run: RunSpec, samples: Any, probe: Any) -> None:
+        """Start decode actors on ``run.cluster``'s nodes (``workers.cluster``) beside
+        ``run.workers`` local processes, and the prefetch engine over both; a failed start
+        leaves nothing. Each node starts its own ``WorkerPool`` from the same ``recipe`` and
+        ``run``."""
         from ..workers import cluster as cluster_mod
 
         layout = recipe.schema.slot_layout
@@ -315,13 +288,13 @@ class Running:
         shutdown.register(self)
         nodes = None
         try:
-            nodes = cluster_mod.Nodes(cluster, recipe, workers, timeout, probe, threads)
+            nodes = cluster_mod.Nodes(recipe, run, probe)
             per_worker, deepest, slots, self._reason = config.prefetch(
-                prefetch, workers + nodes.cores, HELD, layout.nbytes
+                run.prefetch, run.workers + nodes.cores, HELD, layout.nbytes
             )
             slots += nodes.cores * cluster_mod.REMOTE_EXTRA
             self.folder = pick_folder(slots * layout.nbytes)
-            local = WorkerPool(workers, recipe, timeout, threads) if workers else None
+            local = WorkerPool(run.workers, recipe, run) if run.workers else None
             if local is not None:
                 local.wait_started()
             mixed = cluster_mod.MixedPool(local, nodes)
@@ -332,10 +305,10 @@ class Running:
                 layout,
                 slots,
                 per_worker,
-                batches,
+                recipe.plan.batches(),
                 self.folder,
-                timeout,
-                name,  # type: ignore[arg-type]
+                run.timeout,
+                recipe.source.name,  # type: ignore[arg-type]
                 deepest,
                 samples,
             )

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     import weakref
 
     from ..recipe import Recipe
-    from ..workers.clusteroptions import ClusterOptions
+    from ..workers.runspec import RunSpec
     from .consumer import Guard
     from .running import Running
 
@@ -28,14 +28,8 @@ class Starting:
     these attributes)."""
 
     recipe: Recipe
-    workers: int
-    worker_threads: int | None
+    run: RunSpec
     batch_size: int
-    timeout: float
-    cluster: ClusterOptions | None
-    _auto_workers: bool
-    _workers_reason: str
-    _prefetch_arg: Any
     _batches: int
     _peeker: Assembler | None
     _rank_pending: bool
@@ -73,59 +67,39 @@ class Starting:
 
     def _count_workers(self, assembler: Assembler) -> None:
         """Settle ``workers="auto"`` (once) from the measured cost of a sample."""
-        if self.workers and self._auto_workers:
-            self.workers, self._workers_reason = auto_workers(
-                assembler, self.recipe.schema.slot_layout, self.batch_size
+        if self.run.workers and self.run.auto_workers:
+            self.run = self.run.settled(
+                *auto_workers(assembler, self.recipe.schema.slot_layout, self.batch_size)
             )
-            self._auto_workers = False
 
     def _launch_ahead(self) -> None:
         """A per-sample dataset's workers are launched now, not at the first batch: each
         imports the dataset's modules (torch, datasets: seconds), and that overlaps whatever
         the caller does before iterating (building the model). Image sources start in a
         fraction of a second and keep starting at the first batch; so do cluster loaders."""
-        if not self.workers or self.recipe.source.sample_fields is None or self.cluster is not None:
+        run = self.run
+        if not run.workers or self.recipe.source.sample_fields is None or run.cluster is not None:
             return
         self._count_workers(self._assembler())
-        if self.workers:
-            self._run.launch_pool(
-                self.recipe,
-                self.workers,
-                self._prefetch_arg,
-                self.timeout,
-                self.worker_threads,
-            )
+        if self.run.workers:
+            self._run.launch_pool(self.recipe, self.run)
 
     def _start(self) -> None:
         assembler = self._assembler()
         self._count_workers(assembler)
-        if self.workers == 0 and self.cluster is None:
+        if self.run.workers == 0 and self.run.cluster is None:
             self._run.start_inline(assembler, self.recipe.schema.slot_layout)
             return
-        if self.cluster is not None:  # the nodes get exactly what the local workers get
+        if self.run.cluster is not None:  # the nodes get exactly what the local workers get
             self._run.start_cluster(
                 self.recipe,
-                self.workers,
-                self.cluster,
-                self._prefetch_arg,
-                self._batches,
-                self.timeout,
-                self.recipe.source.name,
+                self.run,
                 self._samples,
                 lambda: probe_digest(assembler, self.recipe.schema.slot_layout, (0, 0)),
-                self.worker_threads,
             )
             return
-        self._run.start_pool(
-            self.recipe,
-            self.workers,
-            self._prefetch_arg,
-            self._batches,
-            self.timeout,
-            self.recipe.source.name,
-            self.worker_threads,
-            here=assembler,  # workers launched ahead and still starting: fill batches here
-        )
+        # workers launched ahead and still starting: batches are filled here (``here``)
+        self._run.start_pool(self.recipe, self.run, here=assembler)
 
     def _samples(self, key: tuple[int, int]) -> list[str]:
         """The names of the samples batch ``key`` (epoch, position) holds."""

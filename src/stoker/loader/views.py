@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # never evaluated at run time
     from ..adapters.keras import LoaderCheckpoint, StokerPyDataset, WaitReport
     from ..adapters.torch import TorchLoader
     from ..recipe import Recipe
+    from ..workers.runspec import RunSpec
     from .running import Running
 
 
@@ -33,12 +34,10 @@ class Views:
     which sets these attributes)."""
 
     recipe: Recipe
-    workers: int
-    worker_threads: int | None
+    run: RunSpec
     batch_size: int
     shuffle: bool
     epoch: int
-    _workers_reason: str
     _run: Running
     _stats: Stats
     _shuffle_note: tuple[int, list[str]]
@@ -77,8 +76,8 @@ class Views:
             self._run.started, self._start_cause(), self._run.waited_s, self._run.here()
         )
         return self._stats.report(
-            workers=self.workers,
-            workers_reason=self._workers_reason,
+            workers=self.run.workers,
+            workers_reason=self.run.workers_reason,
             prefetch=self._run.prefetch(),
             prefetch_reason=self._run.prefetch_reason,
             kept_batches=engine.orphaned if engine is not None else 0,
@@ -87,7 +86,7 @@ class Views:
             decoder=decoder_name(),
             startup_s=startup_s,
             startup=startup,
-            worker_threads=describe_threads(self.worker_threads) if self.workers else "",
+            worker_threads=describe_threads(self.run.worker_threads) if self.run.workers else "",
             from_storage=bool(self.recipe.source.from_storage),
             cluster=self._run.cluster_stats(),
         )

@@ -41,6 +41,7 @@ from .nodering import NodeRing
 
 if TYPE_CHECKING:
     from ..recipe import Recipe
+    from .runspec import RunSpec
 
 Result = tuple[str, Any]  # ("ok", Report) or ("error", JSON-able error)
 
@@ -81,10 +82,10 @@ def digest(parts: list[memoryview]) -> str:
 class Decoder:
     """One node's decode actor (wrapped with ``ray.remote`` by the trainer).
 
-    ``settings`` is the cloudpickled Recipe of the trainer's loader (what its local
-    ``WorkerPool`` hands each worker in its ``WorkerSpec``) and ``threads`` its thread count
-    per worker: this node's ``WorkerPool(cores, recipe, timeout, threads)`` is the trainer's
-    own, on ``cores`` processes that fill at most ``capacity`` batches at a time.
+    ``settings`` is the cloudpickled Recipe of the trainer's loader and ``run`` its RunSpec
+    (what its local ``WorkerPool`` hands each worker in its ``WorkerSpec``): this node's
+    ``WorkerPool(cores, recipe, run)`` is the trainer's own, on ``cores`` processes that fill
+    at most ``capacity`` batches at a time.
     ``claimed_version`` is the test suite's hook to impersonate another stoker version (see
     :func:`identity`).
 
@@ -99,13 +100,12 @@ class Decoder:
         secret: bytes,
         cores: int,
         capacity: int,
-        timeout: float,
-        threads: int | None = 1,
+        run: RunSpec,
         claimed_version: str | None = None,
     ) -> None:
         reaper.detach()  # before the first segment: Ray's kill of this actor kills its children
         self.recipe: Recipe = pickle.loads(settings)
-        self.cores, self.capacity, self.timeout, self.threads = cores, capacity, timeout, threads
+        self.cores, self.capacity, self.run = cores, capacity, run
         self.claimed, self.secret = claimed_version, secret
         self.refused = 0  # calls without the secret
         self.ring: NodeRing | None = None
@@ -147,7 +147,7 @@ class Decoder:
     def start(self, secret: bytes) -> dict[str, Any]:
         """Start the node's worker pool; this actor's pid and its workers'."""
         self._check(secret)
-        self.ring = NodeRing(self.recipe, self.cores, self.capacity, self.timeout, self.threads)
+        self.ring = NodeRing(self.recipe, self.run, self.cores, self.capacity)
         self.ring.done = self._done
         self.ring.start()
         return {"pid": os.getpid(), "workers": [p.pid for p in self.ring.pool.procs]}
@@ -178,7 +178,7 @@ class Decoder:
         if self.sock is not None:
             raise PermissionError("this node's data connection is already up")
         try:
-            sock = door.dial(host, port, self.secret, index, self.timeout)
+            sock = door.dial(host, port, self.secret, index, self.run.timeout)
         except wire.WireError as exc:
             return str(exc)
         self.sock = sock
@@ -254,7 +254,7 @@ class Decoder:
         with self.lock:
             self.futures[ticket] = future
         self.ring.submit(ticket, key)
-        slot, (kind, value) = future.result(timeout=max(self.timeout, 60.0))
+        slot, (kind, value) = future.result(timeout=max(self.run.timeout, 60.0))
         if kind == "fatal":
             raise WorkerDied(value)
         parts = (

@@ -17,6 +17,7 @@ from .pool import WorkerPool
 
 if TYPE_CHECKING:
     from ..recipe import Recipe
+    from .runspec import RunSpec
 
 PER_WORKER = 2  # tasks queued on each of the node's worker processes
 POLL_S = 0.2
@@ -48,14 +49,13 @@ class NodeRing:
     def __init__(
         self,
         recipe: Recipe,
+        run: RunSpec,
         cores: int,
         capacity: int,
-        timeout: float,
-        threads: int | None = 1,
     ) -> None:
         clean_stale()
         self.layout: SlotLayout = recipe.schema.slot_layout
-        self.pool = WorkerPool(cores, recipe, timeout, threads)
+        self.pool = WorkerPool(cores, recipe, run)
         self.pool.wait_started()
         self.segments = [Segment.create(self.layout.nbytes, f"node{i}") for i in range(capacity)]
         self.free: deque[int] = deque(range(capacity))

@@ -27,7 +27,7 @@ from .nodestart import Node
 
 if TYPE_CHECKING:
     from ..recipe import Recipe
-    from .clusteroptions import ClusterOptions
+    from .runspec import RunSpec
 
 __all__ = ["CLAIMED_VERSION", "Node", "Nodes", "Ticket"]
 
@@ -51,17 +51,13 @@ class Ticket:
 class Nodes:
     """Every node's actor, the data connections, and the receiving threads."""
 
-    def __init__(
-        self,
-        opts: ClusterOptions,
-        recipe: Recipe,
-        first_wid: int,
-        timeout: float,
-        probe: Callable[[], dict[str, Any]],
-        threads: int | None = 1,
-    ) -> None:
+    def __init__(self, recipe: Recipe, run: RunSpec, probe: Callable[[], dict[str, Any]]) -> None:
+        """Start ``run.cluster``'s nodes (their workers numbered after the ``run.workers``
+        local ones), each making ``recipe``'s batches as ``run`` says, checked with ``probe``."""
         import ray
 
+        assert run.cluster is not None
+        opts, timeout = run.cluster, run.timeout
         self.ray, self.opts, self.timeout = ray, opts, timeout
         self.layout: SlotLayout = recipe.schema.slot_layout
         self.offsets = _offsets(self.layout)
@@ -79,12 +75,10 @@ class Nodes:
         self.listen = ""
         self.threads: list[threading.Thread] = []
         nodestart.join(ray, opts.address)
-        self.nodes = nodestart.place(ray, opts, first_wid)
+        self.nodes = nodestart.place(ray, opts, run.workers)
         self.cores = sum(n.cores for n in self.nodes)
         try:
-            nodestart.start_actors(
-                ray, self.nodes, recipe, timeout, threads, CLAIMED_VERSION, self.secret
-            )
+            nodestart.start_actors(ray, self.nodes, recipe, run, CLAIMED_VERSION, self.secret)
             nodestart.check(ray, self.nodes, recipe, probe, timeout, self.secret)
             self._connect()
         except BaseException:

@@ -18,6 +18,7 @@ from .packing import pack
 if TYPE_CHECKING:
     from ..recipe import Recipe
     from .clusteroptions import ClusterOptions
+    from .runspec import RunSpec
 
 NODE_SLOTS_PER_CORE = 4  # a node's own ring: more than the trainer ever asks of one core
 START_TIMEOUT_S = 180.0
@@ -126,13 +127,13 @@ def start_actors(
     ray: Any,
     nodes: list[Node],
     recipe: Recipe,
-    timeout: float,
-    threads: int | None,
+    run: RunSpec,
     claimed: str | None,
     secret: bytes,
 ) -> None:
-    """One decode actor per node, pinned to it, each claiming the stoker version ``claimed``
-    (None: its own) and serving only callers that hold ``secret``."""
+    """One decode actor per node, pinned to it, making ``recipe``'s batches as ``run`` says,
+    each claiming the stoker version ``claimed`` (None: its own) and serving only callers that
+    hold ``secret``."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     with by_value():  # other machines cannot map this one's shared memory
@@ -148,7 +149,7 @@ def start_actors(
             max_task_retries=0,
             max_concurrency=capacity + 4,
             name=f"stoker-{os.getpid()}-{job}-{node.index}",
-        ).remote(blob, secret, node.cores, capacity, timeout, threads, claimed)
+        ).remote(blob, secret, node.cores, capacity, run, claimed)
 
 
 def get_all(ray: Any, nodes: list[Node], refs: list[Any], what: str, timeout: float) -> list[Any]:

@@ -26,8 +26,9 @@ from .errors import describe_exit, pack_exception
 from .launch import START_TIMEOUT_S, Launch, Process, StartReport, payload_bytes
 from .lifecycle import start_worker, stop_workers
 
-if TYPE_CHECKING:  # a type only: the Recipe arrives pickled from the parent
+if TYPE_CHECKING:  # types only: both arrive pickled from the parent
     from ..recipe import Recipe
+    from .runspec import RunSpec
 
 STATUS_FIELDS = 2  # current sample index, batches done
 
@@ -35,9 +36,11 @@ STATUS_FIELDS = 2  # current sample index, batches done
 @dataclass
 class WorkerSpec:
     """What every worker gets, pickled once (cloudpickle) for all workers at start: the
-    loader's ``recipe`` (what batches are made of), the status segment and the worker count."""
+    loader's ``recipe`` (what batches are made of) and ``run`` (how they are made), the status
+    segment and the count of this pool's workers."""
 
     recipe: Recipe
+    run: RunSpec
     status: tuple[str, int]
     workers: int
 
@@ -183,24 +186,25 @@ def _parts(spec: WorkerSpec) -> dict[str, Any]:
 
 
 class WorkerPool:
-    """The parent's side: the processes, their pipes, and the status array they update;
-    ``threads`` sizes each worker's thread pools (see :mod:`.threads`). The workers are
-    launched when the pool is made and waited for by :meth:`wait_started`."""
+    """The parent's side: ``count`` processes making ``recipe``'s batches as ``run`` says
+    (``run.worker_threads`` sizes each worker's thread pools, see :mod:`.threads`), their
+    pipes, and the status array they update. The workers are launched when the pool is made
+    and waited for by :meth:`wait_started`."""
 
-    def __init__(self, count: int, recipe: Recipe, timeout: float, threads: int | None = 1) -> None:
+    def __init__(self, count: int, recipe: Recipe, run: RunSpec) -> None:
         self.status_seg = Segment.create(count * STATUS_FIELDS * 8, "status")
         self.status = self.status_seg.array(np.int64, (count, STATUS_FIELDS))
         self.status[:] = -1
-        spec = WorkerSpec(recipe, self.status_seg.handle(), count)
+        spec = WorkerSpec(recipe, run, self.status_seg.handle(), count)
         self.name = recipe.source.name
         self.procs: list[Process] = []
         self.conns: list[Connection] = []
         self.started: list[StartReport] = []
-        self.limit = max(timeout, START_TIMEOUT_S)
+        self.limit = max(run.timeout, START_TIMEOUT_S)
         self.launch: Launch | None = None
         try:
             blob = payload_bytes(worker_main, (spec, os.getpid()), _parts(spec))
-            self.launch = Launch(blob, threads)
+            self.launch = Launch(blob, run.worker_threads)
             for wid in range(count):
                 proc, conn = start_worker(self.launch, wid)
                 self.procs.append(proc)
