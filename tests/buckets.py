@@ -11,9 +11,11 @@ for the session, a fresh bucket for each test, the environment set only inside t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from helpers import free_port
@@ -93,3 +95,21 @@ class S3Server:
             client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
             keys.append(key)
         return keys
+
+
+@contextlib.contextmanager
+def proxied_upload(
+    server: S3Server, local: pathlib.Path, monkeypatch: Any, home: pathlib.Path
+) -> Iterator[tuple[Any, str]]:
+    """``local`` uploaded to a fresh bucket as ``shards/``, a fault proxy in front of
+    ``server`` and the environment pointing at it, caches in the test's own ``HOME``: yields
+    ``(proxy, URL of the upload)``."""
+    from faultproxy import FaultProxy
+
+    bucket = server.bucket()
+    server.upload(local, f"s3://{bucket}/shards")
+    monkeypatch.setenv("HOME", str(home))
+    with FaultProxy(server.endpoint) as proxy:
+        for name, value in proxy.env().items():
+            monkeypatch.setenv(name, value)
+        yield proxy, f"s3://{bucket}/shards"

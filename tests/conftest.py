@@ -248,3 +248,15 @@ def s3_env(s3_server: object, monkeypatch: pytest.MonkeyPatch) -> object:
 def s3_bucket(s3_env: object) -> str:
     """A fresh, empty bucket on the test S3 server (its name); the environment points at it."""
     return s3_env.bucket()  # type: ignore[attr-defined,no-any-return]
+
+
+@pytest.fixture
+def proxied(
+    s3_env: object, shards: pathlib.Path, monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> Iterator[tuple[object, str]]:
+    """(a fault proxy in front of the S3 server, the URL of the test module's ``shards``
+    fixture uploaded to a fresh bucket); the environment points at the proxy."""
+    from buckets import proxied_upload
+
+    with proxied_upload(s3_env, shards, monkeypatch, tmp_path / "home") as pair:  # type: ignore[arg-type]
+        yield pair

@@ -19,7 +19,7 @@ from .schema import Columns
 from .sources import fetch
 from .sources.base import Source
 from .sources.fetch import RequestCounts
-from .sources.readahead import ReadAhead, ReadSettings, size_of
+from .sources.readahead import PLAN_AHEAD, ReadAhead, ReadSettings, size_of
 from .transforms import Pipeline, ResizePipeline
 
 MAX_REPLACEMENT_TRIES = 64
@@ -105,7 +105,8 @@ class Assembler:
         indices = order[positions]
         u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
         report = Report(count=len(indices))
-        self.read_ahead.start(indices)  # a window of reads ahead of decoding (files or network)
+        ahead = order[start + len(indices) : start + (PLAN_AHEAD + 1) * self.plan.batch_size]
+        self.read_ahead.start(indices, ahead)  # reads ahead of decoding (files or network)
         masks = arrays.get("mask")
         columns = self.columns.items()
         dropped = self.read_ahead.counters.dropped

@@ -29,7 +29,9 @@ from __future__ import annotations
 import fcntl
 import os
 import select
+import shutil
 import signal
+import stat
 import sys
 import threading
 import warnings
@@ -130,10 +132,19 @@ def _reap(paths: set[str], procs: dict[int, str]) -> None:
         except OSError:
             pass
     for path in sorted(paths, key=lambda p: p.endswith(".lock")):  # the locks last
-        try:
+        remove_path(path)
+
+
+def remove_path(path: str) -> None:
+    """Unlink a segment or lock file, or remove a folder of them (a loader's span cache:
+    ``sources.spancache``) with everything in it; a link is unlinked, never followed."""
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
             os.unlink(path)
-        except OSError:
-            pass
+    except OSError:
+        pass
 
 
 def _detach(parent: int) -> tuple[int, str]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from . import ownerlock
+from . import ownerlock, reaper
 from .folder import segment_dirs
 
 
@@ -61,11 +61,10 @@ def _uid(paths: list[str], folder: str, who: str) -> int:
 def _remove(folder: str, who: str, paths: list[str]) -> list[str]:
     removed = []
     for path in paths:
-        try:
-            os.unlink(path)
-            removed.append(path)
-        except OSError:
-            pass
+        if os.path.lexists(path):
+            reaper.remove_path(path)  # a segment, or a folder of them (a span cache)
+            if not os.path.lexists(path):
+                removed.append(path)
     try:
         os.unlink(ownerlock.lock_path(folder, who))
     except OSError:

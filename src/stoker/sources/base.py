@@ -74,10 +74,11 @@ class Source:
         (default: nothing to drop, False). Must not raise."""
         return False
 
-    def plan_reads(self, indices: Any) -> None:
-        """Hint: these samples are read next, in this order (one batch, from the plan). A
-        remote source merges their byte ranges into few requests (``sources.spans``); the
-        default does nothing. Must not raise (a failed plan is read sample by sample)."""
+    def plan_reads(self, indices: Any, upcoming: Any = None) -> None:
+        """Hint: these samples are read next, in this order (one batch, from the plan), and
+        ``upcoming`` ones after them (the next batches', or None). A remote source merges
+        their byte ranges into few requests, fetched ahead (``sources.spans``); the default
+        does nothing. Must not raise (a failed plan is read sample by sample)."""
 
     def bypass_page_cache(self) -> bool:
         """From now on read around the page cache where the storage allows it (``O_DIRECT``):

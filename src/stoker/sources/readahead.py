@@ -80,6 +80,7 @@ DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
 MAX_LOST_THREADS = 32  # threads stuck at once on dead files before read-ahead gives up
 IDLE_S = 10.0  # a reading thread with nothing to do for this long ends
 SIZE_AFTER = 64  # samples read before "auto" judges whether the dataset fits in RAM
+PLAN_AHEAD = 2  # batches past the current one whose samples a source is told (plan_reads)
 PAGE_CACHE = ("auto", "keep", "drop")
 
 
@@ -174,12 +175,13 @@ class ReadAhead:
 
     # ------------------------------------------------------------------ caller side
 
-    def start(self, indices: np.ndarray) -> None:
+    def start(self, indices: np.ndarray, upcoming: np.ndarray | None = None) -> None:
         """The samples about to be taken, in order (one batch); replaces any earlier window.
-        The source is told them first (``Source.plan_reads``: a remote source merges their
-        byte ranges into few requests)."""
+        The source is told them first, with the ``upcoming`` ones of the next batches
+        (``Source.plan_reads``: a remote source merges their byte ranges into few requests,
+        fetched ahead)."""
         self._discard()
-        self.source.plan_reads(indices)
+        self.source.plan_reads(indices, upcoming)
         if not self.enabled:
             return
         self._todo = deque(int(i) for i in indices)

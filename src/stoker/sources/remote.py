@@ -56,12 +56,14 @@ from .shardindex import (
     trusted_cached,
 )
 from .shards import MANIFEST, ShardSource
-from .spans import MergedReads, SpanReads
+from .spancache import SpanKey
+from .spans import CHUNK_BYTES, MergedReads, SpanReads, fixed_spans
 from .store import DEFAULT_TIMEOUT, Entry, ObjectFile, directly_under, is_url, open_store, shown
 
 __all__ = ["RemoteShardSource", "is_url", "READ_AHEAD_MAX", "DEFAULT_TIMEOUT"]
 
 READ_AHEAD_MAX = 64  # requests in flight per worker the auto window may grow to
+SPAN_WINDOW = 16  # row groups whose spans are read at once: two windows of order.block_order
 _HTTP = ("http", "https")
 
 
@@ -109,6 +111,7 @@ class RemoteShardSource(MergedReads, ShardSource):
         self._sizes: list[int] = []
         self._scan(self.files, manifest, self.url)
         self._listing = None  # not sent to workers: each shard's entry is kept
+        self.chunked = self._fits_in_spans()
         self.close()  # the main process's handles are not needed until read()
 
     # ------------------------------------------------------------------ setup
@@ -257,15 +260,18 @@ class RemoteShardSource(MergedReads, ShardSource):
         self._tables: dict[int, np.ndarray] = {}
         self._files_open: list[Any] = []
         self._spans: SpanReads | None = None
+        self._fixed: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for key in ("_tables", "_files_open", "_spans"):
+        for key in ("_tables", "_files_open", "_fixed"):
             state.pop(key, None)
-        return state
+        return self.span_state(state)
 
     def close(self) -> None:
-        """Close this process's open remote files and drop its filesystem."""
+        """Close this process's open remote files and drop its filesystem (and, in the
+        process that sent the source to workers, remove their shared folder of spans)."""
+        self.close_spans()
         for f in self._files_open:
             try:
                 f.close()
@@ -289,7 +295,48 @@ class RemoteShardSource(MergedReads, ShardSource):
         self._files_open.append(handle)
         return pf
 
+    def _fits_in_spans(self) -> bool:
+        """Whether samples are read out of fixed spans (a row group's images, cut at
+        ``CHUNK_BYTES``): every image stored verbatim, and the spans of ``SPAN_WINDOW`` row
+        groups (two windows of the quasi-random order, ``order.block_order``) fit in the span
+        cache, so no span is dropped before its last sample of the epoch is read."""
+        if self.merge_gap is None or not self.modes or any(self.modes):
+            return False
+        largest = 0
+        for shard in range(len(self.files)):
+            rows = self._table(shard)[HEADER_ROWS:]
+            starts = self._group_starts[shard]
+            for g in range(len(starts) - 1):
+                part = rows[starts[g] : starts[g + 1]]
+                kept = part[part[:, 0] >= 0]
+                if len(kept):
+                    size = int((kept[:, 0] + kept[:, 1]).max() - kept[:, 0].min())
+                    largest = max(largest, min(size, CHUNK_BYTES + int(kept[:, 1].max())))
+        self._tables = {}
+        return largest * SPAN_WINDOW <= self.span_bytes
+
+    def _fixed_spans(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        found = self._fixed.get(shard)
+        if found is None:
+            rows = self._table(shard)[HEADER_ROWS:]
+            found = fixed_spans(rows[:, 0], rows[:, 1], self._group_starts[shard])
+            self._fixed[shard] = found
+        return found
+
     # ------------------------------------------------------------------ reading
+
+    def sample_chunk(self, index: int) -> tuple[SpanKey, int, int] | None:
+        """The fixed span (a row group's images, or a part of them) holding sample
+        ``index``'s image bytes, and where they are in the shard; None for a null image."""
+        shard, row = self.locate(index)
+        span_of, spans = self._fixed_spans(shard)
+        number = int(span_of[row])
+        if number < 0:
+            return None
+        offset, length = (int(v) for v in self._table(shard)[row + HEADER_ROWS])
+        start, end = (int(v) for v in spans[number])
+        key = SpanKey(self.files[shard], start, end, self._objects[shard].tag)
+        return key, offset, offset + length
 
     def span_get(self, url: str, start: int, end: int) -> bytes:
         """One request for a merged span of shard ``url`` (of the listed version)."""

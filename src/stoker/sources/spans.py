@@ -13,19 +13,39 @@ samples) is served from it, so while the quasi-random order's window of row grou
 know (a replacement for a bad one) gives None: the caller reads it alone. A span whose
 request fails gives None to each of its samples as well, so each is then read (and, if it
 still fails, reported) alone: one bad object costs only its own samples.
+
+``ChunkReads`` is the other way, for a source whose objects fall into fixed spans (a Parquet
+row group's images, cut at ``CHUNK_BYTES``: ``MergedReads.sample_chunk``): the spans are a
+function of the stored layout alone, not of the order, so every process of a loader names the
+same ones, and ``spancache`` holds each one once for all of them (the loader's worker
+processes share a folder of fetched spans; one process alone keeps them in memory). The plan
+of the current batch and of the ``upcoming`` ones (the next ``readahead.PLAN_AHEAD`` batches)
+says which spans are needed next, and they are fetched ahead, in the order they are first
+needed, on ``PREFETCH_THREADS`` threads. While the spans of two of the quasi-random order's
+windows fit in the cache, no byte is fetched twice in an epoch by the processes of one machine,
+and every byte fetched is decoded (a row group's bytes are its images, less its page headers).
 """
 
 from __future__ import annotations
 
+import os
+import queue
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
+from . import spancache
 from .fetchpolicy import DEFAULT_MAX_GAP, DEFAULT_MAX_SPAN, Span, merge_ranges
+from .spancache import LocalSpans, SharedSpans, SpanCache, SpanKey
 
 Get = Callable[[str, int, int], bytes]
 DEFAULT_MAX_HELD = 64 << 20  # bytes of fetched spans one process keeps for later batches
+CHUNK_BYTES = 8 << 20  # a fixed span's most bytes (and one sample more): a row group is cut there
+PREFETCH_THREADS = 4  # threads per process fetching the planned spans ahead
 
 
 class _Pending:
@@ -130,30 +150,162 @@ class SpanReads:
             self._held_bytes = 0
 
 
+def fixed_spans(
+    offsets: np.ndarray, lengths: np.ndarray, group_starts: np.ndarray, limit: int = CHUNK_BYTES
+) -> tuple[np.ndarray, np.ndarray]:
+    """One object's fixed spans, from its layout alone: the rows of each row group (rows
+    ``group_starts[g]`` to ``group_starts[g + 1]``) whose bytes start within the same ``limit``
+    bytes of the group's first one are one span, from the first of their bytes to the last.
+    Returns each row's span number (-1: a row with no bytes, ``offsets < 0``) and the spans'
+    ``(start, end)`` byte ranges, in storage order. A pure function of the layout, so every
+    process names the same spans."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    ends = offsets + np.asarray(lengths, dtype=np.int64)
+    n = len(offsets)
+    span_of = np.full(n, -1, dtype=np.int64)
+    valid = np.flatnonzero(offsets >= 0)
+    if not len(valid):
+        return span_of, np.zeros((0, 2), dtype=np.int64)
+    group = np.searchsorted(np.asarray(group_starts, dtype=np.int64), valid, side="right") - 1
+    first = np.full(int(group.max()) + 1, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, group, offsets[valid])
+    piece = (offsets[valid] - first[group]) // max(1, int(limit))
+    keys, number = np.unique(np.stack([group, piece], axis=1), axis=0, return_inverse=True)
+    number = number.reshape(-1)
+    spans = np.empty((len(keys), 2), dtype=np.int64)
+    spans[:, 0], spans[:, 1] = np.iinfo(np.int64).max, -1
+    np.minimum.at(spans[:, 0], number, offsets[valid])
+    np.maximum.at(spans[:, 1], number, ends[valid])
+    span_of[valid] = number
+    return span_of, spans
+
+
+class ChunkReads:
+    """One process's reads out of fixed spans held by a ``SpanCache``; see the module
+    docstring. ``get(url, start, end)`` is one request."""
+
+    def __init__(self, get: Get, cache: SpanCache, threads: int = PREFETCH_THREADS) -> None:
+        self.get, self.cache, self.threads = get, cache, threads
+        self._where: dict[int, tuple[SpanKey, int, int]] = {}
+        self._failed: set[SpanKey] = set()
+        self._queued: set[SpanKey] = set()
+        self._todo: queue.SimpleQueue[SpanKey] = queue.SimpleQueue()
+        self._started = 0
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self.planned = 0
+
+    def plan(self, wanted: list[tuple[int, SpanKey, int, int]], upcoming: list[SpanKey]) -> None:
+        """Replace the plan with these samples' ``(index, span, start, end)`` and fetch their
+        spans ahead, then the ``upcoming`` batches' (in the order they are first needed)."""
+        where = {index: (key, start, end) for index, key, start, end in wanted}
+        with self._lock:
+            self._where = where
+            self._failed.clear()  # a span that failed for one batch is tried again
+            self.planned += len(where)
+        seen: set[SpanKey] = set()
+        for key in [k for _, k, _, _ in wanted] + upcoming:
+            if key not in seen:
+                seen.add(key)
+                self._ahead(key)
+
+    def _ahead(self, key: SpanKey) -> None:
+        with self._lock:
+            if key in self._queued or self.cache.has(key):
+                return
+            self._queued.add(key)
+            if self._pid != os.getpid():  # a forked copy: its threads are the parent's
+                self._pid, self._started = os.getpid(), 0
+            start = self._started < self.threads
+            self._started += start
+        self._todo.put(key)
+        if start:
+            threading.Thread(target=self._fetch_ahead, name="stoker-spans", daemon=True).start()
+
+    def _fetch_ahead(self) -> None:
+        """A prefetch thread: fetch queued spans into the cache (a failure is left to the
+        samples' own reads, which then read alone and name what failed)."""
+        while True:
+            key = self._todo.get()
+            try:
+                self.cache.get(key, self._fetch)
+            except Exception:  # noqa: BLE001, S110 - the samples read alone, and are named
+                pass
+            finally:
+                with self._lock:
+                    self._queued.discard(key)
+
+    def _fetch(self, key: SpanKey) -> bytes:
+        return self.get(key.url, key.start, key.end)
+
+    def read(self, index: int) -> bytes | None:
+        """Sample ``index``'s bytes out of its span, or None (not planned, or its span's
+        request failed): read it alone."""
+        with self._lock:
+            found = self._where.pop(index, None)
+            if found is None or found[0] in self._failed:
+                return None
+        key, start, end = found
+        try:
+            data = self.cache.get(key, self._fetch)
+        except Exception:  # noqa: BLE001 - each sample is then read alone, and named
+            with self._lock:
+                self._failed.add(key)
+            return None
+        return bytes(data[start - key.start : end - key.start])
+
+    def clear(self) -> None:
+        """Drop the plan and the spans held at hand."""
+        with self._lock:
+            self._where = {}
+        self.cache.clear()
+
+
 class MergedReads:
     """For a source whose sample is one byte range of a stored object (a Parquet shard's
-    image, a tar's member): ``plan_reads`` merges a batch's ranges into spans (``SpanReads``,
-    neighbours at most ``merge_gap`` bytes apart; ``merge_gap=None``: no merging) and
+    image, a tar's member): ``plan_reads`` tells the reads of the next batches, and
     ``planned(index)`` serves a sample out of its span (None: read it alone).
 
+    Where the source's objects fall into fixed spans (``sample_chunk``; ``chunked`` true),
+    the spans are fetched ahead and held once per machine (``ChunkReads``): a loader with
+    workers keeps them in a private folder its worker processes share (made when the source
+    is sent to them, removed at ``close``, by the reaper if the trainer dies); else a batch's
+    ranges are merged into spans (``SpanReads``, neighbours at most ``merge_gap`` bytes apart).
+    ``merge_gap=None``: no merging, each sample is one request.
+
     The source gives ``sample_range(index)`` (``(url, start, end)``, or None for a sample
-    that is not one range) and ``span_get(url, start, end)`` (one request). Its
-    ``__getstate__`` must leave ``_spans`` out: each process makes its own."""
+    that is not one range), ``span_get(url, start, end)`` (one request), and, for fixed
+    spans, ``sample_chunk(index)`` (``(span, start, end)``)."""
 
     merge_gap: int | None = DEFAULT_MAX_GAP
+    chunked: bool = False
+    span_bytes: int = spancache.DEFAULT_LIMIT
     _spans: SpanReads | None = None
+    _chunks: ChunkReads | None = None
+    _span_folder: str | None = None
+    _span_folder_pid = -1
+    _span_folder_end: Any = None
 
     def sample_range(self, index: int) -> tuple[str, int, int] | None:
         """Where sample ``index``'s bytes are: ``(url, start, end)``, or None."""
         raise NotImplementedError
 
+    def sample_chunk(self, index: int) -> tuple[SpanKey, int, int] | None:
+        """The fixed span holding sample ``index``'s bytes, and where they are in the object
+        (``(span, start, end)``), or None (read it alone). Used only where ``chunked``."""
+        return None
+
     def span_get(self, url: str, start: int, end: int) -> bytes:
         """One request for bytes ``[start, end)`` of ``url``."""
         raise NotImplementedError
 
-    def plan_reads(self, indices: Any) -> None:
-        """Merge the byte ranges of these samples (the next batch's) into few requests."""
+    def plan_reads(self, indices: Any, upcoming: Any = None) -> None:
+        """Plan the reads of these samples (the next batch's) and of ``upcoming`` ones (the
+        batches after it): into few requests, each fetched once."""
         if self.merge_gap is None:
+            return
+        if self.chunked:
+            self._plan_chunks(indices, upcoming)
             return
         if self._spans is None:
             self._spans = SpanReads(self.span_get, max_gap=self.merge_gap)
@@ -167,6 +319,73 @@ class MergedReads:
             wanted = []
         self._spans.plan(wanted)
 
+    def _plan_chunks(self, indices: Any, upcoming: Any) -> None:
+        if self._chunks is None:
+            folder = self._span_folder
+            cache: SpanCache
+            if folder is not None and spancache.usable_folder(folder):
+                cache = SharedSpans(folder, self.span_bytes)
+            else:  # one process (workers=0), or a node that cannot reach the loader's folder
+                cache = LocalSpans(self.span_bytes)
+            self._chunks = ChunkReads(self.span_get, cache)
+        wanted: list[tuple[int, SpanKey, int, int]] = []
+        ahead: list[SpanKey] = []
+        try:
+            for index in indices:
+                where = self.sample_chunk(int(index))
+                if where is not None:
+                    wanted.append((int(index), *where))
+            for index in () if upcoming is None else upcoming:
+                where = self.sample_chunk(int(index))
+                if where is not None:
+                    ahead.append(where[0])
+        except Exception:  # noqa: BLE001 - no plan: each sample is read (and named) alone
+            wanted, ahead = [], []
+        self._chunks.plan(wanted, ahead)
+
     def planned(self, index: int) -> bytes | None:
         """Sample ``index``'s bytes out of its planned span, or None: read it alone."""
+        if self._chunks is not None:
+            return self._chunks.read(index)
         return self._spans.read(index) if self._spans is not None else None
+
+    # ------------------------------------------------------------------ the shared folder
+
+    def span_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` (the source's, being sent to worker processes) without this process's
+        reads, and with the path of the span folder they share (made now, in the process that
+        owns the source, when its objects fall into fixed spans)."""
+        for key in ("_spans", "_chunks", "_span_folder_end"):
+            state.pop(key, None)
+        if self.chunked and self.merge_gap is not None and self._span_folder is None:
+            if self._span_folder_pid in (-1, os.getpid()):
+                try:
+                    self._open_span_folder()
+                except OSError:  # no room: each worker keeps its spans in its own memory
+                    pass
+        state["_span_folder"] = self._span_folder
+        state["_span_folder_pid"] = self._span_folder_pid
+        return state
+
+    def _open_span_folder(self) -> None:
+        path = spancache.create_folder(self.span_bytes)
+        self._span_folder, self._span_folder_pid = path, os.getpid()
+        self._span_folder_end = weakref.finalize(self, _remove_folder, path, os.getpid())
+
+    def close_spans(self) -> None:
+        """Drop this process's reads, and remove the span folder if this process made it."""
+        if self._chunks is not None:
+            self._chunks.clear()
+        self._chunks = self._spans = None
+        if self._span_folder is not None and self._span_folder_pid == os.getpid():
+            if self._span_folder_end is not None:
+                self._span_folder_end()
+            else:
+                _remove_folder(self._span_folder, os.getpid())
+            self._span_folder, self._span_folder_end = None, None
+
+
+def _remove_folder(path: str, creator: int) -> None:
+    """Remove a span folder, unless this is a forked child of the process that made it."""
+    if os.getpid() == creator:
+        spancache.remove_folder(path)

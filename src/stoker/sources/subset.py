@@ -77,9 +77,10 @@ class SubsetSource(Source):
         """The base's, for sample ``indices[index]``."""
         return self.base.forget(int(self.indices[index]))
 
-    def plan_reads(self, indices: Any) -> None:
-        """The base's, for samples ``indices[indices]``."""
-        self.base.plan_reads(self.indices[np.asarray(indices, dtype=np.int64)])
+    def plan_reads(self, indices: Any, upcoming: Any = None) -> None:
+        """The base's, for samples ``indices[indices]`` (and ``indices[upcoming]``)."""
+        ahead = None if upcoming is None else self.indices[np.asarray(upcoming, dtype=np.int64)]
+        self.base.plan_reads(self.indices[np.asarray(indices, dtype=np.int64)], ahead)
 
     def bypass_page_cache(self) -> bool:
         """The base's."""
