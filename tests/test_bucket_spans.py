@@ -27,6 +27,7 @@ pytest.importorskip("s3fs")
 import stoker  # noqa: E402
 from faultproxy import FaultProxy  # noqa: E402
 from stoker.cli.convert import convert  # noqa: E402
+from stoker.shm.folder import segment_dirs  # noqa: E402
 from stoker.sources.spans import fixed_spans  # noqa: E402
 
 IMAGES = 160
@@ -53,7 +54,7 @@ def _epoch(loader: stoker.Loader) -> list[np.ndarray]:
 
 
 def _span_folders(pid: int) -> list[str]:
-    return glob.glob(f"/dev/shm/stoker_{pid}_*_spans") + glob.glob(f"/tmp/stoker_{pid}_*_spans")
+    return [p for d in segment_dirs() for p in glob.glob(f"{d}/stoker_{pid}_*_spans")]
 
 
 def _row_groups(shards: pathlib.Path) -> int:
@@ -99,10 +100,11 @@ def test_two_workers_fetch_each_row_group_once(
 TRAINER = """
 import glob, os, sys, time
 import stoker
+from stoker.shm.folder import segment_dirs
 loader = stoker.Loader(sys.argv[1], batch_size=16, image_size=32, seed=5, workers=2)
 next(iter(loader))
-print(*glob.glob(f"/dev/shm/stoker_{os.getpid()}_*_spans"),
-      *glob.glob(f"/tmp/stoker_{os.getpid()}_*_spans"), flush=True)
+print(*(p for d in segment_dirs() for p in glob.glob(f"{d}/stoker_{os.getpid()}_*_spans")),
+      flush=True)
 time.sleep(600)
 """
 

@@ -105,7 +105,11 @@ class Assembler:
         indices = order[positions]
         u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
         report = Report(count=len(indices))
-        ahead = order[start + len(indices) : start + (PLAN_AHEAD + 1) * self.plan.batch_size]
+        # the next batches' samples, within the epoch's batches (drop_last leaves a tail out)
+        last = min(len(order), self.plan.batches() * self.plan.batch_size)
+        ahead = order[
+            start + len(indices) : min(last, start + (PLAN_AHEAD + 1) * self.plan.batch_size)
+        ]
         self.read_ahead.start(indices, ahead)  # reads ahead of decoding (files or network)
         masks = arrays.get("mask")
         columns = self.columns.items()

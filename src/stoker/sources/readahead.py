@@ -80,7 +80,7 @@ DEFAULT_MAX_BYTES = 64 << 20  # completed bytes one worker may hold ahead
 MAX_LOST_THREADS = 32  # threads stuck at once on dead files before read-ahead gives up
 IDLE_S = 10.0  # a reading thread with nothing to do for this long ends
 SIZE_AFTER = 64  # samples read before "auto" judges whether the dataset fits in RAM
-PLAN_AHEAD = 2  # batches past the current one whose samples a source is told (plan_reads)
+PLAN_AHEAD = 4  # batches past the current one whose samples a source is told (plan_reads)
 PAGE_CACHE = ("auto", "keep", "drop")
 
 

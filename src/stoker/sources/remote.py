@@ -10,11 +10,14 @@ Each shard's byte-offset index is built once, by the same code as a local shard'
 (``shardindex.locate_values``, fed one ranged read per column chunk instead of a memory map),
 and cached under ``cache_dir`` (default ``~/.cache/stoker/index``)/<hash of the URL>, keyed by
 the shard's size and checksum (the manifest's sha256, else the store's ETag). ``read(i)`` is
-then served from its batch's merged span: the read-ahead tells the source each batch's samples
-(``plan_reads``), and the byte ranges of neighbouring images of a shard (at most ``merge_gap``
-bytes apart, default 256 KiB) are one GET (``sources.spans``), held for later batches within a
-budget; ``merge_gap=None`` reads each image with one ranged request of its own. Every request
-goes through ``Store.get`` (paced by the rate ceiling, retried, counted: ``sources.fetch``).
+then served out of a fixed span: a row group's images (cut at ``spans.CHUNK_BYTES``) are one
+GET, planned from the batch being filled and the next ones (``plan_reads``), fetched ahead and
+held once for all the loader's worker processes (``sources.spans.ChunkReads``,
+``sources.spancache``), while ``SPAN_WINDOW`` row groups' spans fit in the span cache; larger
+row groups fall back to merging each batch's neighbouring images (at most ``merge_gap`` bytes
+apart, default 256 KiB) into one GET (``sources.spans.SpanReads``). ``merge_gap=None`` reads
+each image with one ranged request of its own. Every request goes through ``Store.get``
+(paced by the rate ceiling, retried, counted: ``sources.fetch``).
 
 Read-ahead is the one every local source has (``sources.readahead``): a window of upcoming
 samples' ``read(i)`` calls in flight on threads, sized from the measured latency against the
@@ -325,18 +328,45 @@ class RemoteShardSource(MergedReads, ShardSource):
 
     # ------------------------------------------------------------------ reading
 
-    def sample_chunk(self, index: int) -> tuple[SpanKey, int, int] | None:
-        """The fixed span (a row group's images, or a part of them) holding sample
-        ``index``'s image bytes, and where they are in the shard; None for a null image."""
-        shard, row = self.locate(index)
-        span_of, spans = self._fixed_spans(shard)
-        number = int(span_of[row])
-        if number < 0:
-            return None
-        offset, length = (int(v) for v in self._table(shard)[row + HEADER_ROWS])
-        start, end = (int(v) for v in spans[number])
-        key = SpanKey(self.files[shard], start, end, self._objects[shard].tag)
-        return key, offset, offset + length
+    def sample_chunks(
+        self, indices: np.ndarray, only_spans: bool = False
+    ) -> list[tuple[int, SpanKey, int, int]]:
+        """The fixed spans (a row group's images, or a part of them) holding these samples'
+        image bytes (``MergedReads.sample_chunks``); a null image has none."""
+        indices = np.asarray(indices, dtype=np.int64)
+        shard = np.searchsorted(self.starts, indices, side="right") - 1
+        row = indices - self.starts[shard]
+        number = np.full(len(indices), -1, dtype=np.int64)
+        offset = np.zeros(len(indices), dtype=np.int64)
+        end = np.zeros(len(indices), dtype=np.int64)
+        for k in np.unique(shard).tolist():
+            mine = shard == k
+            number[mine] = self._fixed_spans(k)[0][row[mine]]
+            if not only_spans:
+                pairs = np.asarray(self._table(k)[row[mine] + HEADER_ROWS], dtype=np.int64)
+                offset[mine], end[mine] = pairs[:, 0], pairs[:, 0] + pairs[:, 1]
+        if only_spans:  # each span once, in the order first needed
+            _, first = np.unique(shard * (1 << 32) + number, return_index=True)
+            picked = np.sort(first)
+            return [
+                (-1, self._span_key(int(shard[i]), int(number[i])), 0, 0)
+                for i in picked.tolist()
+                if number[i] >= 0
+            ]
+        return [
+            (
+                int(indices[i]),
+                self._span_key(int(shard[i]), int(number[i])),
+                int(offset[i]),
+                int(end[i]),
+            )
+            for i in range(len(indices))
+            if number[i] >= 0
+        ]
+
+    def _span_key(self, shard: int, number: int) -> SpanKey:
+        start, end = (int(v) for v in self._fixed_spans(shard)[1][number])
+        return SpanKey(self.files[shard], start, end, self._objects[shard].tag)
 
     def span_get(self, url: str, start: int, end: int) -> bytes:
         """One request for a merged span of shard ``url`` (of the listed version)."""

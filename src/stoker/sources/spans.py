@@ -15,7 +15,7 @@ request fails gives None to each of its samples as well, so each is then read (a
 still fails, reported) alone: one bad object costs only its own samples.
 
 ``ChunkReads`` is the other way, for a source whose objects fall into fixed spans (a Parquet
-row group's images, cut at ``CHUNK_BYTES``: ``MergedReads.sample_chunk``): the spans are a
+row group's images, cut at ``CHUNK_BYTES``: ``MergedReads.sample_chunks``): the spans are a
 function of the stored layout alone, not of the order, so every process of a loader names the
 same ones, and ``spancache`` holds each one once for all of them (the loader's worker
 processes share a folder of fetched spans; one process alone keeps them in memory). The plan
@@ -45,7 +45,7 @@ from .spancache import LocalSpans, SharedSpans, SpanCache, SpanKey
 Get = Callable[[str, int, int], bytes]
 DEFAULT_MAX_HELD = 64 << 20  # bytes of fetched spans one process keeps for later batches
 CHUNK_BYTES = 8 << 20  # a fixed span's most bytes (and one sample more): a row group is cut there
-PREFETCH_THREADS = 4  # threads per process fetching the planned spans ahead
+PREFETCH_THREADS = 8  # threads per process fetching the planned spans ahead
 
 
 class _Pending:
@@ -266,7 +266,7 @@ class MergedReads:
     image, a tar's member): ``plan_reads`` tells the reads of the next batches, and
     ``planned(index)`` serves a sample out of its span (None: read it alone).
 
-    Where the source's objects fall into fixed spans (``sample_chunk``; ``chunked`` true),
+    Where the source's objects fall into fixed spans (``sample_chunks``; ``chunked`` true),
     the spans are fetched ahead and held once per machine (``ChunkReads``): a loader with
     workers keeps them in a private folder its worker processes share (made when the source
     is sent to them, removed at ``close``, by the reaper if the trainer dies); else a batch's
@@ -275,7 +275,7 @@ class MergedReads:
 
     The source gives ``sample_range(index)`` (``(url, start, end)``, or None for a sample
     that is not one range), ``span_get(url, start, end)`` (one request), and, for fixed
-    spans, ``sample_chunk(index)`` (``(span, start, end)``)."""
+    spans, ``sample_chunks(indices)``."""
 
     merge_gap: int | None = DEFAULT_MAX_GAP
     chunked: bool = False
@@ -290,10 +290,14 @@ class MergedReads:
         """Where sample ``index``'s bytes are: ``(url, start, end)``, or None."""
         raise NotImplementedError
 
-    def sample_chunk(self, index: int) -> tuple[SpanKey, int, int] | None:
-        """The fixed span holding sample ``index``'s bytes, and where they are in the object
-        (``(span, start, end)``), or None (read it alone). Used only where ``chunked``."""
-        return None
+    def sample_chunks(
+        self, indices: np.ndarray, only_spans: bool = False
+    ) -> list[tuple[int, SpanKey, int, int]]:
+        """The fixed spans holding these samples' bytes: ``(index, span, start, end)`` for each
+        sample that has one (``start``/``end``: its bytes in the object), in the order given;
+        with ``only_spans``, one ``(-1, span, 0, 0)`` per span, in the order first needed.
+        Used only where ``chunked``."""
+        raise NotImplementedError
 
     def span_get(self, url: str, start: int, end: int) -> bytes:
         """One request for bytes ``[start, end)`` of ``url``."""
@@ -328,20 +332,16 @@ class MergedReads:
             else:  # one process (workers=0), or a node that cannot reach the loader's folder
                 cache = LocalSpans(self.span_bytes)
             self._chunks = ChunkReads(self.span_get, cache)
-        wanted: list[tuple[int, SpanKey, int, int]] = []
-        ahead: list[SpanKey] = []
         try:
-            for index in indices:
-                where = self.sample_chunk(int(index))
-                if where is not None:
-                    wanted.append((int(index), *where))
-            for index in () if upcoming is None else upcoming:
-                where = self.sample_chunk(int(index))
-                if where is not None:
-                    ahead.append(where[0])
+            wanted = self.sample_chunks(np.asarray(indices, dtype=np.int64))
+            ahead = (
+                []
+                if upcoming is None or not len(upcoming)
+                else self.sample_chunks(np.asarray(upcoming, dtype=np.int64), only_spans=True)
+            )
         except Exception:  # noqa: BLE001 - no plan: each sample is read (and named) alone
             wanted, ahead = [], []
-        self._chunks.plan(wanted, ahead)
+        self._chunks.plan(wanted, [key for _, key, _, _ in ahead])
 
     def planned(self, index: int) -> bytes | None:
         """Sample ``index``'s bytes out of its planned span, or None: read it alone."""
