@@ -86,8 +86,10 @@ def test_throttling_resets_and_short_bodies_are_retried_and_counted(
     assert proxy.faults[kind] == 2
     assert all(np.array_equal(a, b) for a, b in zip(again, clean, strict=True))
     assert loader.stats().skipped == 0
-    # a reset on a kept-alive connection may be retried once by the HTTP client itself
-    assert requests["retries"] == 2 or kind == "reset" and requests["retries"] == 1
+    # a reset on a kept-alive connection may be resent by the HTTP client itself, unseen by
+    # stoker (s3fs's aiohttp: the spans fetched ahead at once all ride kept-alive connections)
+    resent = kind == "reset" and requests["retries"] in ((0, 1) if client == "s3fs" else (1,))
+    assert requests["retries"] == 2 or resent
     assert requests["throttled"] == (2 if kind in ("503", "429") else 0)
 
 
