@@ -333,9 +333,10 @@ epoch), noting when each arrives. Reported, times in seconds after the construct
     images in 10 s      images in hand 10 s after the constructor began
     steady img/s        the rate over the last --steady-s seconds
 
-stoker's workers are fresh interpreters (never forked from the trainer), so each imports the
-dataset's modules itself; they are launched by the constructor, and the batches asked for while
-they are still starting are made in the trainer's process (which has the modules loaded). The
+stoker's workers are never forked from the trainer: one fresh interpreter (the pool's zygote)
+imports the dataset's modules once and forks the workers; it is launched by the constructor,
+and the batches asked for while the workers are still starting are made in the trainer's
+process (which has the modules loaded). The
 DataLoader forks its workers at the first ``iter()`` from a trainer that already imported
 everything. Medians of --repeats rounds of `common.interleave` (stoker, then the DataLoader,
 then ``--before``'s stoker if given: another source tree, for an A/B of a change in one run).

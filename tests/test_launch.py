@@ -124,7 +124,9 @@ def test_stats_show_start_up_and_why_it_was_slow(tmp_path, monkeypatch):
         report = loader.stats()
     assert "workers started in" in text
     assert report.startup_s >= 2.5  # the sleep is a floor, not a bound on the machine
-    assert "slow because loading your augment (slow_augment) in each worker" in report.startup
+    assert "slow because loading your augment (slow_augment) once, in the start-up process" in (
+        report.startup
+    )
     sys.modules.pop("slow_augment", None)
 
 

@@ -18,6 +18,7 @@ import pytest
 
 import stoker
 from stoker.workers.launch import BOOT
+from stoker.workers.zygote import ZYGOTE_BOOT
 
 
 class Squares:
@@ -31,22 +32,32 @@ class Squares:
 
 
 def _workers() -> list[psutil.Process]:
-    kids = psutil.Process().children()
-    return [k for k in kids if BOOT in k.cmdline() and k.is_running()]
+    """Live workers and zygotes among this process's descendants."""
+    found = []
+    for kid in psutil.Process().children(recursive=True):
+        try:
+            line = " ".join(kid.cmdline())
+            if (BOOT in line or ZYGOTE_BOOT in line) and kid.status() != psutil.STATUS_ZOMBIE:
+                found.append(kid)
+        except psutil.NoSuchProcess:
+            pass
+    return found
 
 
 @pytest.mark.timeout(120)
 def test_a_datasets_workers_are_launched_by_the_constructor_before_any_batch():
     before = {p.pid for p in _workers()}
     with stoker.Loader(Squares(), batch_size=4, workers=2, shuffle=False) as loader:
-        # the pool's own processes, not a command-line match (a child just forked still shows
-        # this process's command line until it execs)
-        launched = [p.pid for p in loader._run.pool.procs]
-        children = {k.pid for k in psutil.Process().children()}
-        assert len(launched) == 2 and set(launched) <= children
+        # the pool's own start-up process, not a command-line match (a child just forked
+        # still shows this process's command line until it execs)
+        zygote = loader._run.pool.zygote.popen.pid
+        assert zygote in {k.pid for k in psutil.Process().children()}
         batch = next(iter(loader))
         assert batch["label"].tolist() == [0, 1, 2, 3]
-        assert {p.pid for p in _workers()} - before == set(launched)  # none more at the batch
+        loader._run.pool.wait_started()
+        workers = [p.pid for p in loader._run.pool.procs]
+        assert len(set(workers)) == 2 and all(psutil.Process(w).ppid() == zygote for w in workers)
+        assert {p.pid for p in _workers()} - before == {zygote, *workers}  # none more
         startup = loader.stats().startup  # made here while they start, or by them once started
         assert "made in this process" in startup or "the first batch waited" in startup
 
@@ -87,7 +98,9 @@ def test_stats_names_the_datasets_modules_as_the_cause_not_an_augment(tmp_path, 
             next(stream)
         report = loader.stats()
     assert report.startup_s >= 2.5  # the sleep is a floor, not a bound on the machine
-    assert "importing the dataset's modules (slow_dataset_mod) in each worker" in report.startup
+    assert "importing the dataset's modules (slow_dataset_mod) once, in the start-up" in (
+        report.startup
+    )
     assert "augment" not in report.startup
     sys.modules.pop("slow_dataset_mod", None)
 
@@ -206,9 +219,9 @@ def test_cuda_transfer_is_picked_again_once_the_workers_took_over(tmp_path, monk
     assert len(rest) == 5  # 24 samples, batches of 4: none lost or repeated at the switch
 
 
-# A script that ends while its workers are still starting: each worker, importing the
-# dataset's module, says so (a file) and waits; the script waits for both, releases them and
-# ends at once, so the workers go on starting while the process exits.
+# A script that ends while its workers are still starting: the workers' start-up process,
+# importing the dataset's module, says so (a file) and waits; the script waits for it,
+# releases it and ends at once, so the workers go on starting while the process exits.
 ENDS_EARLY = """
 import os, sys, time
 sys.path.insert(0, {folder!r})
@@ -217,7 +230,7 @@ import stoker, gate_mod
 loader = stoker.Loader(gate_mod.Gated(), batch_size=4, workers=2)
 next(iter(loader))  # made here: the workers are held in their import
 cap = time.monotonic() + 60
-while len([f for f in os.listdir({folder!r}) if f.startswith("importing")]) < 2:
+while not [f for f in os.listdir({folder!r}) if f.startswith("importing")]:
     assert time.monotonic() < cap, "the workers never began importing"
     time.sleep(0.02)
 open({flag!r}, "w").close()

@@ -18,6 +18,7 @@ from ..errors import WorkerDied
 from .errors import describe_exit, pack_exception, unpack_exception
 from .launch import START_TIMEOUT_S, Launch, Process, payload_bytes
 from .lifecycle import start_worker, stop_workers
+from .zygote import ForkedProcess
 
 POLL_S = 0.25
 
@@ -38,7 +39,7 @@ def map_jobs(
     if not jobs:
         return
     launch = Launch(payload_bytes(_job_loop, (fn, on_tick is not None), {"the job": fn}))
-    procs: list[Process] = []
+    procs: list[Process | ForkedProcess] = []  # Launch() without a zygote: all Process
     conns: list[Connection] = []
     try:
         for wid in range(max(1, min(processes, len(jobs)))):
@@ -53,7 +54,7 @@ def map_jobs(
 
 
 def _serve(
-    procs: list[Process],
+    procs: list[Process | ForkedProcess],
     conns: list[Connection],
     queue: list[tuple[int, Any]],
     on_tick: Callable[[int], None] | None,
@@ -88,7 +89,7 @@ def _serve(
                 _died(wid, procs[wid], busy[wid])
 
 
-def _died(wid: int, proc: Process, index: int) -> None:
+def _died(wid: int, proc: Process | ForkedProcess, index: int) -> None:
     proc.join(2.0)
     raise WorkerDied(
         f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)} during job {index}"

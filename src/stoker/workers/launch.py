@@ -21,6 +21,11 @@ travel by value. The bytes go into a parent-owned shared-memory file, not throug
 start-up write can block on a worker that died; the worker maps it, loads it, and says
 ``started`` (with its timings) or ``failed`` (with the exception) on its own socket. The parent
 waits for that with a timeout and a liveness check, and unlinks the file once all started.
+
+A loader's pool (``Launch(zygote=True)``) starts one such interpreter, the zygote
+(:mod:`.zygote`), which loads the payload once and forks each worker from itself, so the
+payload's imports (torch for a torchvision-like dataset) are paid once, not once per worker;
+one-off jobs (:mod:`.jobs`) start a fresh interpreter each.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import pickle
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import Any, NoReturn
@@ -41,6 +47,7 @@ from . import threads as threads_mod
 from .errors import describe_exit, pack_exception, unpack_exception
 from .importpath import worker_path
 from .packing import pack
+from .zygote import ForkedProcess, Zygote
 
 # A worker's command: ``python -c BOOT N PATH_1 .. PATH_N ARGS..``. Its first statement sets
 # sys.path (only the builtin sys is imported before), so no folder the trainer does not import
@@ -83,6 +90,7 @@ class StartReport:
     stoker_s: float = 0.0  # of which importing stoker (numpy, the decoders)
     settings_s: float = 0.0  # loading the pickled settings (imports the user's modules)
     imported: list[str] = field(default_factory=list)  # top-level modules that load imported
+    forked: bool = False  # forked by the pool's zygote, which paid the parts above once
 
 
 #: What loading the settings imports the user's modules for, as ``describe`` names it.
@@ -130,9 +138,11 @@ def describe(
     if not reports:
         return 0.0, ""
     slow = max(reports, key=lambda r: r.total_s)
+    forked = "one start-up process, forked for each: " if slow.forked else ""
     text = (
-        f"workers started in {slow.total_s:.2f} s (Python {slow.python_s - slow.stoker_s:.2f} "
-        f"s, importing stoker {slow.stoker_s:.2f} s, {CAUSES[cause]} {slow.settings_s:.2f} s)"
+        f"workers started in {slow.total_s:.2f} s ({forked}Python "
+        f"{slow.python_s - slow.stoker_s:.2f} s, importing stoker {slow.stoker_s:.2f} s, "
+        f"{CAUSES[cause]} {slow.settings_s:.2f} s)"
     )
     if made_here:
         text += f", from Loader(); {made_here}, so the first batch did not wait for them"
@@ -150,7 +160,8 @@ def describe(
     if slow.settings_s >= SLOW_PART_S:
         what = f" ({', '.join(heavy)})" if heavy else ""
         fix = _MADE_HERE_FIX if made_here else _FIXES[cause]
-        why.append(f"{CAUSES[cause]}{what} in each worker: {slow.settings_s:.1f} s; {fix}")
+        where = "once, in the start-up process" if slow.forked else "in each worker"
+        why.append(f"{CAUSES[cause]}{what} {where}: {slow.settings_s:.1f} s; {fix}")
     if slow.python_s >= SLOW_PART_S or not why:
         cores, load = os.cpu_count() or 1, os.getloadavg()[0]
         why.append(
@@ -209,18 +220,53 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def worker_argv(
+    path: list[str], fd: int, segment: str, size: int, wid: int, threads: int | None
+) -> list[str]:
+    """The command of a fresh worker: ``path`` its ``sys.path``, ``fd`` its socket, the
+    payload in the file ``segment`` (``size`` bytes)."""
+    return [
+        sys.executable,
+        *SAFE_PATH,
+        "-c",
+        BOOT,
+        str(len(path)),
+        *path,
+        str(fd),
+        segment,
+        str(size),
+        str(wid),
+        repr(time.time()),
+        str(threads),
+    ]
+
+
 class Launch:
     """Workers being started: one shared copy of the payload, a process and socket each;
-    ``threads`` sizes each worker's thread pools (None: left alone, see :mod:`.threads`)."""
+    ``threads`` sizes each worker's thread pools (None: left alone, see :mod:`.threads`).
+    With ``zygote``, one start-up process loads the payload at once and forks each worker
+    (:mod:`.zygote`); it outlives the launch (its owner closes it after the workers)."""
 
-    def __init__(self, blob: bytes, threads: int | None = 1) -> None:
+    def __init__(self, blob: bytes, threads: int | None = 1, zygote: bool = False) -> None:
         folder = pick_folder(len(blob), "the workers' settings")
         self.segment = Segment.create(len(blob), "launch", folder)
         self.segment.map[: len(blob)] = blob
         self.size, self.threads = len(blob), threads
         self.reports: dict[int, StartReport] = {}
+        self.zygote: Zygote | None = None
+        if zygote:
+            try:
+                self.zygote = Zygote(self.segment.path, self.size, threads)
+            except BaseException as exc:
+                self.close()
+                if not isinstance(exc, OSError):
+                    raise
+                limit = limit_error(exc, "start worker processes (their start-up process)")
+                if limit is exc:
+                    raise
+                raise limit from exc
 
-    def start(self, wid: int) -> tuple[Process, Connection]:
+    def start(self, wid: int) -> tuple[Process | ForkedProcess, Connection]:
         """Start worker ``wid``; it loads the payload and then calls ``target(wid, conn, ...)``.
         An operating-system limit (open files, processes, memory) is a ResourceLimitError
         naming it."""
@@ -232,29 +278,17 @@ class Launch:
                 raise
             raise limit from exc
 
-    def _start(self, wid: int) -> tuple[Process, Connection]:
+    def _start(self, wid: int) -> tuple[Process | ForkedProcess, Connection]:
         if not sys.executable:
             raise ConfigError(
                 "cannot start worker processes: this Python does not know its own "
                 "executable (sys.executable is empty); use workers=0"
             )
+        if self.zygote is not None:
+            return self.zygote.fork(wid)
         ours, theirs = Pipe(duplex=True)
         fd = theirs.fileno()
-        path = worker_path()
-        argv = [
-            sys.executable,
-            *SAFE_PATH,
-            "-c",
-            BOOT,
-            str(len(path)),
-            *path,
-            str(fd),
-            self.segment.path,
-            str(self.size),
-            str(wid),
-            repr(time.time()),
-            str(self.threads),
-        ]
+        argv = worker_argv(worker_path(), fd, self.segment.path, self.size, wid, self.threads)
         try:
             env = threads_mod.environment(self.threads, worker_env())
             popen = subprocess.Popen(argv, pass_fds=(fd,), env=env, stdin=subprocess.DEVNULL)
@@ -266,7 +300,7 @@ class Launch:
         return Process(popen, f"stoker-worker-{wid}"), ours
 
     def wait_started(
-        self, procs: list[Process], conns: list[Connection], timeout: float
+        self, procs: Sequence[Process | ForkedProcess], conns: list[Connection], timeout: float
     ) -> list[StartReport]:
         """Wait until every worker said ``started``; raise if one failed, died or hung."""
         deadline = time.monotonic() + timeout
@@ -281,12 +315,14 @@ class Launch:
         self.close()
         return [self.reports[w] for w in range(len(procs))]
 
-    def poll(self, procs: list[Process], conns: list[Connection]) -> bool:
+    def poll(self, procs: Sequence[Process | ForkedProcess], conns: list[Connection]) -> bool:
         """Without waiting: True once every worker has said ``started``; raise if one failed
         or died (the reports that arrived are kept for :meth:`wait_started`)."""
         return self._collect(procs, conns, 0.0)
 
-    def _collect(self, procs: list[Process], conns: list[Connection], timeout: float) -> bool:
+    def _collect(
+        self, procs: Sequence[Process | ForkedProcess], conns: list[Connection], timeout: float
+    ) -> bool:
         """Take the start reports that arrive within ``timeout``; True once all are in."""
         pending = [c for w, c in enumerate(conns) if w not in self.reports]
         for ready in wait(pending, timeout) if pending else ():
@@ -297,7 +333,7 @@ class Launch:
                 self._raise_died(wid, proc)
         return len(self.reports) == len(procs)
 
-    def _reply(self, wid: int, proc: Process, conn: Connection) -> StartReport:
+    def _reply(self, wid: int, proc: Process | ForkedProcess, conn: Connection) -> StartReport:
         """The ``started`` report of worker ``wid``, or its start-up exception raised here."""
         try:
             kind, payload = conn.recv()
@@ -305,9 +341,11 @@ class Launch:
             self._raise_died(wid, proc)
         if kind == "failed":
             raise unpack_exception(payload, "while starting")
+        if isinstance(proc, ForkedProcess):
+            proc.wait_forked()  # its pid and pidfd, which the zygote sends after the fork
         return StartReport(**payload)
 
-    def _raise_died(self, wid: int, proc: Process) -> NoReturn:
+    def _raise_died(self, wid: int, proc: Process | ForkedProcess) -> NoReturn:
         proc.join(2.0)
         raise WorkerDied(
             f"worker {wid} (pid {proc.pid}) {describe_exit(proc.exitcode)} while starting, "

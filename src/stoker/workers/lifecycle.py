@@ -10,17 +10,20 @@ from multiprocessing.connection import Connection
 
 from ..shm import reaper
 from .launch import Launch, Process
+from .zygote import ForkedProcess
 
 
-def start_worker(launch: Launch, wid: int) -> tuple[Process, Connection]:
-    """Start worker ``wid`` from ``launch`` and register it with the reaper."""
+def start_worker(launch: Launch, wid: int) -> tuple[Process | ForkedProcess, Connection]:
+    """Start worker ``wid`` from ``launch`` and register it with the reaper (a worker a zygote
+    forks is registered when its pid arrives, the zygote from its start)."""
     proc, conn = launch.start(wid)
-    reaper.track_process(proc.pid)
+    if isinstance(proc, Process):
+        reaper.track_process(proc.pid)
     return proc, conn
 
 
 def stop_workers(
-    procs: Sequence[Process], conns: Sequence[Connection], timeout: float = 5.0
+    procs: Sequence[Process | ForkedProcess], conns: Sequence[Connection], timeout: float = 5.0
 ) -> None:
     """Ask every worker to stop (``None`` on its pipe), wait up to ``timeout`` seconds for all
     of them together, then terminate and at last kill the ones still running; untrack each one

@@ -25,6 +25,7 @@ from ..sources import fetch
 from .errors import describe_exit, pack_exception
 from .launch import START_TIMEOUT_S, Launch, Process, StartReport, payload_bytes
 from .lifecycle import start_worker, stop_workers
+from .zygote import ForkedProcess, Zygote
 
 if TYPE_CHECKING:  # types only: both arrive pickled from the parent
     from ..recipe import Recipe
@@ -197,14 +198,18 @@ class WorkerPool:
         self.status[:] = -1
         spec = WorkerSpec(recipe, run, self.status_seg.handle(), count)
         self.name = recipe.source.name
-        self.procs: list[Process] = []
+        self.procs: list[Process | ForkedProcess] = []
         self.conns: list[Connection] = []
         self.started: list[StartReport] = []
         self.limit = max(run.timeout, START_TIMEOUT_S)
         self.launch: Launch | None = None
+        self.zygote: Zygote | None = None
         try:
             blob = payload_bytes(worker_main, (spec, os.getpid()), _parts(spec))
-            self.launch = Launch(blob, run.worker_threads)
+            # one start-up process loads the payload once and forks the workers (.zygote);
+            # with the pools left alone torch's import starts a thread, and a fork needs none
+            self.launch = Launch(blob, run.worker_threads, zygote=run.worker_threads is not None)
+            self.zygote = self.launch.zygote
             for wid in range(count):
                 proc, conn = start_worker(self.launch, wid)
                 self.procs.append(proc)
@@ -293,13 +298,21 @@ class WorkerPool:
             except OSError:
                 pass
         self.procs, self.conns, self.launch = [], [], None  # the launch file is the parent's
+        zygote, self.zygote = self.zygote, None
+        if zygote is not None:
+            zygote.forget()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop every worker: ask, then terminate, then kill; never waits longer than needed."""
         launch, self.launch = self.launch, None
         if launch is not None:  # closed before the workers were waited for
             launch.close()
+        zygote, self.zygote = self.zygote, None
+        if zygote is not None:
+            zygote.stop()  # every fork asked for is known before the workers are stopped
         stop_workers(self.procs, self.conns, timeout)
+        if zygote is not None:
+            zygote.close()
         self.procs, self.conns = [], []
         self.status = np.zeros((0, STATUS_FIELDS), np.int64)
         self.status_seg.close()
