@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import stoker
-from stoker.workers.launch import BOOT
+from stoker.workers.command import BOOT
 from stoker.workers.zygote import ZYGOTE_BOOT
 
 

@@ -1,6 +1,6 @@
 """Start worker processes from stoker's own entry point, never from the user's script.
 
-A worker is a fresh interpreter running stoker's own entry point (:data:`BOOT`, then
+A worker is a fresh interpreter running stoker's own entry point (:data:`.command.BOOT`, then
 :func:`main`): it imports stoker (numpy, the decoders) and nothing of the user's ``__main__``, so
 a top-level script without an ``if __name__ == "__main__":`` guard, ``python -c``, ``python - <
 script``, ``python -i`` and a Jupyter kernel all work, and ``import keras`` at the top of a script
@@ -31,7 +31,6 @@ one-off jobs (:mod:`.jobs`) start a fresh interpreter each.
 from __future__ import annotations
 
 import os
-import pickle
 import subprocess
 import sys
 import time
@@ -44,19 +43,12 @@ from ..errors import ConfigError, WorkerDied, WorkerHung, limit_error
 from ..shm.folder import pick_folder
 from ..shm.segments import Segment
 from . import threads as threads_mod
+from .command import load_payload, worker_argv, worker_env
 from .errors import describe_exit, pack_exception, unpack_exception
 from .importpath import worker_path
 from .packing import pack
 from .zygote import ForkedProcess, Zygote
 
-# A worker's command: ``python -c BOOT N PATH_1 .. PATH_N ARGS..``. Its first statement sets
-# sys.path (only the builtin sys is imported before), so no folder the trainer does not import
-# from can supply stoker or anything it imports; it must stay free of any import before that.
-BOOT = (
-    "import sys; n = int(sys.argv[1]); sys.path[:] = sys.argv[2:2 + n]; "
-    "del sys.argv[1:2 + n]; import time; sys.argv.append(repr(time.time())); "
-    "from stoker.workers.launch import main; main(sys.argv[1:])"
-)
 POLL_S = 0.1
 START_TIMEOUT_S = 120.0  # a worker alive but not started by then is hung (a death shows at once)
 SLOW_START_S = 2.0  # a start-up longer than this gets its reason in stats()
@@ -205,42 +197,6 @@ class Process:
             self.popen.kill()
 
 
-# Python 3.11+: no folder is put first on sys.path even before BOOT runs (site's own imports).
-SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
-
-
-def worker_env() -> dict[str, str]:
-    """This process's environment, with only the absolute ``PYTHONPATH`` entries kept: an empty
-    or relative one names a folder relative to where the worker starts (the worker's
-    ``sys.path`` is this process's anyway, with those entries resolved where it started)."""
-    env = dict(os.environ)
-    kept = [p for p in env.pop("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(p)]
-    if kept:
-        env["PYTHONPATH"] = os.pathsep.join(kept)
-    return env
-
-
-def worker_argv(
-    path: list[str], fd: int, segment: str, size: int, wid: int, threads: int | None
-) -> list[str]:
-    """The command of a fresh worker: ``path`` its ``sys.path``, ``fd`` its socket, the
-    payload in the file ``segment`` (``size`` bytes)."""
-    return [
-        sys.executable,
-        *SAFE_PATH,
-        "-c",
-        BOOT,
-        str(len(path)),
-        *path,
-        str(fd),
-        segment,
-        str(size),
-        str(wid),
-        repr(time.time()),
-        str(threads),
-    ]
-
-
 class Launch:
     """Workers being started: one shared copy of the payload, a process and socket each;
     ``threads`` sizes each worker's thread pools (None: left alone, see :mod:`.threads`).
@@ -361,18 +317,6 @@ class Launch:
 # ---------------------------------------------------------------------------- worker side
 
 
-def _load(path: str, size: int) -> tuple[Any, tuple, list[str], float]:
-    """The target and its arguments from the launch file, the modules loading them imported."""
-    with open(path, "rb") as f:
-        data = f.read(size)
-    before = set(sys.modules)
-    t0 = time.perf_counter()
-    target, args = pickle.loads(data)  # cloudpickle's own helpers load only if used
-    seconds = time.perf_counter() - t0
-    new = sorted({m.split(".")[0] for m in set(sys.modules) - before} - {"stoker", "cloudpickle"})
-    return target, args, new, seconds
-
-
 def main(argv: list[str]) -> None:
     """Entry point of a worker process: load the payload, say ``started``, run the target."""
     started = time.time()
@@ -381,7 +325,7 @@ def main(argv: list[str]) -> None:
     conn = Connection(fd)
     try:
         threads_mod.limit(None if argv[5] == "None" else int(argv[5]))  # before any user code
-        target, args, imported, settings_s = _load(path, size)
+        target, args, imported, settings_s = load_payload(path, size)
     except BaseException as exc:  # noqa: BLE001 - every start failure goes to the parent
         conn.send(("failed", pack_exception(exc, wid, None)))
         sys.exit(1)

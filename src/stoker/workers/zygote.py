@@ -49,10 +49,11 @@ from typing import Any
 
 from ..shm import reaper
 from . import threads as threads_mod
+from .command import SAFE_PATH, load_payload, worker_argv, worker_env
 from .errors import pack_exception
 from .importpath import worker_path
 
-#: The zygote's command: :data:`.launch.BOOT` with the zygote's own entry point.
+#: The zygote's command: :data:`.command.BOOT` with the zygote's own entry point.
 ZYGOTE_BOOT = (
     "import sys; n = int(sys.argv[1]); sys.path[:] = sys.argv[2:2 + n]; "
     "del sys.argv[1:2 + n]; import time; sys.argv.append(repr(time.time())); "
@@ -86,7 +87,6 @@ class Zygote:
     as soon as it has loaded."""
 
     def __init__(self, segment: str, size: int, threads: int | None) -> None:
-        from .launch import SAFE_PATH, worker_env
 
         ours, theirs = Pipe(duplex=True)
         path = worker_path()
@@ -309,11 +309,10 @@ class _Zygote:
 
     def load(self) -> None:
         """Load the payload (imports its modules) once, or keep the failure for each worker."""
-        from .launch import _load
 
         try:
             threads_mod.limit(None if self.threads == "None" else int(self.threads))
-            target, args, imported, settings_s = _load(self.path, self.size)
+            target, args, imported, settings_s = load_payload(self.path, self.size)
         except BaseException as exc:  # noqa: BLE001 - every worker reports it as its own
             self.failure = pack_exception(exc, 0, None)
             return
@@ -406,7 +405,6 @@ class _Zygote:
     def _spawn(self, wid: int, fd: int) -> int:
         """A module loaded here left a thread running: start worker ``wid`` as a fresh
         interpreter (the plain launch command) instead of forking a threaded process."""
-        from .launch import worker_argv
 
         threads = None if self.threads == "None" else int(self.threads)
         argv = worker_argv(self.worker_path, fd, self.path, self.size, wid, threads)
