@@ -61,6 +61,7 @@ for x, y, index in train:  # two steps, then a checkpoint, then what an unbroken
     if len(seen) == 2:
         break
 accelerator.save_state(str(OUT / "state"))
+accelerator.wait_for_everyone()  # the main process writes the model: load only once it has
 report["unbroken"] = indices(train, 2)
 accelerator.load_state(str(OUT / "state"))
 report["resumed"] = indices(train, 2)

@@ -26,9 +26,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _reports(out: Path, procs: list[subprocess.Popen], timeout: float) -> list[dict]:
-    for p in procs:
-        _, err = p.communicate(timeout=timeout)
-        assert p.returncode == 0, err[-3000:]
+    errs = [p.communicate(timeout=timeout)[1] for p in procs]  # every rank's, for a failure
+    told = "\n".join(f"rank {r}:\n{e[-3000:]}" for r, e in enumerate(errs))
+    assert all(p.returncode == 0 for p in procs), told
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
