@@ -9,14 +9,20 @@ import sys
 import time
 from typing import Any
 
+
 # A worker's command: ``python -c BOOT N PATH_1 .. PATH_N ARGS..``. Its first statement sets
 # sys.path (only the builtin sys is imported before), so no folder the trainer does not import
 # from can supply stoker or anything it imports; it must stay free of any import before that.
-BOOT = (
-    "import sys; n = int(sys.argv[1]); sys.path[:] = sys.argv[2:2 + n]; "
-    "del sys.argv[1:2 + n]; import time; sys.argv.append(repr(time.time())); "
-    "from stoker.workers.launch import main; main(sys.argv[1:])"
-)
+def boot(module: str) -> str:
+    """The ``-c`` statement that sets ``sys.path``, then runs ``module``'s ``main``."""
+    return (
+        "import sys; n = int(sys.argv[1]); sys.path[:] = sys.argv[2:2 + n]; "
+        "del sys.argv[1:2 + n]; import time; sys.argv.append(repr(time.time())); "
+        f"from {module} import main; main(sys.argv[1:])"
+    )
+
+
+BOOT = boot("stoker.workers.launch")
 # Python 3.11+: no folder is put first on sys.path even before BOOT runs (site's own imports).
 SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 

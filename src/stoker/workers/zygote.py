@@ -49,16 +49,13 @@ from typing import Any
 
 from ..shm import reaper
 from . import threads as threads_mod
-from .command import SAFE_PATH, load_payload, worker_argv, worker_env
+from .command import SAFE_PATH, boot, load_payload, worker_argv, worker_env
 from .errors import pack_exception
 from .importpath import worker_path
 
 #: The zygote's command: :data:`.command.BOOT` with the zygote's own entry point.
-ZYGOTE_BOOT = (
-    "import sys; n = int(sys.argv[1]); sys.path[:] = sys.argv[2:2 + n]; "
-    "del sys.argv[1:2 + n]; import time; sys.argv.append(repr(time.time())); "
-    "from stoker.workers.zygote import main; main(sys.argv[1:])"
-)
+ZYGOTE_BOOT = boot("stoker.workers.zygote")
+
 #: pyarrow's jemalloc starts a background thread at load unless told not to (env variable
 #: read by the jemalloc that pyarrow bundles); a thread would rule out every fork.
 NO_ARROW_THREAD = ("JE_ARROW_MALLOC_CONF", "background_thread:false")
