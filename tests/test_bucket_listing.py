@@ -83,6 +83,23 @@ def test_a_second_loader_takes_the_cached_listing_and_a_replaced_object_lists_ag
     assert not cached[0].exists()  # and the cached listing is dropped
 
 
+@pytest.mark.timeout(180)
+def test_listing_ttl_0_lists_at_every_loader_and_sees_an_added_object(bucket, s3_env, image_folder):
+    proxy, name = bucket
+    url = f"s3://{name}/f/"
+    first = _epoch(url, shuffle=False)
+    listed = _lists(proxy, name)
+    extra = (image_folder / "class_000/img_00000.jpg").read_bytes()
+    s3_env.client().put_object(Bucket=name, Key="f/class_000/zz_added.jpg", Body=extra)
+    assert len(_epoch(url, shuffle=False)) == len(first)  # the default: the cached listing
+    assert _lists(proxy, name) == listed
+    with stoker.Loader(url, **{**KW, "batch_size": 1}, shuffle=False, listing_ttl=0) as loader:
+        assert len(loader) == 37  # listed now: the added object is in
+    assert _lists(proxy, name) == listed + 1
+    with pytest.raises(stoker.ConfigError, match=r"listing_ttl=-1: .* a number >= 0"):
+        stoker.Loader(url, listing_ttl=-1)
+
+
 @pytest.mark.timeout(120)
 def test_a_cached_listing_another_user_could_have_written_is_not_used(bucket, tmp_path):
     proxy, name = bucket

@@ -232,6 +232,20 @@ def timeout(value: Any) -> float:
     return float(value)
 
 
+def listing_ttl(value: Any) -> float:
+    """Seconds a cached bucket listing is trusted: a number >= 0 (0: list every time)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not value >= 0
+    ):
+        raise ConfigError(
+            f"listing_ttl={value!r}: give the seconds a cached bucket listing is used without "
+            "listing the prefix again, a number >= 0 (listing_ttl=600; 0 lists every time)"
+        )
+    return float(value)
+
+
 def flag(name: str, value: Any, allow_none: bool = False) -> Any:
     """A True/False argument (numpy bools too); ``None`` where it means "the default"."""
     if value is None and allow_none:

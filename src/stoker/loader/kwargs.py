@@ -26,6 +26,7 @@ class LoaderKwargs(TypedDict, total=False):
     class_names: Any
     follow_links: bool
     storage_options: Any
+    listing_ttl: float
     image_size: Any
     augment: Any
     color_mode: str | None

@@ -151,6 +151,13 @@ class SourceOptions:
         "message, `stats()` or `state_dict()`.",
         check=of_value(storage_options),
     )
+    listing_ttl: float = option(
+        600.0,
+        "float",
+        "Buckets: seconds a cached listing of a prefix is used without listing again (objects "
+        "added within it are not seen until it expires); `0` lists at every Loader.",
+        check=of_value(config.listing_ttl),
+    )
 
     def __post_init__(self) -> None:
         check_split(self.validation_split, self.subset)

@@ -20,7 +20,7 @@ from .bucket import TABLES, folder_kind, open_url, open_urls
 from .dataset import DatasetSource, is_dataset
 from .folder import FolderSettings, FolderSource
 from .parquet_targets import label_names
-from .store import shown
+from .store import LISTING_TTL, shown
 from .table import PathSource, TableSource
 from .tar import TarSource
 
@@ -113,10 +113,11 @@ def open_source(
             "lists and folders pass the targets as labels= (any numeric array, (N,) or (N, K))"
         )
     storage = getattr(options, "storage_options", None)
+    ttl = getattr(options, "listing_ttl", LISTING_TTL)
     if source is None:
         if paths is None:
             raise SourceError("no data given: pass a folder, a CSV file, an array, or paths=[...]")
-        return open_urls(paths, labels, masks, storage) or PathSource(paths, labels, masks)
+        return open_urls(paths, labels, masks, storage, ttl) or PathSource(paths, labels, masks)
     if paths is not None:
         raise SourceError("pass either a source or paths=, not both")
     if isinstance(source, np.ndarray):
@@ -134,7 +135,7 @@ def open_source(
                 "itself (class prefixes, a label column); labels= goes with an array, a .npy "
                 "file or paths=[...]"
             )
-        return open_url(source, label_column, tuple(columns), storage)
+        return open_url(source, label_column, tuple(columns), storage, ttl)
     if isinstance(source, (str, os.PathLike)):
         return _open_path(Path(source), labels, named, options)
     raise SourceError(

@@ -19,7 +19,7 @@ from .base import Source
 from .bucketfiles import BucketFolderSource, BucketPathSource, BucketTableSource
 from .buckettar import BucketTarSource
 from .listing import listed
-from .store import directly_under, is_url, open_store, shown
+from .store import LISTING_TTL, directly_under, is_url, open_store, shown
 
 TABLES = (".csv", ".tsv", ".txt")
 MANIFEST = "stoker-manifest.json"
@@ -40,17 +40,25 @@ def folder_kind(names: list[str]) -> str:
 
 
 def open_url(
-    url: str, label_column: Any = None, columns: tuple[str, ...] = (), storage_options: Any = None
+    url: str,
+    label_column: Any = None,
+    columns: tuple[str, ...] = (),
+    storage_options: Any = None,
+    listing_ttl: float = LISTING_TTL,
 ) -> Source:
     """The source at ``url``; see the module docstring."""
-    store = open_store(url, storage_options)
+    store = open_store(url, storage_options, listing_ttl=listing_ttl)
     root = url.rstrip("/")
     lower = root.lower()
     if lower.endswith(TABLES):
         return BucketTableSource(store, root, label_column, tuple(columns))
     from .remote import RemoteShardSource
 
-    shards = {"label_column": label_column, "storage_options": storage_options}
+    shards = {
+        "label_column": label_column,
+        "storage_options": storage_options,
+        "listing_ttl": listing_ttl,
+    }
     if lower.endswith(".parquet") or store.protocol in ("http", "https"):
         return RemoteShardSource(root, **shards)
     if lower.endswith(".tar"):
@@ -75,10 +83,17 @@ def open_url(
     return BucketFolderSource(store, root, listing)
 
 
-def open_urls(paths: list[Any], labels: Any, masks: Any, storage_options: Any) -> Source | None:
+def open_urls(
+    paths: list[Any],
+    labels: Any,
+    masks: Any,
+    storage_options: Any,
+    listing_ttl: float = LISTING_TTL,
+) -> Source | None:
     """``paths=`` as a bucket source when they are URLs (None when they are local paths)."""
     names = list(paths)
     first = next((p for p in names if is_url(p)), None)
     if first is None:
         return None
-    return BucketPathSource(open_store(first, storage_options), names, labels, masks)
+    store = open_store(first, storage_options, listing_ttl=listing_ttl)
+    return BucketPathSource(store, names, labels, masks)

@@ -13,7 +13,8 @@ the file). Each entry keeps what the store says changes when an object is replac
 or generation) and its size.
 
 How a cached listing is trusted without listing again: for ``TTL`` seconds after it was
-listed, and no longer. An object store has no cheap "did this prefix change" question (no
+listed (``Loader(listing_ttl=)``: the store's ``listing_ttl``; 0 lists every time), and no
+longer. An object store has no cheap "did this prefix change" question (no
 folder mtime; a listing is one request per 1,000 keys), so the cache is a TTL, and what it can
 miss is bounded by the reads themselves: every read asks for the listed version (``If-Match``
 on the ETag, the GCS generation), so an object replaced since it was listed is
@@ -57,11 +58,12 @@ import numpy as np
 from ..errors import SourceError, one_line
 from . import cachefile
 from .base import cache_folder
-from .store import Entry, NotInStore, Store, remove_files, shown
+from .store import LISTING_TTL, Entry, NotInStore, Store, remove_files, shown
 
 CACHE_VERSION = 1
-#: Seconds a cached listing is used for after it was listed (see the module docstring).
-TTL = 600.0
+#: Seconds a cached listing is used for after it was listed, unless ``listing_ttl=`` says
+#: otherwise (a store's ``listing_ttl``; see the module docstring).
+TTL = LISTING_TTL
 #: Seconds a rank other than 0 waits for rank 0's listing of a prefix.
 RANK0_WAIT = 1800.0
 _ARRAYS = ("urls", "url_ends", "tags", "tag_ends", "sizes")
@@ -74,7 +76,8 @@ _compared = False  # whether they were compared with rank 0's (once per process)
 
 def listed(store: Store, url: str, recursive: bool = True, fresh: bool = False) -> list[Entry]:
     """The objects under the prefix ``url`` (as ``Store.list``): rank 0's listing in a
-    torch.distributed job of several ranks, else this process's, cached for ``TTL`` seconds
+    torch.distributed job of several ranks, else this process's, cached for the store's
+    ``listing_ttl`` seconds
     (``fresh``: listed now, whatever the cache holds)."""
     url = url.rstrip("/")
     key = listing_key(store, url, recursive)
@@ -125,7 +128,8 @@ def _cached_list(store: Store, url: str, recursive: bool, key: str, fresh: bool)
     prefix is empty until its upload begins, and then it is not)."""
     path = cache_path(key)
     store.listed_from(path)
-    entries = None if fresh else load(path, url, time.time())
+    ttl = store.listing_ttl
+    entries = None if fresh or ttl <= 0 else load(path, url, time.time(), ttl)
     if entries is None:
         entries = store.list(url, recursive)
         if entries:

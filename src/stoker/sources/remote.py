@@ -61,7 +61,16 @@ from .shardindex import (
 from .shards import MANIFEST, ShardSource
 from .spancache import SpanKey
 from .spans import CHUNK_BYTES, MergedReads, SpanReads, fixed_spans
-from .store import DEFAULT_TIMEOUT, Entry, ObjectFile, directly_under, is_url, open_store, shown
+from .store import (
+    DEFAULT_TIMEOUT,
+    LISTING_TTL,
+    Entry,
+    ObjectFile,
+    directly_under,
+    is_url,
+    open_store,
+    shown,
+)
 
 __all__ = ["RemoteShardSource", "is_url", "READ_AHEAD_MAX", "DEFAULT_TIMEOUT"]
 
@@ -85,8 +94,9 @@ class RemoteShardSource(MergedReads, ShardSource):
         read_ahead_max: int = READ_AHEAD_MAX,
         merge_gap: int | None = DEFAULT_MAX_GAP,
         listing: list[Entry] | None = None,
+        listing_ttl: float = LISTING_TTL,
     ) -> None:
-        self.store = open_store(url, storage_options, timeout)
+        self.store = open_store(url, storage_options, timeout, listing_ttl)
         self._listing = listing  # the prefix's objects, when the caller listed them already
         if listing is not None:
             note(self.store, url)

@@ -2,8 +2,10 @@
 
 The contract the bucket sources (``bucket.py``, ``remote.py``) and the request engine build on:
 
-- ``open_store(url, storage_options=None, timeout=DEFAULT_TIMEOUT) -> Store`` for any URL with a
-  scheme: ``s3://`` (s3fs), ``gs://`` (gcsfs), ``http(s)://`` and any other fsspec protocol.
+- ``open_store(url, storage_options=None, timeout=DEFAULT_TIMEOUT, listing_ttl=LISTING_TTL) ->
+  Store`` for any URL with a scheme (``listing_ttl``: seconds a cached listing of its prefixes
+  is trusted, ``Loader(listing_ttl=)``): ``s3://`` (s3fs), ``gs://`` (gcsfs), ``http(s)://``
+  and any other fsspec protocol.
   Credentials come from each library's own chain (environment, profiles, instance metadata);
   ``storage_options`` go to the fsspec filesystem unchanged (an endpoint, ``anon=True``, keys).
 - ``Store.list(url) -> list[Entry]``: every object under a prefix, recursively, sorted by URL
@@ -96,8 +98,15 @@ def shown(url: str) -> str:
     return urlunsplit((parts.scheme, host, parts.path, query, ""))
 
 
+#: Seconds a cached bucket listing is trusted by default (``Loader(listing_ttl=)``).
+LISTING_TTL = 600.0
+
+
 def open_store(
-    url: str, storage_options: dict[str, Any] | None = None, timeout: float = DEFAULT_TIMEOUT
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    listing_ttl: float = LISTING_TTL,
 ) -> Store:
     """The store holding ``url``, chosen by its scheme (see the module docstring)."""
     if not is_url(url):
@@ -111,7 +120,9 @@ def open_store(
     kind = {"s3": S3Store, "s3a": S3Store, "gs": GCSStore, "gcs": GCSStore}.get(protocol)
     if kind is None:
         kind = HTTPStore if protocol in _HTTP else Store
-    return kind(protocol, StorageOptions(storage_options or {}), float(timeout))
+    store = kind(protocol, StorageOptions(storage_options or {}), float(timeout))
+    store.listing_ttl = float(listing_ttl)
+    return store
 
 
 def directly_under(listing: list[Entry], url: str, suffix: str) -> list[Entry]:
@@ -138,6 +149,8 @@ class Store:
         self._reset()
 
         self._listings: list[str] = []  # cached listings this store's sources came from
+        #: Seconds a cached listing of this store's prefixes is used for (``listing.py``).
+        self.listing_ttl = LISTING_TTL
 
     def _reset(self) -> None:
         self._fs: Any = None
@@ -150,6 +163,7 @@ class Store:
             "timeout": self.timeout,
             "_options": self._options,
             "_listings": self._listings,
+            "listing_ttl": self.listing_ttl,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
