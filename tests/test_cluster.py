@@ -835,17 +835,25 @@ def test_another_driver_cannot_connect_a_loaders_actor_to_itself(ray_cluster, da
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("layout", ["folder", "shards"])
 def test_nodes_read_a_bucket_themselves_and_give_the_batches_of_workers_0(
-    ray_cluster, s3_server, image_folder, monkeypatch, tmp_path
+    ray_cluster, s3_server, image_folder, monkeypatch, tmp_path, layout
 ):
-    """No shared folder: the images are only in a bucket of the test S3 server. The nodes
-    started before any AWS variable was set, so they reach it through storage_options alone,
-    and they list nothing: the trainer's listing travels in the Recipe (LISTs are counted at a
-    proxy: a LIST is a GET of the bucket's own path)."""
+    """No shared folder: the images (an image folder, or Parquet shards read in spans) are only
+    in a bucket of the test S3 server. The nodes started before any AWS variable was set, so
+    they reach it through storage_options alone, and they list nothing: the trainer's listing
+    travels in the Recipe (LISTs are counted at a proxy: a LIST is a GET of the bucket's own
+    path)."""
     from faultproxy import FaultProxy
 
     bucket = s3_server.bucket()
-    s3_server.upload(image_folder, f"s3://{bucket}/folder")
+    local = image_folder
+    if layout == "shards":
+        from stoker.cli.convert import convert
+
+        local = tmp_path / "shards"
+        convert(image_folder, local, progress=False, row_group_bytes=64 << 10)
+    s3_server.upload(local, f"s3://{bucket}/folder")
     for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))  # the trainer's listing cache: its own
