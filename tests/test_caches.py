@@ -13,7 +13,9 @@ import pytest
 
 from helpers import tick_past
 from stoker.errors import ConfigError
-from stoker.loader.state import check_state, make_state
+from stoker.loader.state import check_state
+from stoker.loader.steps import state_of
+from stoker.order import Plan
 from stoker.sources import cachefile
 from stoker.sources import folder as folder_module
 from stoker.sources import tar as tar_module
@@ -155,7 +157,8 @@ def _same_times(*paths: pathlib.Path) -> None:
 
 
 def _state(source) -> dict:
-    return make_state(0, 1, seed=0, batch_size=2, batches=4, fingerprint=source.fingerprint())
+    plan = Plan(n=8, batch_size=2, seed=0, shuffle=True, drop_last=False)
+    return state_of(plan, 0, 1, source.fingerprint())
 
 
 @pytest.mark.parametrize("swap", ["rename", "rewrite"])

@@ -113,8 +113,8 @@ def test_cutmix_pastes_the_box_its_documented_generator_draws(image_folder):
         image_folder, workers=2, augment="eval", batch_transform=cutmix, **KW
     ) as mixed:
         x, y = (np.array(v) for v in next(iter(mixed)))
-    # replay: batch 0 of epoch 0 on rank 0 draws from batch_rng(seed, 0, 0, 0)
-    y_0, y_1, x_0, x_1 = cutmix_box(32, 32, batch_rng(KW["seed"], 0, 0, 0))
+    # replay: global step 0 of epoch 0 draws from batch_rng(seed, 0, 0)
+    y_0, y_1, x_0, x_1 = cutmix_box(32, 32, batch_rng(KW["seed"], 0, 0))
     assert y_1 > y_0 and x_1 > x_0
     want = x0.copy()
     want[:, y_0:y_1, x_0:x_1] = np.roll(x0, 1, axis=0)[:, y_0:y_1, x_0:x_1]
@@ -275,7 +275,7 @@ def test_cutmix_on_masks_pastes_the_mask_box_with_the_image_box(tmp_path):
         tmp_path / "pairs.csv", workers=2, batch_transform=cutmix_masks, **kw
     ) as mixed:
         x, m = (np.array(v) for v in next(iter(mixed)))
-    y_0, y_1, x_0, x_1 = cutmix_box(24, 24, batch_rng(4, 0, 0, 0))
+    y_0, y_1, x_0, x_1 = cutmix_box(24, 24, batch_rng(4, 0, 0))
     assert y_1 > y_0 and x_1 > x_0
     box = np.s_[:, y_0:y_1, x_0:x_1]
     want_x, want_m = x0.copy(), m0.copy()

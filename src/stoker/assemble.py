@@ -75,11 +75,13 @@ class Assembler:
             source.sample_fields is not None
         )
         self._order = np.zeros(0, dtype=np.int64)
+        self._global = self._slots = self._order  # the epoch's global order, this rank's slots
         self.current = -1  # index of the sample being loaded, for crash reports
 
     def order(self, epoch: int) -> np.ndarray:
         """The (cached) order of ``epoch``."""
         if epoch != self._epoch:
+            self._global, self._slots = self.plan.global_order(epoch), self.plan.slots(epoch)
             self._order, self._epoch = self.plan.order(epoch), epoch
         return self._order
 
@@ -106,7 +108,7 @@ class Assembler:
         u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
         report = Report(count=len(indices))
         # the next batches' samples, within the epoch's batches (drop_last leaves a tail out)
-        last = min(len(order), self.plan.batches() * self.plan.batch_size)
+        last = min(len(order), self.plan.epoch_batches(epoch) * self.plan.batch_size)
         ahead = order[
             start + len(indices) : min(last, start + (PLAN_AHEAD + 1) * self.plan.batch_size)
         ]
@@ -126,9 +128,7 @@ class Assembler:
                         out: Any = {name: arrays[name][slot, ...] for name in own}  # 0-d views
                     else:
                         out = (arrays["image"][slot], None if masks is None else masks[slot])
-                    chosen[slot] = self._load_good(
-                        epoch, order, int(pos), out, u[slot], report, status
-                    )
+                    chosen[slot] = self._load_good(epoch, int(pos), out, u[slot], report, status)
         arrays["index"][:n] = self.source.source_indices(chosen)  # numbered as the user's source
         for name, column in columns:
             arrays[name][:n] = column[chosen]
@@ -156,7 +156,7 @@ class Assembler:
         if status is not None:
             status[0] = IN_BATCH_TRANSFORM
         t0 = time.perf_counter()
-        rng = batch_rng(self.plan.seed, epoch, self.plan.rank, batch)
+        rng = batch_rng(self.plan.seed, epoch, self.plan.first_step(epoch) + batch)
         try:
             self.batch_fn.apply(arrays, target, report.count, rng)
         except Exception as exc:
@@ -181,12 +181,15 @@ class Assembler:
         report.transform_s += time.perf_counter() - t0
         return True
 
-    def _load_good(self, epoch, order, pos, out, u, report, status) -> int:
-        """Load the sample at ``pos``; on bad data, the next good one in the epoch's order."""
+    def _load_good(self, epoch, pos, out, u, report, status) -> int:
+        """Load the sample at ``pos`` of this rank's order; on bad data, the next good one
+        after it in the epoch's *global* order, so the replacement is the same on any number
+        of ranks (it may be a sample another rank also loads in this step)."""
+        order, slot = self._global, int(self._slots[pos])
         tries = min(MAX_REPLACEMENT_TRIES, len(order))
         first_bad = len(report.bad)
         for k in range(tries):
-            index = int(order[(pos + k) % len(order)])
+            index = int(order[(slot + k) % len(order)])
             if k:
                 u = order_mod.sample_uniforms(
                     self.plan.seed, epoch, np.array([index]), self.pipeline.uniforms

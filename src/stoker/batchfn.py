@@ -5,8 +5,9 @@ does them in ``collate_fn``).
 The contract: ``fn(batch, rng)``, where ``batch`` is a dict of numpy arrays by field name
 (``image`` ``uint8`` ``(n, H, W, C)``, ``label``, ``mask``, ``weight``, ``index``, a
 ``fields=`` array, a dataset's own fields; ``n`` is the batch's size, smaller for a last
-ragged batch) and ``rng`` a ``numpy.random.Generator`` seeded from ``(seed, epoch, rank,
-batch number)``, so its draws repeat in every run, with any worker count and after a resume.
+ragged batch) and ``rng`` a ``numpy.random.Generator`` seeded from ``(seed, epoch, global
+step)``, the same on every rank, so its draws repeat in every run, with any worker count, any
+number of ranks and after a resume.
 It changes the arrays in place and returns None, or returns a dict of the fields it replaces
 or adds (``{"label": soft_labels}``). ``image`` and ``mask`` keep their dtype and shape, and
 ``index`` is never replaced; any other field may change dtype and per-sample shape (integer
@@ -36,9 +37,12 @@ KEPT = ("index", "path")
 BATCH_KEY = 0xBA7C  # keeps batch-level draws apart from every per-sample generator
 
 
-def batch_rng(seed: int, epoch: int, rank: int, batch: int) -> np.random.Generator:
-    """The generator a batch transform gets for batch ``batch`` of ``epoch`` on ``rank``."""
-    seq = np.random.SeedSequence([seed, epoch, rank, batch], spawn_key=(BATCH_KEY,))
+def batch_rng(seed: int, epoch: int, step: int) -> np.random.Generator:
+    """The generator a batch transform gets for global step ``step`` of ``epoch``: the same on
+    every rank (each rank's part of one global batch draws the same numbers), so it does not
+    depend on the world size. (The 0 in its key stands where the rank stood before: a single
+    rank's draws are the ones it always had.)"""
+    seq = np.random.SeedSequence([seed, epoch, 0, step], spawn_key=(BATCH_KEY,))
     return np.random.default_rng(seq)
 
 

@@ -67,33 +67,68 @@ class Plan:
                 f"{self.n}; the source's block_sizes must cover every sample once"
             )
 
+    #: ``(epoch, samples, steps)``: that epoch was resumed after ``samples`` global samples
+    #: of its order (``steps`` global steps) were consumed by a run with another global batch;
+    #: its rest, the samples after them, is split over the ranks as a whole epoch is. None:
+    #: every epoch from its start.
+    resume: tuple[int, int, int] | None = None
+
+    @property
+    def global_batch(self) -> int:
+        """Samples one step takes over all ranks: ``batch_size x world_size``."""
+        return self.batch_size * self.world_size
+
+    def global_order(self, epoch: int) -> np.ndarray:
+        """The epoch's order of all ``n`` samples, before the split over ranks."""
+        if self.shuffle and self.block_sizes:
+            return block_order(self.block_sizes, seed=self.seed, epoch=epoch)
+        return epoch_order(self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+
+    def start(self, epoch: int) -> int:
+        """Global samples of ``epoch`` consumed before this plan's first batch of it."""
+        return self.resume[1] if self.resume is not None and self.resume[0] == epoch else 0
+
+    def first_step(self, epoch: int) -> int:
+        """The global step number of this plan's batch 0 of ``epoch``."""
+        return self.resume[2] if self.resume is not None and self.resume[0] == epoch else 0
+
+    def slots(self, epoch: int) -> np.ndarray:
+        """This rank's positions in the epoch's global order (int64; a position ``p`` holds
+        sample ``global_order[p % n]``): every ``world_size``-th one from ``start(epoch)``,
+        padded with the epoch's first samples, cut or left uneven as ``split`` says."""
+        start = self.start(epoch)
+        rest = self.n - start
+        if self.world_size == 1 or self.split == "once":
+            total = rest
+        else:
+            total = per_rank_count(rest, self.world_size, self.split) * self.world_size
+        return np.arange(start + self.rank, start + total, self.world_size, dtype=np.int64)
+
     def order(self, epoch: int) -> np.ndarray:
         """This rank's sample order for ``epoch``."""
-        if self.shuffle and self.block_sizes:
-            return rank_split(
-                block_order(self.block_sizes, seed=self.seed, epoch=epoch),
-                rank=self.rank,
-                world_size=self.world_size,
-                split=self.split,
-            )
-        return epoch_order(
-            self.n,
-            seed=self.seed,
-            epoch=epoch,
-            shuffle=self.shuffle,
-            rank=self.rank,
-            world_size=self.world_size,
-            split=self.split,
-        )
+        order = self.global_order(epoch)
+        if self.world_size == 1 and not self.start(epoch):
+            return order
+        return np.ascontiguousarray(order[self.slots(epoch) % max(1, self.n)])
 
     def per_rank(self) -> int:
         """Samples this rank visits per epoch."""
         return per_rank_count(self.n, self.world_size, self.split, self.rank)
 
     def batches(self) -> int:
-        """Batches per epoch for this rank (counted, not by building an epoch's order)."""
-        per_rank = self.per_rank()
-        full, rest = divmod(per_rank, self.batch_size)
+        """Batches per whole epoch for this rank (counted, not by building an epoch's order)."""
+        return self._batches_of(self.per_rank())
+
+    def epoch_batches(self, epoch: int) -> int:
+        """Batches of ``epoch`` for this rank: a resumed epoch's rest, or a whole one."""
+        start = self.start(epoch)
+        if not start:
+            return self.batches()
+        rest = per_rank_count(self.n - start, self.world_size, self.split, self.rank)
+        return self._batches_of(rest)
+
+    def _batches_of(self, samples: int) -> int:
+        full, rest = divmod(samples, self.batch_size)
         return full if self.drop_last or rest == 0 else full + 1
 
 

@@ -5,6 +5,7 @@ mixins in their own modules."""
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 import warnings
 import weakref
@@ -27,12 +28,12 @@ from ..transforms import Pipeline
 from ..workers.address import reach as reach_cluster
 from ..workers.clusteroptions import options as cluster_options
 from ..workers.runspec import RunSpec
-from . import config, optiondocs, wiring
+from . import config, optiondocs, steps, wiring
 from .consumer import Guard
 from .options import Options
 from .running import Running, warn_if_slow_decoder
 from .starting import Starting
-from .state import advance_state, check_state, make_state
+from .state import check_state
 from .views import Views
 
 if TYPE_CHECKING:  # never evaluated at run time; typing_extensions has Unpack on 3.10 too
@@ -110,6 +111,8 @@ class Loader(Starting, Views):
         self._rank_pending, self._rank_used = parts.rank_pending, False
         #: the position was restored by load_state_dict and no batch was taken since
         self.resumed = False
+        #: what a resume that changed the world size or batch size did ("" if none did)
+        self.resume_note = ""
         self._batches = self.plan.batches()
         self.epoch, self.position = 0, 0
         self._ahead = 0  # batches an adapter took ahead of the training step (not yet received)
@@ -127,7 +130,11 @@ class Loader(Starting, Views):
         """Batches per epoch (for this rank). With no ``rank=`` given, read when called: made
         before the process group, a loader counts the group's split once the group exists."""
         self._ranked()
-        return self._batches
+        return self._length(self.epoch)
+
+    def _length(self, epoch: int) -> int:
+        """Batches of ``epoch`` for this rank (a resumed epoch's rest, or a whole epoch)."""
+        return self.plan.epoch_batches(epoch) if self.recipe.plan.resume else self._batches
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """``subset="both"`` (with ``validation_split``) gives two loaders, ``(training,
@@ -251,21 +258,21 @@ class Loader(Starting, Views):
         if self._rank_pending:  # batches are handed out as rank 0 of 1 from here
             self._rank_used = True
         self.resumed = False
-        if self.position >= self._batches:
+        if self.position >= self._length(self.epoch):
             self.epoch, self.position = self.epoch + 1, 0
         epoch = self.epoch
         # iter(callable, None) keeps no reference to a batch while the consumer has it; the
         # batch travels in a one-item list (a bare array batch cannot be compared with None)
         for box in iter(lambda: _boxed(self._take(epoch)), None):
             yield box.pop()
-        if self.epoch == epoch and self.position >= self._batches:
+        if self.epoch == epoch and self.position >= self._length(epoch):
             self.epoch, self.position = epoch + 1, 0
             self._stats.pause()  # the epoch's loop is over: validation etc. is not counted
 
     def _take(self, epoch: int) -> Batch | None:
         """The next batch of ``epoch`` (None at its end); position moves under the guard."""
         with self._guard.taking():
-            if self.position >= self._batches or self.epoch != epoch:
+            if self.position >= self._length(epoch) or self.epoch != epoch:
                 return None
             out = self._next((epoch, self.position))
             self.position += 1
@@ -306,10 +313,11 @@ class Loader(Starting, Views):
             if (
                 isinstance(batch, bool)
                 or not isinstance(batch, int | np.integer)
-                or not (0 <= batch < self._batches)
+                or not (0 <= batch < self._length(epoch))
             ):
                 raise ConfigError(
-                    f"peek({batch!r}): give a batch number in [0, {self._batches}) (len(loader)"
+                    f"peek({batch!r}): give a batch number in [0, {self._length(epoch)}) "
+                    "(len(loader)"
                     "), or nothing for the batch the next iteration starts with"
                 )
             position = int(batch)
@@ -343,8 +351,13 @@ class Loader(Starting, Views):
     def _received(self) -> tuple[int, int]:
         """``(epoch, position)`` of the next batch the training step has not received yet:
         batches an adapter holds ahead (a device copy in flight) do not count."""
-        done = self.epoch * self._batches + self.position - self._ahead
-        return divmod(done, self._batches)
+        epoch, position = self.epoch, self.position - self._ahead
+        while position < 0:  # batches held ahead across an epoch's end
+            epoch -= 1
+            position += self._length(epoch)
+        if position >= self._length(epoch):
+            return epoch + 1, position - self._length(epoch)
+        return epoch, position
 
     def hold_ahead(self, batches: int) -> None:
         """For adapters: ``batches`` more batches were taken ahead of the training step (a
@@ -363,38 +376,50 @@ class Loader(Starting, Views):
         ``DistributedSampler.set_epoch``); the epoch number seeds the order and augmentation."""
         if isinstance(epoch, bool) or not isinstance(epoch, int | np.integer) or epoch < 0:
             raise ConfigError(f"set_epoch({epoch!r}): give an epoch number >= 0")
+        self._replan(dataclasses.replace(self.recipe.plan, resume=None))
         self.epoch, self.position, self._ahead = int(epoch), 0, 0
 
     def state_dict(self) -> dict[str, Any]:
         """The loader's position as JSON-able data; ``load_state_dict`` resumes exactly there.
 
-        The position counts batches the training step received: a batch an adapter has taken
-        ahead (``torch(device="cuda")``, ``jax()``) is left out, so a state taken after ``k``
-        batches resumes at batch ``k``."""
+        The position is global (docs/resume.md): ``position`` counts the global steps of the
+        epoch the training step received and ``samples`` the global samples they consumed, the
+        same on every rank, so any rank's state resumes every rank, on any number of ranks. A
+        batch an adapter has taken ahead (``torch(device="cuda")``, ``jax()``) is left out, so
+        a state taken after ``k`` batches resumes at batch ``k``."""
         self._ranked()
         epoch, position = self._received()
-        return make_state(
-            epoch,
-            position,
-            seed=self.seed,
-            batch_size=self.batch_size,
-            batches=self._batches,
-            fingerprint=self.source.fingerprint(),
-        )
+        return steps.state_of(self.plan, epoch, position, self.source.fingerprint())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``; refuses a state of another dataset or other settings.
-
-        An empty state (``{}``) starts fresh at epoch 0, as torchdata's ``StatefulDataLoader``
-        treats one."""
+        """Resume from ``state_dict()``, saved on any rank; refuses a state of another
+        dataset, seed, shuffle or rank_split. ``batch_size`` and the world size may differ:
+        with the same global batch (``batch_size x world_size``) every later batch is the one
+        the uninterrupted run gave; with another, the rest of the epoch is the samples not yet
+        consumed, each once, in the same order (with a warning saying what changed; see
+        docs/resume.md). An empty state (``{}``) starts fresh at epoch 0, as torchdata's
+        ``StatefulDataLoader`` treats one."""
         if not state:
+            self._replan(dataclasses.replace(self.recipe.plan, resume=None))
             self.epoch, self.position, self._ahead = 0, 0, 0
             return
         older: list[str] = getattr(self.source, "older_fingerprints", list)()
-        self.epoch, self.position = check_state(state, self.state_dict(), older)
+        saved = check_state(state, self.state_dict(), older)
+        plan, self.epoch, self.position, self.resume_note = steps.resume(self.plan, saved)
+        self._replan(plan)
         self._ahead, self.resumed = 0, True
 
-    advance_state = staticmethod(advance_state)
+    def _replan(self, plan: Plan) -> None:
+        """Make batches from ``plan`` from now on: workers started with another plan are
+        stopped (the next batch starts them with this one)."""
+        if plan != self.recipe.plan:
+            self._run.close(fast=True)
+            self.recipe = dataclasses.replace(self.recipe, plan=plan)
+            self._peeker = None
+
+    def advance_state(self, state: dict[str, Any], batches: int) -> dict[str, Any]:
+        """The state ``batches`` steps after ``state`` (one of this loader's states)."""
+        return steps.advance(self.plan, state, batches)
 
     # ------------------------------------------------------------------ lifetime
 

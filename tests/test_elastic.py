@@ -1,0 +1,304 @@
+"""The position is global: a state saved on any rank resumes on any number of ranks. With the
+global batch (batch_size x world_size) unchanged every later global batch is the uninterrupted
+run's, byte for byte (augment="train", a batch_transform, a bad file); with another one, the
+rest of the epoch is the samples not yet consumed, each once, in the same order."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import stoker
+from helpers import SRC, free_port
+
+FIELDS = ("image", "label", "index")
+
+
+def shift(batch, rng):
+    """A batch transform whose effect on a sample depends on that sample and the draws only."""
+    batch["image"] ^= np.uint8(rng.integers(0, 256))
+    return {"label": batch["label"].astype(np.float32) + np.float32(rng.random())}
+
+
+def _kw(**extra):
+    kw = dict(image_size=16, augment="train", seed=5, workers=0, batch=FIELDS)
+    return {**kw, **extra}
+
+
+def _ranks(source, world, batch_size, **extra):
+    return [
+        stoker.Loader(source, rank=r, world_size=world, batch_size=batch_size, **_kw(**extra))
+        for r in range(world)
+    ]
+
+
+def _steps(loaders, count=None):
+    """Global steps of the ranks' loaders, taken in lockstep: per step, {global position:
+    (source index, label, image bytes)}; global positions from the plan (``Plan.slots``)."""
+    out, its = [], [iter(loader) for loader in loaders]
+    while count is None or len(out) < count:
+        step = {}
+        for loader, it in zip(loaders, its, strict=True):
+            epoch, k = loader._received()  # the batch about to be taken
+            batch = next(it, None)
+            if batch is None:
+                return out
+            images, labels, index = batch
+            size = loader.batch_size
+            start = k * size
+            slots = loader.plan.slots(epoch)[start : start + len(index)]
+            for p, img, lab, idx in zip(slots, images, labels, index, strict=True):
+                step[int(p)] = (int(idx), float(lab), hashlib.sha1(img.tobytes()).hexdigest())
+        out.append(step)
+    return out
+
+
+def _close(loaders):
+    for loader in loaders:
+        loader.close()
+
+
+@pytest.fixture
+def bad_folder(image_folder, tmp_path):
+    folder = tmp_path / "bad"
+    shutil.copytree(image_folder, folder)
+    victim = sorted(folder.glob("*/*.jpg"))[5]
+    victim.write_bytes(victim.read_bytes()[:60])
+    return folder
+
+
+@pytest.mark.timeout(120)
+def test_4_and_2_ranks_give_the_same_global_batches_and_resume_into_each_other(bad_folder):
+    """4 x 4 and 2 x 8: each global step holds the same samples at the same global positions,
+    the same pixels; a state saved on rank 2 of 4 resumes 2 ranks at the next step."""
+    kw = dict(batch_transform=shift, max_errors=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the bad file is warned about on every pass
+        four = _ranks(bad_folder, 4, 4, **kw)
+        whole = _steps(four) + _steps(four)  # two epochs
+        two = _ranks(bad_folder, 2, 8, **kw)
+        assert _steps(two) + _steps(two) == whole
+        _close(two)
+        four = _ranks(bad_folder, 4, 4, **kw)
+        first = _steps(four, 1)
+        states = [loader.state_dict() for loader in four]
+        assert all(s == states[0] for s in states)  # the same dict on every rank
+        assert states[0]["samples"] == 16 and states[0]["position"] == 1
+        assert json.loads(json.dumps(states[2])) == states[2]
+        two = _ranks(bad_folder, 2, 8, **kw)
+        for loader in two:
+            loader.load_state_dict(states[2])
+        rest = _steps(two) + _steps(two)
+    assert first + rest == whole
+    replaced = [v for step in whole[:3] for p, v in step.items() if v[0] != _at(four[0], p)]
+    assert replaced  # the bad file was met and replaced (by the next sample in global order)
+    assert "world_size 4 -> 2" in two[0].resume_note and "unchanged" in two[0].resume_note
+    _close(four + two)
+
+
+def _at(loader, p):
+    """The source index at global position ``p`` of epoch 0's order."""
+    order = loader.plan.global_order(0)
+    return int(loader.source.source_indices(order[p % len(order)].reshape(1))[0])
+
+
+@pytest.mark.timeout(120)
+def test_another_global_batch_gives_the_rest_of_the_epoch_each_once(image_folder):
+    """4 x 4 saved after one step, resumed on 2 x 5: the rest of epoch 0 is the 20 samples
+    not yet consumed, each once, in global order; epoch 1 is a 2 x 5 run's; a warning names
+    what changed."""
+    four = _ranks(image_folder, 4, 4)
+    _steps(four, 1)
+    state = four[1].state_dict()
+    two = _ranks(image_folder, 2, 5)
+    with pytest.warns(UserWarning, match=r"world_size 4 -> 2, batch_size 4 -> 5: 16 -> 10"):
+        for loader in two:
+            loader.load_state_dict(state)
+    assert [len(loader) for loader in two] == [2, 2]  # 20 samples: 10 a rank
+    rest = _steps(two)
+    got = [v[0] for step in rest for _, v in sorted(step.items())]
+    order = two[0].plan.global_order(0)
+    assert got == two[0].source.source_indices(order[16:]).tolist()
+    fresh = _ranks(image_folder, 2, 5)
+    for loader in fresh:
+        loader.set_epoch(1)
+    assert _steps(two) == _steps(fresh)
+    assert "global sample 16 (step 1) of epoch 0 on 2 ranks" in two[0].resume_note
+    _close(four + two + fresh)
+
+
+@pytest.mark.timeout(60)
+def test_a_state_in_a_resumed_epoch_resumes_it_again_and_advances(image_folder):
+    """A state saved inside the rest of an epoch (resumed with another global batch) keeps
+    its start: the same sizes resume at the same step; advance_state counts its steps."""
+    (one,) = _ranks(image_folder, 1, 4)
+    _steps([one], 3)  # 12 samples
+    (other,) = _ranks(image_folder, 1, 5)
+    with pytest.warns(UserWarning, match="another global batch"):
+        other.load_state_dict(one.state_dict())
+    _steps([other], 2)
+    state = other.state_dict()
+    assert (state["position"], state["samples"], state["resumed"]) == (5, 22, [0, 12, 3])
+    (again,) = _ranks(image_folder, 1, 5)
+    again.load_state_dict(state)
+    assert _steps([again]) == _steps([other])
+    ahead = again.advance_state(state, 2)  # 14 samples left: 2 full batches of 5 end it
+    assert (ahead["epoch"], ahead["position"], ahead["samples"]) == (1, 0, 0)
+    assert again.advance_state(state, 1)["samples"] == 27
+    assert again.advance_state(state, 3)["samples"] == 5  # a step into epoch 1
+    _close([one, other, again])
+
+
+@pytest.mark.timeout(60)
+def test_a_state_of_the_earlier_format_still_loads(image_folder):
+    """Version 1: a position in this rank's batches, with batch_size and batches to match."""
+    (loader,) = _ranks(image_folder, 1, 4)
+    old = {
+        "version": 1,
+        "epoch": 1,
+        "position": 2,
+        "seed": 5,
+        "batch_size": 4,
+        "batches": 9,
+        "fingerprint": loader.source.fingerprint(),
+    }
+    loader.load_state_dict(old)
+    state = loader.state_dict()
+    assert (state["epoch"], state["position"], state["samples"]) == (1, 2, 8)
+    (fresh,) = _ranks(image_folder, 1, 4)
+    fresh.set_epoch(1)
+    assert _steps([loader]) == _steps([fresh])[2:]
+    with pytest.raises(stoker.ConfigError, match="different batch_size"):
+        loader.load_state_dict({**old, "batch_size": 8})
+    _close([loader, fresh])
+
+
+RANK = textwrap.dedent(
+    """
+    import datetime, hashlib, json, pathlib, sys, warnings
+    sys.path.insert(0, {src!r})
+    import torch.distributed as dist
+    import stoker
+
+    folder, out, me = sys.argv[1], pathlib.Path(sys.argv[2]), int(sys.argv[3])
+    ports = sys.argv[4:7]
+    # (world size, batch size, workers, steps to take: None = to the end of epoch 1)
+    PHASES = [(4, 2, 0, 1), (2, 4, 2, 2), (3, 3, 0, None)]
+    report = []
+    for phase, (world, size, workers, steps) in enumerate(PHASES):
+        if me >= world:
+            continue
+        dist.init_process_group("gloo", rank=me, world_size=world, timeout=datetime.timedelta(
+            seconds=300), init_method="tcp://127.0.0.1:" + ports[phase])
+        # every rank joins only once the phase before saved its state: it is on disk
+        loader = stoker.Loader(folder, batch_size=size, image_size=16, augment="train",
+                               seed=5, workers=workers, batch=("image", "index"), drop_last=False)
+        assert (loader.plan.rank, loader.plan.world_size) == (me, world)
+        if phase:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                loader.load_state_dict(json.loads((out / f"state{{phase - 1}}.json").read_text()))
+        taken = []
+        for _ in range(steps) if steps else iter(int, 1):
+            epoch, k = loader._received()
+            if epoch == 2:
+                break
+            images, index = next(iter(loader))
+            slots = loader.plan.slots(epoch)[k * size : k * size + len(index)]
+            taken.append([epoch, loader.plan.first_step(epoch) + k, [
+                [int(p), int(i), hashlib.sha1(img.tobytes()).hexdigest()]
+                for p, i, img in zip(slots, index, images, strict=True)]])
+        state = loader.state_dict()
+        gathered = [None] * world
+        dist.all_gather_object(gathered, state)
+        if me == 0:
+            (out / f"state{{phase}}.json").write_text(json.dumps(state))
+        report.append({{"phase": phase, "taken": taken, "same": all(s == state for s in gathered),
+                       "note": loader.resume_note}})
+        loader.close()
+        dist.barrier()  # the state is written before anyone leaves the group
+        dist.destroy_process_group()
+    print("RESULT " + json.dumps(report))
+    """
+)
+
+
+@pytest.mark.timeout(420)
+def test_torch_distributed_4_then_2_then_3_ranks_lose_nothing_and_repeat_nothing(
+    image_folder, tmp_path
+):
+    """Real gloo groups, processes spawned once: 4 ranks x 2 (workers=0) take a step and save;
+    2 ranks x 4 (workers=2) resume at step 1, take 2 steps and save; 3 ranks x 3 resume with
+    another global batch and finish epochs 0 and 1. Each epoch's samples are the epoch, each
+    once; the steps of 4 and 2 ranks are an uninterrupted 4-rank run's, pixels included."""
+    script = tmp_path / "rank.py"
+    script.write_text(RANK.format(src=SRC))
+    ports = [str(free_port()) for _ in range(3)]
+    env = {"CUDA_VISIBLE_DEVICES": "", "JAX_PLATFORMS": "cpu"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(image_folder), str(tmp_path), str(r), *ports],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **env},
+        )
+        for r in range(4)
+    ]
+    reports = []
+    for r, p in enumerate(procs):
+        out, err = p.communicate(timeout=400)  # four torch imports on a loaded machine
+        assert p.returncode == 0, f"rank {r}:\n{err[-3000:]}"
+        line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
+        reports.append(json.loads(line[len("RESULT ") :]))
+    phases = {}
+    for rep in reports:
+        for ph in rep:
+            assert ph["same"]  # every rank's state is the same dict
+            phases.setdefault(ph["phase"], []).append(ph)
+    assert [len(phases[k]) for k in range(3)] == [4, 2, 3]
+    by_epoch: dict[int, list[int]] = {0: [], 1: []}
+    steps: dict[tuple[int, int], dict[int, list]] = {}
+    for k in range(3):
+        for ph in phases[k]:
+            for epoch, step, samples in ph["taken"]:
+                by_epoch[epoch] += [i for _, i, _ in samples]
+                if k < 2:
+                    steps.setdefault((epoch, step), {}).update({p: [i, h] for p, i, h in samples})
+    for epoch in (0, 1):
+        assert sorted(by_epoch[epoch]) == list(range(36))  # nothing lost, nothing twice
+    assert sorted(steps) == [(0, 0), (0, 1), (0, 2)]
+    four = [
+        stoker.Loader(
+            image_folder,
+            rank=r,
+            world_size=4,
+            batch_size=2,
+            image_size=16,
+            augment="train",
+            seed=5,
+            workers=0,
+            batch=("image", "index"),
+            drop_last=False,
+        )
+        for r in range(4)
+    ]
+    for step in range(3):
+        want = {}
+        for loader in four:
+            images, index = loader.peek(step)
+            slots = loader.plan.slots(0)[step * 2 : step * 2 + 2]
+            for p, i, img in zip(slots, index, images, strict=True):
+                want[int(p)] = [int(i), hashlib.sha1(img.tobytes()).hexdigest()]
+        assert steps[(0, step)] == want
+    assert "world_size 2 -> 3" in phases[2][0]["note"]
+    _close(four)
