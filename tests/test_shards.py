@@ -13,6 +13,7 @@ import stoker
 from stoker.cli.convert import convert
 from stoker.order import Plan, block_order, epoch_order, shuffle_quality
 from stoker.sources import open_source, shardindex
+from stoker.sources.base import block_sizes
 from stoker.sources.shards import ShardSource
 
 
@@ -61,6 +62,7 @@ def test_offset_index_gives_the_bytes_pyarrow_reads(shard_folder):
     for path in shard_folder.glob("shard-*.parquet"):
         assert os.path.exists(f"{path}.idx.npy")
     assert sum(src.block_sizes) == 36 and len(src.block_sizes) > 3
+    assert block_sizes(src) == src.block_sizes  # the Blocks ability the plan reads
     assert src.classes == ["class_000", "class_001", "class_002"]
     clone = pickle.loads(pickle.dumps(src))  # what a worker gets: no handles, reopened lazily
     assert clone.read(35) == values[35]

@@ -6,6 +6,7 @@ import pytest
 from helpers import tick_past
 from stoker.errors import SourceError
 from stoker.sources import ArraySource, FolderSource, NpySource, TableSource, open_source
+from stoker.sources.base import Indexed, ListedSizes, Takes, block_sizes, older_fingerprints
 
 
 def test_folder_labels_follow_sorted_class_names(image_folder):
@@ -60,6 +61,17 @@ def test_arrays_and_npy(tmp_path):
         open_source(images.astype(np.float32))
     with pytest.raises(SourceError, match="5 images but 4 labels"):
         open_source(images, labels=np.arange(4))
+
+
+def test_a_source_states_its_optional_abilities_by_protocol(image_folder, tmp_path):
+    arrays = open_source(np.zeros((4, 8, 8, 3), np.uint8), labels=np.arange(4))
+    folder = open_source(image_folder)
+    assert isinstance(arrays, Takes) and not isinstance(folder, Takes)
+    assert isinstance(folder, Indexed) and not isinstance(arrays, Indexed)
+    assert not isinstance(folder, ListedSizes) and block_sizes(folder) is None
+    assert older_fingerprints(folder) == [] and older_fingerprints(arrays) == []
+    out = np.ones((2, 8, 8, 3), np.uint8)
+    assert arrays.take(np.array([0, 3]), out) and not out.any()
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from .errors import DATA_ERRORS, TooManyErrors, one_line
 from .order import Plan
 from .schema import Columns
 from .sources import fetch
-from .sources.base import Source
+from .sources.base import Source, Takes
 from .sources.fetch import RequestCounts
 from .sources.readahead import PLAN_AHEAD, ReadAhead, ReadSettings, size_of
 from .transforms import Pipeline, ResizePipeline
@@ -74,6 +74,8 @@ class Assembler:
         self._user_code = bool(getattr(pipeline, "user_code", False)) or (
             source.sample_fields is not None
         )
+        #: the source's bulk copy of a batch's images (``Takes``), or None
+        self._take = source.take if isinstance(source, Takes) else None
         self._order = np.zeros(0, dtype=np.int64)
         self._global = self._slots = self._order  # the epoch's global order, this rank's slots
         self.current = -1  # index of the sample being loaded, for crash reports
@@ -169,7 +171,7 @@ class Assembler:
     def _bulk(self, indices: np.ndarray, arrays: dict[str, np.ndarray], report: Report) -> bool:
         """Copy a whole batch of an in-memory array source at once when the pipeline would
         copy each image unchanged (``augment=None`` at the arrays' own size and channels)."""
-        take = getattr(self.source, "take", None)
+        take = self._take
         p = self.pipeline
         own = self.source.pixel_channels() or 3
         plain = type(p) is ResizePipeline and p.fit is None and p.channels == own

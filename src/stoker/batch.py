@@ -11,12 +11,13 @@ import numpy as np
 from .errors import ConfigError
 from .schema import DERIVED
 from .sources import targets
+from .sources.base import Source
 
 RESERVED = ("image", "mask", "label", "weight", "index", *DERIVED)
 
 
 def columns(
-    source: Any, sample_weight: Any = None, fields: Any = None, label_mode: Any = "auto"
+    source: Source, sample_weight: Any = None, fields: Any = None, label_mode: Any = "auto"
 ) -> dict[str, np.ndarray]:
     """The per-sample fields carried with each sample, beside the image (and mask): ``label``
     (the source's targets, any dtype and shape), ``weight`` from ``sample_weight`` (an array of
@@ -53,15 +54,14 @@ def columns(
     return out
 
 
-def _column(source: Any, value: Any, n: int, what: str) -> np.ndarray:
+def _column(source: Source, value: Any, n: int, what: str) -> np.ndarray:
     """A per-sample numeric column given as an array (one row per sample of the source the
     user passed, cut here to the selection's ``n``) or a CSV column name (cut with the source).
     """
     if isinstance(value, str):
-        named = getattr(source, "named_columns", {})
-        if value not in named:
+        if value not in source.named_columns:
             raise ConfigError(f"{what}={value!r}: names a column only for a CSV/TSV source")
-        return named[value]
+        return source.named_columns[value]
     arr = np.asarray(value)
     total = len(source.origin())
     if arr.dtype.kind not in "biuf" or arr.ndim == 0:

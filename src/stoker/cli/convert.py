@@ -29,7 +29,7 @@ import numpy as np
 
 from ..errors import DATA_ERRORS, ConfigError
 from ..sources import open_source
-from ..sources.base import PathIndex, Source
+from ..sources.base import Indexed, ListedSizes, Source
 from ..sources.names import FORM, to_text
 from ..sources.store import is_url
 from ..sources.targets import class_ids
@@ -220,16 +220,14 @@ def _load_or_make_plan(source: Source, out: Path, settings: dict[str, Any]) -> d
 
 def _estimated_sizes(source: Source, samples: np.ndarray, settings: dict[str, Any]) -> np.ndarray:
     """Bytes each sample will take in a shard: file sizes, or a mean from a few reads."""
-    index = getattr(source, "index", None)
-    listed = getattr(source, "sizes", None)  # the bytes a bucket's listing or a tar gives
     count = len(samples)
-    if isinstance(listed, np.ndarray) and listed.shape == (len(source),) and count:
-        sizes = np.maximum(listed[samples], 0).astype(np.int64)
-    elif isinstance(index, PathIndex) and count:
+    if isinstance(source, ListedSizes) and source.sizes.shape == (len(source),) and count:
+        sizes = np.maximum(source.sizes[samples], 0).astype(np.int64)
+    elif isinstance(source, Indexed) and count:
         sizes = np.empty(count, dtype=np.int64)
         for k, i in enumerate(samples):
             try:
-                sizes[k] = os.stat(index.path(int(i))).st_size
+                sizes[k] = os.stat(source.index.path(int(i))).st_size
             except OSError:
                 sizes[k] = 0
     else:

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._compat import file_sha256
 from ..errors import DATA_ERRORS, DecodeError, one_line
-from ..sources.base import PathIndex, Source
+from ..sources.base import Indexed, Source
 from ..sources.names import FORM, KEY, to_text
 
 __all__ = [
@@ -178,8 +178,7 @@ def _rgb(array: np.ndarray) -> np.ndarray:
 
 
 def _path_of(source: Source, i: int) -> str:
-    index = getattr(source, "index", None)
-    return to_text(index.relative(i) if isinstance(index, PathIndex) else source.name(i))
+    return to_text(source.index.relative(i) if isinstance(source, Indexed) else source.name(i))
 
 
 def _label_counts(labels: np.ndarray, samples: list[int], errors: list[list[Any]]) -> dict:

@@ -21,7 +21,7 @@ from ..order import Plan
 from ..recipe import Recipe
 from ..schema import BatchSchema, Columns, SlotLayout
 from ..seeding import user_states_kept
-from ..sources.base import Source
+from ..sources.base import Source, older_fingerprints
 from ..sources.readahead import ReadSettings
 from ..stats import Stats
 from ..transforms import Pipeline
@@ -403,7 +403,7 @@ class Loader(Starting, Views):
             self._replan(dataclasses.replace(self.recipe.plan, resume=None))
             self.epoch, self.position, self._ahead = 0, 0, 0
             return
-        older: list[str] = getattr(self.source, "older_fingerprints", list)()
+        older = older_fingerprints(self.source)
         saved = check_state(state, self.state_dict(), older)
         plan, self.epoch, self.position, self.resume_note = steps.resume(self.plan, saved)
         self._replan(plan)

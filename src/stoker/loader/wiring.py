@@ -22,7 +22,7 @@ from ..order import Plan
 from ..recipe import Recipe
 from ..schema import BatchSchema, Columns, SlotLayout, field_specs, leaves, resolve_form
 from ..sources import open_source
-from ..sources.base import Source
+from ..sources.base import Source, block_sizes
 from ..transforms import CustomPipeline, check_mask_ops, image_pipeline
 from . import config, ranks
 from .options import ImageOptions, Options, OrderOptions, SourceOptions
@@ -155,7 +155,6 @@ def _plan(
 ) -> Plan:
     """Which samples each batch of each epoch holds, for rank ``ranked[0]`` of ``ranked[1]``."""
     rank, world = ranked
-    blocks = getattr(source, "block_sizes", None)
     plan = Plan(
         len(source),
         batch_size,
@@ -164,7 +163,7 @@ def _plan(
         drop_last,
         rank,
         world,
-        block_sizes=tuple(int(b) for b in blocks) if blocks else None,
+        block_sizes=block_sizes(source),
         split=opts.rank_split,
     )
     return check_batches(plan)

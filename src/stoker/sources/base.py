@@ -9,7 +9,7 @@ import os
 import stat
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -129,6 +129,68 @@ class Source:
 
     def close(self) -> None:
         """Release handles and memory this source owns (default: nothing)."""
+
+
+# Optional abilities: a source has one when it has the member, stated by these protocols and
+# checked with ``isinstance`` once, where the loader is resolved or a process's Assembler is
+# built, never probed with ``getattr`` at the place of use.
+
+
+@runtime_checkable
+class Takes(Protocol):
+    """A source of in-memory arrays that copies a whole batch's images at once."""
+
+    def take(self, indices: np.ndarray, out: np.ndarray) -> bool:
+        """Copy the images of samples ``indices`` into ``out`` (``(len(indices), H, W, C)``);
+        False where it cannot (the caller then reads sample by sample)."""
+        ...
+
+
+@runtime_checkable
+class Blocks(Protocol):
+    """A source stored in blocks (Parquet row groups) read fastest whole: the shuffle then
+    orders blocks and mixes samples within a window of them (``order.block_order``)."""
+
+    #: Samples per block, in the source's order; they add up to ``len(source)``.
+    block_sizes: tuple[int, ...]
+
+
+@runtime_checkable
+class Refingerprints(Protocol):
+    """A source whose fingerprint changed between stoker releases: a state saved under an
+    older one still resumes (with a warning)."""
+
+    def older_fingerprints(self) -> list[str]:
+        """The fingerprints earlier releases computed for this dataset."""
+        ...
+
+
+@runtime_checkable
+class ListedSizes(Protocol):
+    """A source that knows each sample's stored bytes without reading it (a bucket's listing,
+    a tar's headers)."""
+
+    #: Bytes of each sample, one per sample (int64).
+    sizes: np.ndarray
+
+
+@runtime_checkable
+class Indexed(Protocol):
+    """A source whose samples are stored paths kept in a ``PathIndex`` (files listed on a disk
+    or in a bucket, a tar's members)."""
+
+    index: PathIndex
+
+
+def block_sizes(source: Source) -> tuple[int, ...] | None:
+    """The source's blocks (``Blocks``), or None for one read sample by sample."""
+    blocks = source.block_sizes if isinstance(source, Blocks) else None
+    return tuple(int(b) for b in blocks) if blocks else None
+
+
+def older_fingerprints(source: Source) -> list[str]:
+    """The fingerprints earlier releases gave ``source`` (``Refingerprints``; else none)."""
+    return source.older_fingerprints() if isinstance(source, Refingerprints) else []
 
 
 class PathIndex:

@@ -114,6 +114,7 @@ class RemoteShardSource(MergedReads, ShardSource):
         self.read_ahead_max = read_ahead_max
         self.merge_gap = merge_gap
         self.access = "remote"
+        self.path_rows = []  # a bucket's rows never name local files (refused at the scan)
         self.image_column, self.label_column = image_column, label_column
         self._cache_dir = cache_folder(cache_dir, "index")
         self._reset()

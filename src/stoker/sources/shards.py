@@ -49,6 +49,10 @@ _OPEN_FILES = 8  # ParquetFile readers kept open per process (row-group mode)
 class ShardSource(Source):
     """A folder (or list) of Parquet shards; see the module docstring."""
 
+    #: Per shard: its rows whose image is a file named by the row's path (Hugging Face
+    #: Parquet written from local files), or None; remote shards have none.
+    path_rows: list[PathRows | None]
+
     def __init__(
         self,
         folder_or_files: str | os.PathLike | list[str | os.PathLike],
@@ -64,9 +68,7 @@ class ShardSource(Source):
         self.files, manifest = _list_shards(folder_or_files)
         self.image_column, self.label_column = image_column, label_column
         self._cache_dir = cache_folder(cache_dir, "index")
-        #: Per shard: its rows whose image is a file named by the row's path (Hugging Face
-        #: Parquet written from local files), or None
-        self.path_rows: list[PathRows | None] = []
+        self.path_rows = []
         self._scan(self.files, manifest, str(folder_or_files))
         self._reset()
 
@@ -213,7 +215,7 @@ class ShardSource(Source):
         path-only rows' paths)."""
         for handle, _ in self._maps.values():
             _close(handle)
-        for rows in getattr(self, "path_rows", []):
+        for rows in self.path_rows:
             if rows is not None:
                 rows.close()
         self._reset()
@@ -344,8 +346,7 @@ class ShardSource(Source):
 
     def _from_path(self, shard: int, row: int, index: int) -> bytes:
         """A row without image bytes: the file its path names (see ``hfpaths``), if any."""
-        known = getattr(self, "path_rows", [])  # remote shards have none
-        rows = known[shard] if shard < len(known) else None
+        rows = self.path_rows[shard] if shard < len(self.path_rows) else None
         file = rows.path(row) if rows is not None else None
         if file is None:
             raise DecodeError(f"{self.name(index)}: no image bytes (null) and no path")

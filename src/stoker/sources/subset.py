@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from .base import Source
+from .base import Source, Takes
 
 
 class SubsetSource(Source):
@@ -54,8 +54,8 @@ class SubsetSource(Source):
 
     def take(self, indices: np.ndarray, out: np.ndarray) -> bool:
         """The base's bulk copy of samples ``indices[indices]`` (False where it has none)."""
-        take = getattr(self.base, "take", None)
-        return bool(take is not None and take(self.indices[indices], out))
+        base = self.base
+        return isinstance(base, Takes) and base.take(self.indices[indices], out)
 
     def read(self, index: int) -> bytes | np.ndarray:
         """The base's sample ``indices[index]``."""
