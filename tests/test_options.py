@@ -12,6 +12,7 @@ import pathlib
 import pickle
 import pydoc
 import sys
+import typing
 
 import numpy as np
 import pytest
@@ -35,8 +36,19 @@ def test_every_argument_is_one_field_of_one_group_with_a_type_and_a_one_line_doc
     assert [key for key, _ in options.GROUPS] == [f.name for f in dataclasses.fields(Options)]
     for f in _fields():
         meta = f.metadata
-        assert meta["type"].strip() and meta["doc"].strip(), f.name
+        assert meta["doc"].strip(), f.name
         assert "\n" not in meta["doc"] and meta["doc"].rstrip().endswith((".", ")")), f.name
+
+
+def test_each_argument_has_one_type_its_annotation_and_it_is_a_real_type() -> None:
+    # the annotation is the type the signature, help(), the docs and LoaderKwargs show: no
+    # second spelling of it in the field, and never Any beside a type written as a string
+    for _, group in options.GROUPS:
+        hints = typing.get_type_hints(group)
+        for f in dataclasses.fields(group):
+            assert "type" not in f.metadata, f"{f.name}: the annotation is its only type"
+            assert hints[f.name] is not typing.Any, f"{f.name} is annotated Any"
+            assert typing.Any not in typing.get_args(hints[f.name]), f"{f.name}: Any in a union"
 
 
 def test_the_groups_and_the_whole_are_frozen() -> None:
@@ -103,7 +115,7 @@ def test_the_signature_is_the_groups_with_their_defaults() -> None:
     params = list(sig.parameters.values())
     assert [p.name for p in params] == [f.name for f in _fields()]
     for p, f in zip(params, _fields(), strict=True):
-        assert p.default == f.default and p.annotation == f.metadata["type"], p.name
+        assert p.default == f.default and p.annotation == f.type, p.name
     assert params[0].name == "source" and params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params[1:])
     assert sig.parameters["batch_size"].default == 64
@@ -125,7 +137,7 @@ def test_a_loader_keeps_its_options_through_copy_and_pickle() -> None:
 def test_help_documents_every_argument_with_its_type_and_default() -> None:
     text = pydoc.render_doc(stoker.Loader, renderer=pydoc.plaintext)
     for f in _fields():
-        entry = f"{f.name} ({f.metadata['type']}):"
+        entry = f"{f.name} ({f.type}):"
         assert entry in text, f"help(stoker.Loader) does not document {f.name}"
     flat = " ".join(text.split())
     assert "batch_size (int): Samples per batch. Default: `64`." in flat
@@ -140,7 +152,7 @@ def test_docs_options_page_is_generated_from_the_groups() -> None:
     for key, _ in options.GROUPS:
         assert f"\n## {key}\n" in page
     for f in _fields():
-        assert f"| `{f.name}` | `{f.metadata['type'].replace('|', chr(92) + '|')}` | " in page
+        assert f"| `{f.name}` | `{f.type.replace('|', chr(92) + '|')}` | " in page
 
 
 def test_type_checkers_see_every_keyword_argument_with_its_groups_type() -> None:

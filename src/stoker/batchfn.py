@@ -20,7 +20,6 @@ same names with the same dtypes and per-sample shapes, or a TypeError says which
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -58,9 +57,7 @@ class BatchTransform:
     """A checked ``batch_transform``: the function, the fields it is given (``inputs``) and
     the fields the batch has after it (``outputs``, learnt from the probe call)."""
 
-    def __init__(
-        self, fn: Callable[..., Any], inputs: tuple[FieldSpec, ...], batch_size: int
-    ) -> None:
+    def __init__(self, fn: object, inputs: tuple[FieldSpec, ...], batch_size: int) -> None:
         if not callable(fn):
             raise ConfigError(
                 f"batch_transform={fn!r}: give a function (batch, rng) -> None or a dict of "

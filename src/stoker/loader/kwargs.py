@@ -6,58 +6,61 @@ the script; never edit this file."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypedDict
+
+import numpy as np
 
 
 class LoaderKwargs(TypedDict, total=False):
     """``Loader``'s keyword arguments for type checkers and editors, generated."""
 
-    paths: Any
-    labels: Any
-    masks: Any
-    label_column: Any
-    sample_weight: Any
-    fields: Any
-    spec: Any
+    paths: list[str] | None
+    labels: np.ndarray | str | list[Any] | None
+    masks: np.ndarray | list[str] | None
+    label_column: str | list[str] | None
+    sample_weight: np.ndarray | str | None
+    fields: dict[str, np.ndarray | str] | None
+    spec: dict[str, Any] | None
     validation_split: float | None
     subset: str | None
     stratify: bool
     validation_cut: str
-    class_names: Any
+    class_names: list[str] | None
     follow_links: bool
-    storage_options: Any
+    storage_options: dict[str, Any] | None
     listing_ttl: float
-    image_size: Any
-    augment: Any
+    image_size: int | tuple[int, int] | None
+    augment: str | Callable[..., Any] | list[Any] | dict[str, Any] | None
     color_mode: str | None
     interpolation: str
     crop_to_aspect_ratio: bool
     pad_to_aspect_ratio: bool
-    mask_map: Any
+    mask_map: dict[int, int] | int | None
     max_pixels: int
-    fast_decode: Any
+    fast_decode: bool | str
     strict_decode: bool
     batch_size: int
     drop_last: bool | None
-    label_mode: Any
-    batch: Any
-    batch_transform: Any
+    label_mode: str | None
+    batch: str | tuple[Any, ...] | dict[str, Any] | None
+    batch_transform: Callable[..., Any] | dict[str, Any] | None
     shuffle: bool
     seed: int
     rank: int | None
     world_size: int | None
     rank_split: str
-    workers: Any
+    workers: int | str
     worker_threads: int | None
-    prefetch: Any
-    max_errors: Any
+    prefetch: int | str
+    max_errors: int | float
     timeout: float
     start_method: str
-    read_ahead: Any
+    read_ahead: int | str
     page_cache: str
     request_rate: float
     cluster: str | None
-    cluster_workers: Any
+    cluster_workers: int | str
     cluster_transport: str
     cluster_listen: str | None
     cluster_connect_timeout: float | None

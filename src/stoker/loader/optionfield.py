@@ -1,6 +1,6 @@
 """The machinery of the option groups (``options``): a group's field is one ``Loader``
-argument, declared once by ``option(default, type, doc, check=...)``, and ``make_group`` builds
-a group from the keywords given, each value checked by its field's check.
+argument, declared once by ``name: type = option(default, doc, check=...)``, and ``make_group``
+builds a group from the keywords given, each value checked by its field's check.
 
 The checks here adapt ``config``'s functions to a field's ``(name, value)`` call; a group's
 checks across fields are its own ``__post_init__``."""
@@ -20,10 +20,11 @@ from . import config
 Check = Callable[[str, Any], Any]
 
 
-def option(default: Any, type: str, doc: str, check: Check | None = None) -> Any:
-    """One ``Loader`` argument, as a group's field: ``type`` as a user writes it, ``doc`` one
-    line of meaning, ``check`` run on the value given (or the default) by ``make_group``."""
-    return field(default=default, metadata={"type": type, "doc": doc, "check": check})
+def option(default: Any, doc: str, check: Check | None = None) -> Any:
+    """One ``Loader`` argument, as a group's field: its type is the field's annotation (the one
+    type shown and checked: no second spelling), ``doc`` one line of meaning, ``check`` run on
+    the value given (or the default) by ``make_group``."""
+    return field(default=default, metadata={"doc": doc, "check": check})
 
 
 def make_group(group: type, kwargs: dict[str, Any]) -> Any:

@@ -1,7 +1,8 @@
 """The Loader's options: every argument declared once, in a few frozen groups.
 
-Each field of a group is one ``Loader`` argument: its default, its type as a user writes it,
-one line of meaning and its check (``option(default, type, doc, check=...)``). ``parse`` checks
+Each field of a group is one ``Loader`` argument: its type (the field's annotation, the one
+type the signature, the docs and type checkers show), its default, one line of meaning and its
+check (``name: type = option(default, doc, check=...)``). ``parse`` checks
 every argument before a file is opened or anything started; ``help(stoker.Loader)``, its
 ``inspect.signature``, the docs' options page and the ``LoaderKwargs`` of type checkers
 (``scripts/gen_options.py`` writes ``docs/options.md`` and ``kwargs.py``) are all generated
@@ -14,15 +15,18 @@ batch holds: the slot layout and its structure), ``order`` (which samples each b
 holds: the plan), ``run`` (how the work runs: workers, prefetch, reads, budgets) and ``ray``
 (decoding on other nodes). A group is handed whole to the code that reads it.
 
-Adding an argument: one field in its group (default, type, doc, check), the code that reads it
+Adding an argument: one field in its group (type, default, doc, check), the code that reads it
 (``opts.<group>.<name>``), then ``python scripts/gen_options.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import Field, dataclass, fields
-from typing import Any
+from os import PathLike
+from typing import Any, Protocol
+
+import numpy as np
 
 from .. import pixels
 from ..decode.masks import MaskMap
@@ -45,6 +49,14 @@ from .optionfield import (
 from .selection import check_cut, check_split
 
 
+class Dataset(Protocol):
+    """``Loader(dataset)``: any object with ``__len__`` and ``__getitem__`` (a sample: an
+    image, a tuple or a dict of fields)."""
+
+    def __len__(self) -> int: ...
+    def __getitem__(self, index: int, /) -> Any: ...
+
+
 def _mask_map(value: Any) -> None:
     """``mask_map``: None, or a mapping :class:`MaskMap` accepts (checked before any file is
     opened; an offset no mask value survives is refused here, not per sample)."""
@@ -56,95 +68,80 @@ def _mask_map(value: Any) -> None:
 class SourceOptions:
     """What to load and which of its samples: read by the source readers and the split."""
 
-    source: Any = option(
+    source: str | PathLike[str] | np.ndarray | Dataset | None = option(
         None,
-        "str | PathLike | ndarray | dataset",
         "Where the samples are: an ImageFolder, a CSV/TSV, a `.npy`, an HDF5 file, a folder of "
         "Parquet or tar shards, a remote URL, a `(N, H, W, C)` uint8 array, or any object with "
         "`__len__` and `__getitem__`. Omit it with `paths=`.",
     )
-    paths: Any = option(
+    paths: list[str] | None = option(
         None,
-        "list[str] | None",
         "Image file paths, instead of `source`; labels from `labels=`, masks from `masks=`.",
     )
-    labels: Any = option(
+    labels: np.ndarray | str | list[Any] | None = option(
         None,
-        "array | str | list | None",
         "Targets for arrays, `.npy` and `paths=`: any numeric array `(N, ...)` (kept exactly), a "
         "`.npy` path, or class names; none gives -1.",
     )
-    masks: Any = option(
+    masks: np.ndarray | list[str] | None = option(
         None,
-        "array | list[str] | None",
         "Segmentation masks, one per image (`(N, H, W)` uint8 or mask files): batches become "
         "`(images, masks)`, with the image's crop and flip.",
     )
-    label_column: Any = option(
+    label_column: str | list[str] | None = option(
         None,
-        "str | list[str] | None",
         "CSV/TSV and Parquet: the target column(s) by name (a list of numeric columns gives `(N, "
         "K)`); `None` reads `label`.",
     )
-    sample_weight: Any = option(
+    sample_weight: np.ndarray | str | None = option(
         None,
-        "array | str | None",
         "Per-sample weights (N numbers, or a CSV column name): batches become `(x, y, weight)`, "
         "weights float32.",
     )
-    fields: Any = option(
+    fields: dict[str, np.ndarray | str] | None = option(
         None,
-        "dict[str, array | str] | None",
         "Extra per-sample arrays `(N, ...)` (or CSV column names) by name, for `batch=`; dtype "
         "and shape kept.",
     )
-    spec: Any = option(
+    spec: dict[str, Any] | None = option(
         None,
-        "dict | None",
         "For `Loader(dataset)`: the fields' `{name: (shape, dtype)}`, instead of probing "
         "`dataset[0]`.",
     )
     validation_split: float | None = option(
         None,
-        "float | None",
         "The fraction held out for validation, cut from a seeded permutation (needs `subset=`).",
     )
     subset: str | None = option(
         None,
-        "str | None",
         '`"training"`, `"validation"`, or `"both"` (returns a `(training, validation)` pair of '
         "loaders).",
     )
     stratify: bool = option(
         False,
-        "bool",
         "With `validation_split`, split each class in the same proportion.",
         check=flag,
     )
     validation_cut: str = option(
         "random",
-        "str",
         'How `validation_split` cuts: `"random"` a seeded permutation (Keras\' '
         '`image_dataset_from_directory`), `"last"` the last fraction in order, unshuffled '
         "(Keras' `fit(validation_split=)` on arrays).",
         check=of_value(check_cut),
     )
-    class_names: Any = option(
+    class_names: list[str] | None = option(
         None,
-        "list[str] | None",
         "Keep only these classes; class `k` is `class_names[k]`.",
     )
     follow_links: bool = option(
         True,
-        "bool",
         "Image folders: follow symbolic links to class folders, subfolders and files (each real "
         "folder walked once, a loop skipped with a warning); `False` skips every link, as "
         "Keras' `follow_links=False` skips linked folders.",
         check=flag,
     )
-    storage_options: Any = option(
+    storage_options: dict[str, Any] | None = option(
         None,
-        "dict | None",
         "Buckets and URLs (`s3://`, `gs://`, `https://`, any fsspec URL): options for the "
         "filesystem, passed through unchanged (`endpoint_url`, `anon`, `profile`, keys); "
         "credentials otherwise come from the library's own chain, and never appear in a "
@@ -153,7 +150,6 @@ class SourceOptions:
     )
     listing_ttl: float = option(
         600.0,
-        "float",
         "Buckets: seconds a cached listing of a prefix is used without listing again (objects "
         "added within it are not seen until it expires); `0` lists at every Loader.",
         check=of_value(config.listing_ttl),
@@ -168,16 +164,14 @@ class SourceOptions:
 class ImageOptions:
     """How each image is decoded and shaped: read by the decode + transform pipeline."""
 
-    image_size: Any = option(
+    image_size: int | tuple[int, int] | None = option(
         None,
-        "int | tuple[int, int] | None",
         "Every batch's `(height, width)` (an int for a square); `None` is the arrays' own size "
         "for decoded arrays, 224 for image files.",
         check=kept(config.image_size),
     )
-    augment: Any = option(
+    augment: str | Callable[..., Any] | list[Any] | dict[str, Any] | None = option(
         "auto",
-        "str | callable | list | dict | None",
         '`"train"` (random resized crop + flip: wrong for targets tied to pixel positions), '
         '`"eval"` (resize, centre crop), `None` (plain resize), a callable `(image, rng) -> '
         "image` (with masks `(image, mask, rng) -> (image, mask)`), a list of `stoker.ops`, a "
@@ -188,36 +182,31 @@ class ImageOptions:
     )
     color_mode: str | None = option(
         None,
-        "str | None",
         '`"grayscale"`, `"rgb"` or `"rgba"`: 1, 3 or 4 channels; `None` is 3 for image files, '
         "and decoded arrays keep their own.",
         check=kept(color_mode),
     )
     interpolation: str = option(
         "auto",
-        "str",
         'Resize filter: `"bilinear"`, `"area"`, `"bicubic"`, `"nearest"`; `"auto"` is bilinear, '
         "area past a 2x shrink.",
         check=of_value(pixels.interpolation),
     )
     crop_to_aspect_ratio: bool = option(
         False,
-        "bool",
         "With `augment=None`: crop the centred window of the target aspect (the only part "
         "decoded) before resizing.",
         check=flag,
     )
     pad_to_aspect_ratio: bool = option(
         False,
-        "bool",
         "With `augment=None`: resize the whole image into the middle of the target, black "
         "borders, placed exactly as Keras places it (`tf.image.resize_with_pad`); not with "
         "masks.",
         check=flag,
     )
-    mask_map: Any = option(
+    mask_map: dict[int, int] | int | None = option(
         None,
-        "dict[int, int] | int | None",
         "Remap mask values: a dict `{stored: wanted}` (others kept), or an int offset in "
         "-255..255 (`-1`: 1..3 -> 0..2); a value mapped outside 0-255 makes its mask a bad "
         "sample.",
@@ -225,20 +214,17 @@ class ImageOptions:
     )
     max_pixels: int = option(
         DEFAULT_MAX_PIXELS,
-        "int",
         "Larger images are refused from their header (decompression bombs).",
         check=config.positive_int,
     )
-    fast_decode: Any = option(
+    fast_decode: bool | str = option(
         "auto",
-        "bool | str",
         "libjpeg's fast integer IDCT (a level or two off on a few pixels, a little faster); "
         '`"auto"` uses it for `augment="train"` only.',
         check=kept(fast_decode),
     )
     strict_decode: bool = option(
         False,
-        "bool",
         "Count a file that decodes only with libjpeg's warnings (recoverable corrupt data) as a "
         "bad file, whatever part of it a crop decodes (see [decoding](decoding.md)).",
         check=flag,
@@ -257,33 +243,28 @@ class BatchOptions:
 
     batch_size: int = option(
         64,
-        "int",
         "Samples per batch.",
         check=config.positive_int,
     )
     drop_last: bool | None = option(
         None,
-        "bool | None",
         "Drop the ragged last batch so every batch has one shape; `None` is `shuffle` (False for "
         '`subset="validation"`).',
         check=flag_or_none,
     )
-    label_mode: Any = option(
+    label_mode: str | None = option(
         "auto",
-        "str | None",
         '`"int"`, `"categorical"`, `"binary"` or `None`, as in Keras; `"auto"` keeps the labels '
         "as the source holds them.",
     )
-    batch: Any = option(
+    batch: str | tuple[Any, ...] | dict[str, Any] | None = option(
         None,
-        "str | tuple | dict | None",
         'The batch\'s structure: `None` the default tuple, `"dict"` every field by name, or a '
         "tuple/dict of field names (`image`, `label`, `mask`, `weight`, `index`, `path`, your "
         "`fields`).",
     )
-    batch_transform: Any = option(
+    batch_transform: Callable[..., Any] | dict[str, Any] | None = option(
         None,
-        "callable | dict | None",
         "A function `(batch, rng)` on the whole batch as a dict of fields, run in the workers "
         "(mixup, cutmix): it changes the batch in place or returns a dict of fields; `rng` comes "
         'from `(seed, epoch, rank, batch)`. A dict per half with `subset="both"`.',
@@ -296,32 +277,27 @@ class OrderOptions:
 
     shuffle: bool = option(
         True,
-        "bool",
         "Shuffle the order every epoch.",
         check=flag,
     )
     seed: int = option(
         0,
-        "int",
         "The order, the splits and every random choice are a pure function of `(seed, epoch)`, "
         "whatever the worker count.",
         check=of_value(config.seed),
     )
     rank: int | None = option(
         None,
-        "int | None",
         "This process's rank; `None` reads the process group (`torch.distributed`, "
         "`jax.distributed`, Ray Train) when made and again when an epoch starts, until one of "
         "several ranks is found; else 0.",
     )
     world_size: int | None = option(
         None,
-        "int | None",
         "The number of ranks; `None` reads it with `rank`, else 1.",
     )
     rank_split: str = option(
         "pad",
-        "str",
         'How ranks split an epoch: `"pad"` or `"drop"` to equal counts (as '
         '`DistributedSampler`; "pad" is the one to gather evaluation over, keeping each `index` '
         'once), `"once"`: every sample on exactly one rank (counts differ: no per-batch gather).',
@@ -336,9 +312,8 @@ class OrderOptions:
 class RunOptions:
     """How the work runs: worker processes, prefetch, reads, the bad-sample budget, time."""
 
-    workers: Any = option(
+    workers: int | str = option(
         "auto",
-        "int | str",
         'Worker processes; 0 loads in the calling process; `"auto"` is one per usable core (on a '
         "host with more than 8, one core in 8 is left to the training process, and at most 32), "
         "or 0 when a batch is too little work to pay for processes.",
@@ -346,55 +321,47 @@ class RunOptions:
     )
     worker_threads: int | None = option(
         1,
-        "int | None",
         "Threads per pool (torch, OpenMP/BLAS, OpenCV, TensorFlow, XLA) in each worker, set "
         "before your code runs; `None` leaves each library's own default.",
         check=of_value(config.worker_threads),
     )
-    prefetch: Any = option(
+    prefetch: int | str = option(
         "auto",
-        "int | str",
         'Batches in flight; `"auto"` starts at 1 per worker and deepens to 2 when the workers '
         "are measured waiting while the training loop waited.",
         check=of_value(config.prefetch_arg),
     )
-    max_errors: Any = option(
+    max_errors: int | float = option(
         0.001,
-        "int | float",
         "Bad samples allowed (a count, or a fraction of the dataset rounded up), each named and "
         "replaced by the next good one; past it, `TooManyErrors`.",
         check=kept(max_errors),
     )
     timeout: float = option(
         300.0,
-        "float",
         "Seconds without progress before `WorkerHung`; a single read taking a quarter of it (at "
         "most 60 s) is a bad sample.",
         check=of_value(config.timeout),
     )
     start_method: str = option(
         "spawn",
-        "str",
         '`"spawn"`, the only one: each worker is a fresh interpreter (no `__main__` guard needed).',
         check=of_value(config.start_method),
     )
-    read_ahead: Any = option(
+    read_ahead: int | str = option(
         "auto",
-        "int | str",
         'Reads in flight per worker ahead of decoding; `"auto"` reads ahead only when reads are '
         "slow next to decoding; 0 never.",
         check=of_value(config.check_read_ahead),
     )
     page_cache: str = option(
         "auto",
-        "str",
         '`"auto"` reads around the page cache once the dataset is seen not to fit in RAM; '
         '`"keep"` never, `"drop"` always.',
         check=of_value(config.check_page_cache),
     )
     request_rate: float = option(
         DEFAULT_RATE,
-        "float",
         "Most requests per second to one prefix of an object store (`s3://`, `gs://`), shared "
         "by the loader's worker processes (each cluster node has its own); the default stays "
         "below S3's ~5,500/s and GCS's ~5,000/s.",
@@ -408,33 +375,28 @@ class RayOptions:
 
     cluster: str | None = option(
         None,
-        "str | None",
         'Decode on the nodes of a Ray cluster as well (see [cluster](cluster.md)): `"ray"` joins '
         'the cluster this process joined (else `address="auto"`), or give a Ray address; batches '
         "are the same bytes as on one machine.",
     )
-    cluster_workers: Any = option(
+    cluster_workers: int | str = option(
         "auto",
-        "int | str",
         'With `cluster`: CPU cores to use on the nodes other than the trainer\'s; `"auto"` is '
         "all of them.",
     )
     cluster_transport: str = option(
         "tcp",
-        "str",
         'With `cluster`: `"tcp"` streams each batch over an authenticated connection straight '
         "into the ring, `\"object_store\"` goes through Ray's object store (only Ray's ports "
         "open); a node whose connection fails uses the object store.",
     )
     cluster_listen: str | None = option(
         None,
-        "str | None",
         "With `cluster`: the address this trainer listens on for its nodes' connections; `None` "
         "is its Ray node IP.",
     )
     cluster_connect_timeout: float | None = option(
         None,
-        "float | None",
         "With `cluster`: seconds the cluster's address has to answer when the Loader is made, "
         "else a `ClusterError`; `None` is 5.",
     )
