@@ -302,3 +302,81 @@ def test_torch_distributed_4_then_2_then_3_ranks_lose_nothing_and_repeat_nothing
         assert steps[(0, step)] == want
     assert "world_size 2 -> 3" in phases[2][0]["note"]
     _close(four)
+
+
+@pytest.mark.timeout(120)
+def test_batch_at_is_the_batch_training_received_in_any_epoch_and_on_any_rank(bad_folder):
+    """augment="train", a batch_transform and a bad file: batch_at(epoch, step) of rank 0's
+    loader is, byte for byte, what rank 0 and rank 1 received, in epoch 0 and epoch 2."""
+    kw = dict(batch_transform=shift, max_errors=20)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        two = _ranks(bad_folder, 2, 5, **kw)
+        got = {}
+        for epoch in range(3):
+            for loader in two:
+                loader.set_epoch(epoch)
+                for step, batch in enumerate(loader):
+                    got[(epoch, step, loader.plan.rank)] = batch
+        (look,) = [stoker.Loader(bad_folder, rank=0, world_size=2, batch_size=5, **_kw(**kw))]
+        for epoch, step, rank in [(0, 0, 0), (0, 2, 1), (2, 1, 0), (2, 2, 1)]:
+            again = look.batch_at(epoch, step, rank=None if rank == 0 else rank)
+            for a, b in zip(again, got[(epoch, step, rank)], strict=True):
+                assert a.dtype == b.dtype and a.tobytes() == b.tobytes()
+    assert sum(loader.stats().skipped for loader in two) >= 1  # the bad file was met
+    assert look.state_dict()["position"] == 0  # nothing moved
+    with pytest.raises(stoker.ConfigError, match="past its end"):
+        look.batch_at(0, 99)
+    _close([*two, look])
+
+
+@pytest.mark.timeout(60)
+def test_samples_at_names_a_steps_samples_without_opening_a_file(image_folder, tmp_path):
+    """The whole global batch or one rank's part, as the training batches' index and path;
+    the files removed afterwards: nothing is opened."""
+    folder = tmp_path / "copy"
+    shutil.copytree(image_folder, folder)
+    two = _ranks(folder, 2, 4, batch=("image", "index", "path"))
+    taken = [[next(iter(loader)) for loader in two] for _ in range(2)]
+    for path in folder.glob("*/*.jpg"):
+        path.unlink()
+    for step, parts in enumerate(taken):
+        whole = two[0].samples_at(0, step)
+        for rank, (_, index, paths) in enumerate(parts):
+            mine = two[1].samples_at(0, step, rank=rank)
+            assert mine["index"] == index.tolist() and mine["path"] == list(paths)
+            assert mine["rank"] == [rank] * 4
+            assert [i for i, r in zip(whole["index"], whole["rank"], strict=True) if r == rank] == (
+                index.tolist()
+            )
+        assert whole["position"] == list(range(8 * step, 8 * step + 8))
+    assert json.loads(json.dumps(whole)) == whole
+    with pytest.raises(stoker.ConfigError, match="rank=5"):
+        two[0].samples_at(0, 0, rank=5)
+    _close(two)
+
+
+@pytest.mark.timeout(60)
+def test_skipped_steps_stay_skipped_after_a_resume_and_the_rest_are_unchanged(image_folder):
+    """skip= leaves global steps 2 and 3 of epoch 0 out; the other batches are the unskipped
+    run's; a state saved after step 1 keeps the skip in a loader made without it."""
+    (plain,) = _ranks(image_folder, 1, 4)
+    everything = [b[2].tolist() for b in plain]
+    (skipping,) = _ranks(image_folder, 1, 4)
+    skipping.skip(0, (2, 4))
+    assert len(skipping) == len(plain) - 2
+    it = iter(skipping)
+    first = [next(it)[2].tolist() for _ in range(2)]
+    state = skipping.state_dict()
+    assert state["skip"] == [[0, 2, 4]] and (state["position"], state["samples"]) == (4, 16)
+    (restarted,) = _ranks(image_folder, 1, 4)
+    restarted.load_state_dict(json.loads(json.dumps(state)))
+    rest = [b[2].tolist() for b in restarted]
+    assert first + rest == everything[:2] + everything[4:]
+    assert restarted.skipped == {0: [(2, 4)]}
+    assert restarted.batch_at(0, 2)[2].tolist() == everything[2]  # still addressable
+    after = skipping.advance_state(state, 1)
+    assert (after["position"], after["samples"]) == (5, 20)
+    with pytest.raises(stoker.ConfigError, match="skip="):
+        restarted.skip(0, (4, 2))
+    _close([plain, skipping, restarted])

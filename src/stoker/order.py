@@ -104,6 +104,18 @@ class Plan:
             total = per_rank_count(rest, self.world_size, self.split) * self.world_size
         return np.arange(start + self.rank, start + total, self.world_size, dtype=np.int64)
 
+    def batch_slots(self, epoch: int, batch: int) -> np.ndarray:
+        """The positions in the global order of this rank's batch ``batch`` of ``epoch``
+        (``slots(epoch)[batch * batch_size:][:batch_size]``, without building the epoch's)."""
+        start, rest = self.start(epoch), self.n - self.start(epoch)
+        if self.world_size == 1 or self.split == "once":
+            total = rest
+        else:
+            total = per_rank_count(rest, self.world_size, self.split) * self.world_size
+        first = batch * self.batch_size
+        count = max(0, min(self.batch_size, -(-(total - self.rank) // self.world_size) - first))
+        return start + self.rank + self.world_size * (first + np.arange(count, dtype=np.int64))
+
     def order(self, epoch: int) -> np.ndarray:
         """This rank's sample order for ``epoch``."""
         order = self.global_order(epoch)

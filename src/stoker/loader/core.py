@@ -28,7 +28,8 @@ from ..transforms import Pipeline
 from ..workers.address import reach as reach_cluster
 from ..workers.clusteroptions import options as cluster_options
 from ..workers.runspec import RunSpec
-from . import config, optiondocs, steps, wiring
+from . import address, config, optiondocs, steps, wiring
+from .address import Addressing
 from .consumer import Guard
 from .options import Options
 from .running import Running, warn_if_slow_decoder
@@ -68,7 +69,7 @@ def _boxed(batch: Any) -> list[Any] | None:
     return None if batch is None else [batch]
 
 
-class Loader(Starting, Views):
+class Loader(Addressing, Starting, Views):
     """Shuffled, augmented, fixed-shape batches, decoded in parallel and prefetched.
 
     Iterating gives ``(images, labels)``: ``uint8`` ``(B, H, W, 3)`` images and the labels as
@@ -113,6 +114,7 @@ class Loader(Starting, Views):
         self.resumed = False
         #: what a resume that changed the world size or batch size did ("" if none did)
         self.resume_note = ""
+        self._skips = address.check_skip(None)
         self._batches = self.plan.batches()
         self.epoch, self.position = 0, 0
         self._ahead = 0  # batches an adapter took ahead of the training step (not yet received)
@@ -131,10 +133,6 @@ class Loader(Starting, Views):
         before the process group, a loader counts the group's split once the group exists."""
         self._ranked()
         return self._length(self.epoch)
-
-    def _length(self, epoch: int) -> int:
-        """Batches of ``epoch`` for this rank (a resumed epoch's rest, or a whole epoch)."""
-        return self.plan.epoch_batches(epoch) if self.recipe.plan.resume else self._batches
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """``subset="both"`` (with ``validation_split``) gives two loaders, ``(training,
@@ -274,7 +272,7 @@ class Loader(Starting, Views):
         with self._guard.taking():
             if self.position >= self._length(epoch) or self.epoch != epoch:
                 return None
-            out = self._next((epoch, self.position))
+            out = self._next((epoch, self._batch_of(epoch, self.position)))
             self.position += 1
             return out
 
@@ -321,6 +319,7 @@ class Loader(Starting, Views):
                     "), or nothing for the batch the next iteration starts with"
                 )
             position = int(batch)
+        position = self._batch_of(epoch, position)
         fields = self.slot_layout.arrays()
         if self._peeker is None:
             self._peeker = self._assembler()
@@ -388,8 +387,7 @@ class Loader(Starting, Views):
         batch an adapter has taken ahead (``torch(device="cuda")``, ``jax()``) is left out, so
         a state taken after ``k`` batches resumes at batch ``k``."""
         self._ranked()
-        epoch, position = self._received()
-        return steps.state_of(self.plan, epoch, position, self.source.fingerprint())
+        return self._state_at(*self._received())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``, saved on any rank; refuses a state of another
@@ -405,8 +403,13 @@ class Loader(Starting, Views):
             return
         older = older_fingerprints(self.source)
         saved = check_state(state, self.state_dict(), older)
-        plan, self.epoch, self.position, self.resume_note = steps.resume(self.plan, saved)
+        skips = address.check_skip(state.get("skip"))
+        plan, self.epoch, batch, self.resume_note = steps.resume(self.plan, saved)
         self._replan(plan)
+        for epoch, ranges in skips.items():  # a restart keeps skipping
+            for steps_ in ranges:
+                self.skip(epoch, steps_)
+        self.position = self._position_of(self.epoch, batch)
         self._ahead, self.resumed = 0, True
 
     def _replan(self, plan: Plan) -> None:
@@ -416,10 +419,6 @@ class Loader(Starting, Views):
             self._run.close(fast=True)
             self.recipe = dataclasses.replace(self.recipe, plan=plan)
             self._peeker = None
-
-    def advance_state(self, state: dict[str, Any], batches: int) -> dict[str, Any]:
-        """The state ``batches`` steps after ``state`` (one of this loader's states)."""
-        return steps.advance(self.plan, state, batches)
 
     # ------------------------------------------------------------------ lifetime
 

@@ -106,14 +106,3 @@ def _changed_warning(saved: Saved, plan: Plan, what: str) -> str:
         "later epochs are as a run with the new sizes gives them. Keep batch_size x "
         "world_size unchanged to resume with the very batches the saving run would have given"
     )
-
-
-def advance(plan: Plan, state: dict[str, Any], batches: int) -> dict[str, Any]:
-    """The state ``batches`` steps after ``state`` (a state of a loader with ``plan``;
-    epochs roll over at their length)."""
-    epoch, step = int(state["epoch"]), int(state["position"]) + int(batches)
-    position = step - plan.first_step(epoch)
-    while position >= plan.epoch_batches(epoch):
-        position -= plan.epoch_batches(epoch)
-        epoch += 1
-    return {**state, **state_of(plan, epoch, position, state["fingerprint"])}
