@@ -59,5 +59,5 @@ def test_a_cached_scan_is_never_reused_with_the_other_follow_links(tmp_path, mon
     skip = parse(source=root, follow_links=False).source
     for _ in range(2):  # the second round reads both scans from the cache
         assert len(FolderSource(root, cache_dir=cache)) == 13
-        assert len(FolderSource(root, cache_dir=cache, options=skip)) == 6
+        assert len(FolderSource(root, cache_dir=cache, settings=skip)) == 6
     assert len(list(cache.rglob("*.npz"))) == 2

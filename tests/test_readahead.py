@@ -97,7 +97,7 @@ def test_read_ahead_gives_the_plain_batches(sources, kind):
     ahead, stats = _batches(spec, 6, **kw)
     _same(plain, ahead)
     assert stats.skipped == 0
-    assert open_source(spec, **kw).read_ahead  # the window really was used for this kind
+    assert open_source(spec, **kw).parallel_reads  # the window really was used for this kind
 
 
 @pytest.mark.timeout(240)

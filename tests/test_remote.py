@@ -281,7 +281,7 @@ def test_read_ahead_window_bounds_the_ranged_reads_in_flight(server, shard_dir):
     """Concurrency is counted (requests in flight at once at the server), not timed."""
     url = _serve(server, shard_dir)
     src = RemoteShardSource(url, merge_gap=None)  # one request per image: the window's own
-    assert src.read_ahead  # remote reads run ahead through the window like local ones
+    assert src.parallel_reads  # remote reads run ahead through the window like local ones
     order = np.random.default_rng(1).permutation(len(src))[:12]
     plain = [src.read(int(i)) for i in order]
     reads = ReadAhead(src, ReadSettings(window=4, page_cache="drop"))  # nothing to drop
@@ -380,7 +380,7 @@ def test_remote_resume_and_split_read_ahead_give_the_plain_batches(server, shard
         np.testing.assert_array_equal(ya, yb)
     with stoker.Loader(url, validation_split=0.25, subset="validation", **kw) as val:
         split = val.source  # a subset of the remote source reads ahead as its base does
-        assert split.read_ahead and split.read_ahead_max == READ_AHEAD_MAX > MAX_WINDOW
+        assert split.parallel_reads and split.read_ahead_max == READ_AHEAD_MAX > MAX_WINDOW
 
 
 @pytest.mark.timeout(120)

@@ -61,13 +61,13 @@ class Assembler:
         pipeline: Pipeline,
         plan: Plan,
         columns: Columns | None = None,
-        reads: ReadSettings | None = None,
+        read_settings: ReadSettings | None = None,
         batch_fn: BatchTransform | None = None,
     ) -> None:
         self.source, self.pipeline, self.plan = source, pipeline, plan
         self.batch_fn = batch_fn
         self.columns = columns if columns is not None else Columns({"label": source.labels})
-        self.read_ahead = ReadAhead(source, reads)
+        self.reader = ReadAhead(source, read_settings)  # the live read-ahead window
         fetch.fetcher().take_counts()  # the reports count the batches' requests, not the scan's
         self._epoch = -1
         #: user code that loads samples (an augment callable, a dataset): global RNGs seeded
@@ -114,10 +114,10 @@ class Assembler:
         ahead = order[
             start + len(indices) : min(last, start + (PLAN_AHEAD + 1) * self.plan.batch_size)
         ]
-        self.read_ahead.start(indices, ahead)  # reads ahead of decoding (files or network)
+        self.reader.start(indices, ahead)  # reads ahead of decoding (files or network)
         masks = arrays.get("mask")
         columns = self.columns.items()
-        dropped = self.read_ahead.counters.dropped
+        dropped = self.reader.counters.dropped
         own = [f[0] for f in self.source.sample_fields or ()]
         n = len(indices)
         if self._bulk(indices, arrays, report):
@@ -134,7 +134,7 @@ class Assembler:
         arrays["index"][:n] = self.source.source_indices(chosen)  # numbered as the user's source
         for name, column in columns:
             arrays[name][:n] = column[chosen]
-        report.pages_dropped = self.read_ahead.counters.dropped - dropped
+        report.pages_dropped = self.reader.counters.dropped - dropped
         report.requests = fetch.fetcher().take_counts()
         if self.batch_fn is not None:
             self._batch_transform(epoch, batch, arrays, target, report, status)
@@ -219,7 +219,7 @@ class Assembler:
         notes: list[str] = []
         t0 = time.perf_counter()
         try:
-            data, mask = self.read_ahead.take(index)
+            data, mask = self.reader.take(index)
             t1 = time.perf_counter()
             if mask_out is not None:
                 region, mask_region = self.pipeline.load_pair(data, mask, u, notes)

@@ -18,7 +18,8 @@ from .transforms import Pipeline
 class Recipe:
     """The opened ``source``, the decode + transform ``pipeline``, the epoch ``plan`` (which
     samples batch k of epoch e holds), the batch ``schema`` (slot layout, columns, form), the
-    ``read_ahead`` settings and the optional ``batch_fn``: everything a batch is made from.
+    ``read_settings`` (``read_ahead``, ``page_cache``) and the optional ``batch_fn``: everything
+    a batch is made from.
 
     Batch k of epoch e is a pure function of it, so every process that fills batches (the
     loader for ``workers=0`` or ``peek()``, each worker, each node's workers) builds its
@@ -28,7 +29,7 @@ class Recipe:
     pipeline: Pipeline
     plan: Plan
     schema: BatchSchema
-    read_ahead: ReadSettings | None = None
+    read_settings: ReadSettings | None = None
     batch_fn: BatchTransform | None = None
 
     def assembler(self) -> Assembler:
@@ -38,7 +39,7 @@ class Recipe:
             self.pipeline,
             self.plan,
             self.schema.columns,
-            self.read_ahead,
+            self.read_settings,
             self.batch_fn,
         )
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -24,6 +24,13 @@ SHARE_COLUMNS_BYTES = 1 << 20  # columns larger than this travel to workers in s
 
 #: One field of a batch: ``(name, dtype string, per-sample shape)``.
 FieldSpec = tuple[str, str, tuple[int, ...]]
+
+#: A filled batch's arrays by field name, before they are arranged in the batch's form.
+Fields: TypeAlias = dict[str, np.ndarray]
+
+#: One batch as the loader gives it: the arrays of its fields, arranged in its ``form`` (by
+#: default ``(images, labels)``; ``Loader(batch=...)``: a tuple or dict, nested).
+Batch: TypeAlias = "np.ndarray | tuple[Batch, ...] | dict[str, Batch]"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 import numpy as np
 
-from ..schema import FieldSpec, Form
+from ..schema import Batch, FieldSpec, Form
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -33,10 +33,6 @@ __all__ = [
     "SampleSource",
     "State",
 ]
-
-#: One batch as the loader gives it: the arrays of its fields, arranged in its ``form`` (by
-#: default ``(images, labels)``; ``Loader(batch=...)``: a tuple or dict, nested).
-Batch: TypeAlias = "np.ndarray | tuple[Batch, ...] | dict[str, Batch]"
 
 #: A JSON value (what a loader's state is made of).
 JSON: TypeAlias = "None | bool | int | float | str | list[JSON] | dict[str, JSON]"

@@ -26,7 +26,7 @@ import numpy as np
 from ..schema import DERIVED, leaves, map_form
 from .base import LoaderView, look_ahead, owned_batch
 from .feed import Batch, Feed
-from .scaling import CAST, PIXELS, ImageOptions, Scale, leaf_kinds, pixel_channels
+from .scaling import CAST, PIXELS, ImageConversion, Scale, leaf_kinds, pixel_channels
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -85,7 +85,7 @@ class JaxLoader(LoaderView):
             loader, "jax", dtype=dtype is not None, mean=mean is not None, layout=False
         )
         channels = pixel_channels(loader, self._kinds)
-        self.image = ImageOptions(channels, dtype, mean, std)
+        self.image = ImageConversion(channels, dtype, mean, std)
         self._convert = jax.jit(self._image) if self.image.active else None
         self._cast = jax.jit(self._cast_only) if self.image.active else None
 

@@ -41,7 +41,7 @@ import keras
 from ..schema import map_form
 from .base import owned_batch
 from .feed import Batch, Feed, State
-from .scaling import CAST, PIXELS, ImageOptions, Scale, leaf_kinds, pixel_channels
+from .scaling import CAST, PIXELS, ImageConversion, Scale, leaf_kinds, pixel_channels
 
 if TYPE_CHECKING:
     from numpy.typing import DTypeLike
@@ -99,8 +99,8 @@ class StokerPyDataset(keras.utils.PyDataset):
             loader, "keras", dtype=dtype is not None, mean=mean is not None, layout=False
         )
         channels = pixel_channels(loader, self._kinds)
-        self.image = ImageOptions(channels, dtype, mean, std, channels_first=first)
-        self._cast = ImageOptions(channels, dtype)  # a dataset's non-uint8 image fields
+        self.image = ImageConversion(channels, dtype, mean, std, channels_first=first)
+        self._cast = ImageConversion(channels, dtype)  # a dataset's non-uint8 image fields
         self._stream: Iterator[Batch] | None = None
         self._lock = threading.Lock()
         self._entries: dict[int, _Entry] = {}  # index -> batch, for indices Keras may ask again

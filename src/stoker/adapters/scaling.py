@@ -1,4 +1,4 @@
-"""The image options every adapter takes: an output ``dtype`` with optional ``mean``/``std``
+"""The image conversion every adapter takes: an output ``dtype`` with optional ``mean``/``std``
 normalisation, and the channel order (``layout``). Labels and other fields are never touched.
 
 ``mean``/``std`` are scalars or one value per channel, giving ``(x - mean) / std``. Values all
@@ -70,7 +70,7 @@ def is_floating(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or (dtype.kind == "V" and dtype.name.startswith(("bfloat", "float")))
 
 
-class ImageOptions:
+class ImageConversion:
     """``dtype`` (a numpy dtype name or object; None keeps ``uint8``), ``mean``/``std`` and
     ``channels_first``, checked once; ``numpy(x)`` applies them on the host."""
 
@@ -108,7 +108,7 @@ class ImageOptions:
         return x
 
 
-#: What the image options do to an image leaf: every option ("pixels": uint8 (H, W, C), whose
+#: What the image conversion does to an image leaf: every option ("pixels": uint8 (H, W, C), whose
 #: 0-255 units and channels-last layout stoker knows), or only ``dtype`` ("cast").
 PIXELS, CAST = "pixels", "cast"
 
@@ -118,7 +118,7 @@ def _describe_field(name: str, dtype: str, shape: tuple[int, ...]) -> str:
 
 
 def leaf_kinds(loader: Feed, view: str, *, dtype: bool, mean: bool, layout: bool) -> dict[str, str]:
-    """The image leaves of ``loader``'s batches and what the image options do to each.
+    """The image leaves of ``loader``'s batches and what the image conversion does to each.
 
     An image leaf is the field ``image`` and, in a per-sample dataset's batches (``Loader(
     dataset)``, whatever its structure: dict, tuple, single array), every field of one image

@@ -29,7 +29,7 @@ from .feed import Batch, Feed
 from .scaling import (
     CAST,
     PIXELS,
-    ImageOptions,
+    ImageConversion,
     Scale,
     is_channels_first,
     leaf_kinds,
@@ -106,7 +106,7 @@ def to_tf(
     kinds = leaf_kinds(
         loader, "tf", dtype=dtype is not None, mean=mean is not None, layout=layout is not None
     )
-    image = ImageOptions(pixel_channels(loader, kinds), dtype, mean, std, channels_first=first)
+    image = ImageConversion(pixel_channels(loader, kinds), dtype, mean, std, channels_first=first)
     if image.active:
         dataset = dataset.map(_converter(loader.form, image, kinds))
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
@@ -117,7 +117,7 @@ def to_tf(
     return dataset.with_options(options)
 
 
-def _converter(form: Form, image: ImageOptions, kinds: dict[str, str]) -> Callable[..., Tensors]:
+def _converter(form: Form, image: ImageConversion, kinds: dict[str, str]) -> Callable[..., Tensors]:
     """A ``Dataset.map`` function converting the image leaf to ``image``'s dtype/scaling and
     layout."""
     target = None if image.dtype is None else tf.as_dtype(image.dtype)

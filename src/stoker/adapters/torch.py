@@ -170,7 +170,7 @@ class TorchLoader(LoaderView):
         return self._image_leaf(name, t)
 
     def _image_leaf(self, name: str, t: Leaf) -> Leaf:
-        """A field as the image options make it: every option on a uint8 (H, W, C) image,
+        """A field as the image conversion makes it: every option on a uint8 (H, W, C) image,
         ``dtype`` alone on a dataset's other image fields, nothing on any other field (nor
         on ``path`` strings)."""
         kind = self._kinds.get(name)

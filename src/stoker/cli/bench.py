@@ -32,7 +32,7 @@ from ..requeststats import request_lines
 from ..workers.engine import HELD
 from ..workers.jobs import map_jobs
 from .outputs import output_file
-from .plot import Batch, bench_chart
+from .plot import Arrival, bench_chart
 
 
 def tree_pss() -> int:
@@ -134,7 +134,7 @@ class Timeline:
     made ahead of its epoch is drawn with no images, as it is not counted."""
 
     elapsed: float = 0.0
-    batches: list[Batch] = field(default_factory=list)
+    batches: list[Arrival] = field(default_factory=list)
     epoch_starts: list[float] = field(default_factory=list)
 
 
@@ -176,7 +176,7 @@ def _epoch(
         counted += mine
         now = time.perf_counter()
         if timeline is not None:
-            timeline.batches.append(Batch(timeline.elapsed + now - t0, mine, now - ready))
+            timeline.batches.append(Arrival(timeline.elapsed + now - t0, mine, now - ready))
         if now - last >= PROGRESS_EVERY_S:
             last = now
             progress(

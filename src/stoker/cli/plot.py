@@ -26,7 +26,7 @@ RATE, CEILING, WAIT, EPOCH = (31, 119, 180), (255, 127, 14), (150, 150, 150), (2
 
 
 @dataclass(frozen=True)
-class Batch:
+class Arrival:
     """One batch the benchmark received: when (seconds from the start), how many images, and
     how long the loop waited for it."""
 
@@ -55,7 +55,7 @@ class Bin:
         return min(1.0, self.waited / (self.end - self.start))
 
 
-def bins(batches: Sequence[Batch], count: int = BINS) -> list[Bin]:
+def bins(batches: Sequence[Arrival], count: int = BINS) -> list[Bin]:
     """The run cut into about ``count`` bins of consecutive batches (at least four batches a
     bin, so a bin's rate is never one batch or none): a bin runs from the previous bin's last
     arrival to its own last arrival, and holds its batches' images and waits."""
@@ -84,7 +84,7 @@ def rate_axis_top(bins_: Sequence[Bin], ceiling: float) -> float:
 
 
 def bench_chart(
-    batches: Sequence[Batch],
+    batches: Sequence[Arrival],
     ceiling: float,
     epoch_starts: Sequence[float],
     out: str | os.PathLike[str],

@@ -19,14 +19,14 @@ from ..assemble import Assembler, Report
 from ..errors import ConfigError, StokerError, TooManyErrors, warn
 from ..order import Plan
 from ..recipe import Recipe
-from ..schema import BatchSchema, Columns, SlotLayout
+from ..schema import BatchSchema, Columns, Fields, SlotLayout
 from ..seeding import user_states_kept
 from ..sources.base import Source, older_fingerprints
 from ..sources.readahead import ReadSettings
 from ..stats import Stats
 from ..transforms import Pipeline
 from ..workers.address import reach as reach_cluster
-from ..workers.clusteroptions import options as cluster_options
+from ..workers.clusteroptions import cluster_options
 from ..workers.runspec import RunSpec
 from . import address, config, optiondocs, steps, wiring
 from .address import Addressing
@@ -42,9 +42,6 @@ if TYPE_CHECKING:  # never evaluated at run time; typing_extensions has Unpack o
 
     from ..adapters.feed import Feed
     from .kwargs import LoaderKwargs  # generated: imported for type checkers only
-
-Batch = Any  # the structure ``Loader(batch=...)`` asks for; by default (images, labels)
-Fields = dict[str, np.ndarray]
 
 
 def _run_spec(opts: Options) -> RunSpec:
@@ -176,7 +173,7 @@ class Loader(Addressing, Starting, Views):
     @property
     def reads(self) -> ReadSettings | None:
         """The read-ahead settings (``read_ahead``, ``page_cache``)."""
-        return self.recipe.read_ahead
+        return self.recipe.read_settings
 
     @property
     def slot_layout(self) -> SlotLayout:
@@ -241,16 +238,18 @@ class Loader(Addressing, Starting, Views):
         ``index`` field and of ``sample_weight=``/``fields=`` rows."""
         return self.source.source_indices(np.arange(len(self.source)))
 
-    def __iter__(self) -> Iterator[Batch]:
+    # A batch is a ``schema.Batch`` in the form ``batch=`` picks at run time; the Loader's
+    # methods give it as Any, so that a user's ``images, labels = batch`` type-checks.
+    def __iter__(self) -> Iterator[Any]:
         """The rest of the current epoch (all of it, unless resumed or broken off mid-way)."""
         return self._epoch_batches()
 
-    def stream(self) -> Iterator[Batch]:
+    def stream(self) -> Iterator[Any]:
         """Batches without end, epoch after epoch."""
         while True:
             yield from self._epoch_batches()
 
-    def _epoch_batches(self) -> Iterator[Batch]:
+    def _epoch_batches(self) -> Iterator[Any]:
         self._guard.check_process()
         self._ranked()
         if self._rank_pending:  # batches are handed out as rank 0 of 1 from here
@@ -267,7 +266,7 @@ class Loader(Addressing, Starting, Views):
             self.epoch, self.position = epoch + 1, 0
             self._stats.pause()  # the epoch's loop is over: validation etc. is not counted
 
-    def _take(self, epoch: int) -> Batch | None:
+    def _take(self, epoch: int) -> Any | None:
         """The next batch of ``epoch`` (None at its end); position moves under the guard."""
         with self._guard.taking():
             if self.position >= self._length(epoch) or self.epoch != epoch:
@@ -276,7 +275,7 @@ class Loader(Addressing, Starting, Views):
             self.position += 1
             return out
 
-    def _next(self, key: tuple[int, int]) -> Batch:
+    def _next(self, key: tuple[int, int]) -> Any:
         t0 = self._stats.begin_wait()  # the first wait includes the workers' start-up
         try:
             fields, report = self._engine().get(key)
@@ -289,14 +288,14 @@ class Loader(Addressing, Starting, Views):
         self._stats.end_wait(t0, report.count)
         return self._arrange(fields, report.count)
 
-    def _arrange(self, fields: Fields, count: int) -> Batch:
+    def _arrange(self, fields: Fields, count: int) -> Any:
         """A filled batch as the user gets it: cut to its ``count`` samples, ``path`` added,
         arranged in the ``batch=`` structure."""
         if count < self.batch_size:
             fields = {name: arr[:count] for name, arr in fields.items()}
         return self.schema.arrange(fields, self.source.origin().name)
 
-    def peek(self, batch: int | None = None) -> Batch:
+    def peek(self, batch: int | None = None) -> Any:
         """A batch exactly as iteration gives it (augmented, ``batch_transform`` applied, the
         same structure), without taking it: the position, ``state_dict()`` and the batches
         iteration gives are unchanged. ``peek()`` is the batch the next iteration starts with;

@@ -31,7 +31,7 @@ import numpy as np
 from .. import pixels
 from ..decode.masks import MaskMap
 from ..errors import ConfigError
-from ..workers.clusteroptions import options as ray_options
+from ..workers.clusteroptions import cluster_options
 from . import config
 from .config import DEFAULT_MAX_PIXELS, DEFAULT_RATE
 from .optionfield import (
@@ -402,7 +402,7 @@ class RayOptions:
     )
 
     def __post_init__(self) -> None:
-        ray_options(
+        cluster_options(
             self.cluster,
             self.cluster_workers,
             self.cluster_transport,

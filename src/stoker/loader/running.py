@@ -18,7 +18,7 @@ from ..assemble import Assembler, Report
 from ..decode import jpegcrop
 from ..errors import warn
 from ..recipe import Recipe
-from ..schema import SlotLayout
+from ..schema import Fields, SlotLayout
 from ..shm.folder import pick_folder
 from ..shm.stale import clean_stale
 from ..workers import shutdown
@@ -27,7 +27,7 @@ from ..workers.launch import StartReport
 from ..workers.pool import WorkerPool
 from ..workers.runspec import RunSpec
 from . import config
-from .supplier import Fields, Supplier
+from .supplier import Supplier
 
 PROBE_SAMPLES = 8
 KEPT_BLOCKS = HELD + 2  # workers=0: blocks remembered for reuse (consumer + adapter ahead)

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-import numpy as np
+from ..schema import Fields
 
 if TYPE_CHECKING:
     from ..adapters.feed import Ring
     from ..assemble import Report
-
-Fields = dict[str, np.ndarray]
 
 
 class Supplier(Protocol):

@@ -113,7 +113,7 @@ def open_selected(opts: SourceOptions, seed: int, keep: tuple[str, ...] | None =
         label_column=opts.label_column,
         columns=named,
         spec=opts.spec,
-        options=opts,
+        settings=opts,
         keep=keep,
     )
     return select(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,6 +55,21 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class SourceSettings(FolderSettings, Protocol):
+    """The Loader options the readers read: the Loader's source group has them and is handed
+    over whole (``open_source(settings=...)``); each is a read-only property."""
+
+    @property
+    def storage_options(self) -> Any:
+        """fsspec options for a bucket (None: the store's defaults)."""
+        ...
+
+    @property
+    def listing_ttl(self) -> float:
+        """Seconds a cached bucket listing is used."""
+        ...
+
+
 def open_source(
     source: Any = None,
     *,
@@ -64,7 +79,7 @@ def open_source(
     label_column: Any = None,
     columns: tuple[str, ...] = (),
     spec: Any = None,
-    options: FolderSettings | None = None,
+    settings: SourceSettings | None = None,
     keep: tuple[str, ...] | None = None,
 ) -> Source:
     """Recognise what ``source`` is and return the matching Source.
@@ -83,7 +98,7 @@ def open_source(
     array) or ``paths=`` (a list of mask files); a CSV/TSV with an ``image,mask`` header pairs
     them by itself.
 
-    ``options``: the Loader's source group, handed whole to the reader opened, which reads its
+    ``settings``: the Loader's source group, handed whole to the reader opened, which reads its
     own settings from it (``FolderSource``); None is every setting's default. ``keep``: the
     fields a per-sample dataset's batches hold (``Loader(batch=...)``; None: every field).
     """
@@ -112,8 +127,8 @@ def open_source(
             "label_column= names a column of a CSV/TSV file or of Parquet shards; for arrays, "
             "lists and folders pass the targets as labels= (any numeric array, (N,) or (N, K))"
         )
-    storage = getattr(options, "storage_options", None)
-    ttl = getattr(options, "listing_ttl", LISTING_TTL)
+    storage = None if settings is None else settings.storage_options
+    ttl = LISTING_TTL if settings is None else settings.listing_ttl
     if source is None:
         if paths is None:
             raise SourceError("no data given: pass a folder, a CSV file, an array, or paths=[...]")
@@ -137,7 +152,7 @@ def open_source(
             )
         return open_url(source, label_column, tuple(columns), storage, ttl)
     if isinstance(source, (str, os.PathLike)):
-        return _open_path(Path(source), labels, named, options)
+        return _open_path(Path(source), labels, named, settings)
     raise SourceError(
         f"unsupported source of type {type(source).__name__}: pass a folder, a CSV/TSV file, "
         "a .npy file, a numpy array of images, or paths=[...]"
@@ -167,7 +182,7 @@ def _check_path(path: Path) -> None:
 
 
 def _open_path(
-    path: Path, labels: Any, named: dict[str, Any], options: FolderSettings | None = None
+    path: Path, labels: Any, named: dict[str, Any], settings: FolderSettings | None = None
 ) -> Source:
     """Open a source given as a path, by what the path is."""
     _check_path(path)
@@ -184,7 +199,7 @@ def _open_path(
             return ShardSource(path, **named)
         if kind == "tar":
             return TarSource(path)
-        return FolderSource(path, options=options)
+        return FolderSource(path, settings=settings)
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         from .shards import ShardSource

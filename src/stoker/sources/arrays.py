@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import SourceError
 from ..shm.segments import SharedArrays
-from .base import Source, drop_pages, file_fingerprint
+from .base import Source, StoredReads, drop_pages, file_fingerprint
 from .targets import as_targets
 
 
@@ -154,10 +154,8 @@ class ArraySource(DecodedArrays):
             self._shared.unlink()
 
 
-class NpySource(DecodedArrays):
+class NpySource(StoredReads, DecodedArrays):
     """A ``.npy`` file of images, memory-mapped in every process and never read whole."""
-
-    read_ahead = True
 
     def __init__(self, path: str | os.PathLike, labels: Any = None) -> None:
         self.path = Path(path)

@@ -17,7 +17,12 @@ from ..shm.segments import SharedArrays
 
 
 class Source:
-    """Random access to a dataset's samples; subclasses fill in the storage details."""
+    """Random access to a dataset's samples; subclasses fill in the storage details.
+
+    Every source has these members. What only some sources can do is a named ability:
+    ``StoredReads`` (reads from storage the read-ahead window may run ahead of decoding), and
+    the protocols below (``Takes``, ``Blocks``, ``Refingerprints``, ``ListedSizes``,
+    ``Indexed``)."""
 
     labels: np.ndarray
     classes: list[str] | None = None
@@ -30,16 +35,9 @@ class Source:
     sample_form: Any = None
     #: Extra numeric columns read by name (a CSV's ``columns=``), one value per sample.
     named_columns: dict[str, np.ndarray] = {}
-    #: ``read`` may run on several threads at once and waits on storage (files or network,
-    #: not memory): the loader then reads upcoming samples ahead of decoding (see
-    #: ``sources.readahead``).
-    read_ahead: bool = False
     #: ``read`` takes bytes from storage (files, network); False where a sample comes from
     #: memory or the user's own code: ``stats()`` then never blames the disk.
     from_storage: bool = True
-    #: The most reads in flight an auto-sized read-ahead window may keep for this source (None:
-    #: the read-ahead's own maximum; remote sources raise it to cover network latency).
-    read_ahead_max: int | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -68,46 +66,6 @@ class Source:
         None for encoded files."""
         return None
 
-    def forget(self, index: int) -> bool:
-        """Hint: sample ``index``'s bytes were read and will not be needed again soon; drop
-        them from the page cache if the storage allows it. True when pages were dropped
-        (default: nothing to drop, False). Must not raise."""
-        return False
-
-    def plan_reads(self, indices: Any, upcoming: Any = None) -> None:
-        """Hint: these samples are read next, in this order (one batch, from the plan), and
-        ``upcoming`` ones after them (the next batches', or None). A remote source merges
-        their byte ranges into few requests, fetched ahead (``sources.spans``); the default
-        does nothing. Must not raise (a failed plan is read sample by sample)."""
-
-    def bypass_page_cache(self) -> bool:
-        """From now on read around the page cache where the storage allows it (``O_DIRECT``):
-        for data larger than RAM, where cached pages would only evict everything else, this
-        costs less CPU than a cached read followed by ``forget``. True when it does (``forget``
-        then has nothing left to drop); default False."""
-        return False
-
-    def native_reads(self) -> str | None:
-        """How the read-ahead window may read this source on native threads
-        (``sources.filereads``): ``"files"`` (each sample one whole file: ``file_paths``),
-        ``"ranges"`` (one byte range of a file: ``file_range``), or None (the default: a read
-        is more than that, a row, a request, a subclass's own ``read``)."""
-        return None
-
-    def file_paths(self, index: int) -> tuple[str, str | None]:
-        """Sample ``index``'s file and mask file (None without masks); ``"files"`` sources."""
-        raise NotImplementedError
-
-    def file_range(self, index: int) -> tuple[str, int, int, int] | None:
-        """``(path, offset, length, fd)`` of sample ``index``'s bytes (``fd``: a descriptor of
-        the file the caller closes, or -1); ``"ranges"`` sources (None for a sample that is not
-        one stored range: it is read the usual way)."""
-        raise NotImplementedError
-
-    def reads_direct(self) -> bool:
-        """Whether reads go around the page cache now (``bypass_page_cache`` took effect)."""
-        return False
-
     def name(self, index: int) -> str:
         """A human-readable name of sample ``index`` (its file path, or ``array[i]``)."""
         return f"sample {index}"
@@ -129,6 +87,70 @@ class Source:
 
     def close(self) -> None:
         """Release handles and memory this source owns (default: nothing)."""
+
+
+class StoredReads:
+    """The ability of a source whose ``read`` waits on storage (files, network) and may run on
+    several threads at once: the read-ahead window (``sources.readahead``) then reads upcoming
+    samples ahead of decoding, and uses these hints. A source without it is read in the
+    worker's own thread, one sample at a time; ``NO_STORED_READS`` stands for it (every hint
+    at its default)."""
+
+    #: Reads may run ahead of decoding now (a subclass may turn it off: an mmap'd shard).
+    parallel_reads: bool = True
+    #: The most reads in flight an auto-sized read-ahead window may keep for this source (None:
+    #: the read-ahead's own maximum; remote sources raise it to cover network latency).
+    read_ahead_max: int | None = None
+
+    def forget(self, index: int) -> bool:
+        """Hint: sample ``index``'s bytes were read and will not be needed again soon; drop
+        them from the page cache if the storage allows it. True when pages were dropped
+        (default: nothing to drop, False). Must not raise."""
+        return False
+
+    def plan_reads(self, indices: Any, upcoming: Any = None) -> None:
+        """Hint: these samples are read next, in this order (one batch, from the plan), and
+        ``upcoming`` ones after them (the next batches', or None). A remote source merges
+        their byte ranges into few requests, fetched ahead (``sources.spans``); the default
+        does nothing. Must not raise (a failed plan is read sample by sample)."""
+
+    def bypass_page_cache(self) -> bool:
+        """From now on read around the page cache where the storage allows it (``O_DIRECT``):
+        for data larger than RAM, where cached pages would only evict everything else, this
+        costs less CPU than a cached read followed by ``forget``. True when it does (``forget``
+        then has nothing left to drop); default False."""
+        return False
+
+    def reads_direct(self) -> bool:
+        """Whether reads go around the page cache now (``bypass_page_cache`` took effect)."""
+        return False
+
+    def native_reads(self) -> str | None:
+        """How the read-ahead window may read this source on native threads
+        (``sources.filereads``): ``"files"`` (each sample one whole file: ``file_paths``),
+        ``"ranges"`` (one byte range of a file: ``file_range``), or None (the default: a read
+        is more than that, a row, a request, a subclass's own ``read``)."""
+        return None
+
+    def file_paths(self, index: int) -> tuple[str, str | None]:
+        """Sample ``index``'s file and mask file (None without masks); ``"files"`` sources."""
+        raise NotImplementedError
+
+    def file_range(self, index: int) -> tuple[str, int, int, int] | None:
+        """``(path, offset, length, fd)`` of sample ``index``'s bytes (``fd``: a descriptor of
+        the file the caller closes, or -1); ``"ranges"`` sources (None for a sample that is not
+        one stored range: it is read the usual way)."""
+        raise NotImplementedError
+
+
+#: What a source without ``StoredReads`` answers to the read-ahead window: nothing to read ahead.
+NO_STORED_READS = StoredReads()
+NO_STORED_READS.parallel_reads = False
+
+
+def stored_reads(source: Source) -> StoredReads:
+    """``source``'s ``StoredReads`` ability, or ``NO_STORED_READS`` for one without it."""
+    return source if isinstance(source, StoredReads) else NO_STORED_READS
 
 
 # Optional abilities: a source has one when it has the member, stated by these protocols and
@@ -252,13 +274,12 @@ class PathIndex:
         return h.hexdigest()
 
 
-class FileListSource(Source):
+class FileListSource(StoredReads, Source):
     """A source of image files listed in a PathIndex (folders, CSV files, path lists)."""
 
     index: PathIndex
     #: The mask files, one per image (segmentation sources only).
     mask_index: PathIndex | None = None
-    read_ahead = True
 
     @property
     def has_masks(self) -> bool:  # type: ignore[override]
@@ -344,7 +365,7 @@ def cache_folder(cache_dir: str | os.PathLike | None, kind: str) -> Path:
     return Path(cache_dir) if cache_dir else Path.home() / ".cache" / "stoker" / kind
 
 
-def stock(source: Source, kind: type, name: str) -> bool:
+def stock(source: object, kind: type, name: str) -> bool:
     """Whether ``source.<name>`` is ``kind``'s own method (not a subclass's or the instance's)."""
     return getattr(getattr(source, name), "__func__", None) is getattr(kind, name)
 

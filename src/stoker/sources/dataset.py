@@ -151,7 +151,7 @@ def _freeze(dataset: Any) -> bytes:
 class DatasetSource(Source):
     """A user's per-sample dataset; ``fields`` are its fields' ``(name, dtype, shape)``."""
 
-    read_ahead = False  # __getitem__ runs in the worker's own thread, one sample at a time
+    # No StoredReads: __getitem__ runs in the worker's own thread, one sample at a time
     from_storage = False  # what __getitem__ reads is the user's business
 
     def __init__(self, dataset: Any, spec: Any = None, keep: Sequence[str] | None = None) -> None:

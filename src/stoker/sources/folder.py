@@ -144,7 +144,7 @@ def warn_empty_class(folder: str, cls: str, label: int) -> None:
 
 class FolderSettings(Protocol):
     """The Loader options the folder reader reads: the Loader's source group has them, and
-    is handed over whole (``open_source(options=...)``). Each is a read-only property: the
+    is handed over whole (``open_source(settings=...)``). Each is a read-only property: the
     options are frozen."""
 
     @property
@@ -156,16 +156,16 @@ class FolderSettings(Protocol):
 class FolderSource(FileListSource):
     """Images in ``root/<class>/**/<file>``; classes are the sorted subfolder names.
 
-    ``options``: the Loader's source group, for the walk's settings (None: the defaults)."""
+    ``settings``: the Loader's source group, for the walk's settings (None: the defaults)."""
 
     def __init__(
         self,
         root: str | os.PathLike,
         cache_dir: str | os.PathLike | None = None,
-        options: FolderSettings | None = None,
+        settings: FolderSettings | None = None,
     ) -> None:
         self.root = Path(root)
-        self.follow_links = True if options is None else options.follow_links
+        self.follow_links = True if settings is None else settings.follow_links
         cache = cache_folder(cache_dir, "scan")
         walked = str(self.root.resolve()) + ("" if self.follow_links else "\0no links")
         key = hashlib.blake2b(walked.encode(), digest_size=10).hexdigest()

@@ -17,16 +17,14 @@ import numpy as np
 
 from ..errors import SourceError
 from .arrays import DecodedArrays, check_images, check_labels
-from .base import file_fingerprint
+from .base import StoredReads, file_fingerprint
 from .targets import unlabeled
 
 _OPEN_LOCK = threading.Lock()  # read-ahead threads: one handle per process, opened once
 
 
-class HDF5Source(DecodedArrays):
+class HDF5Source(StoredReads, DecodedArrays):
     """Images from ``path[images_key]``, labels from ``path[labels_key]`` (-1 if absent)."""
-
-    read_ahead = True
 
     def __init__(
         self, path: str | os.PathLike, images_key: str = "images", labels_key: str = "labels"

@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from . import fetch, filereads
-from .base import Source
+from .base import Source, stored_reads
 from .fetchpolicy import DEFAULT_RATE
 
 MIN_WINDOW = 4
@@ -140,6 +140,8 @@ class ReadAhead:
 
     def __init__(self, source: Source, settings: ReadSettings | None = None) -> None:
         self.source = source
+        #: the source's hints for reading ahead (``StoredReads``; none for memory or user code)
+        self.stored = stored_reads(source)
         self.settings = settings or ReadSettings()
         # requests give up (retries included) before the read's deadline, so a store that keeps
         # failing is named by its own error, not by the window's "no bytes after" one
@@ -147,8 +149,8 @@ class ReadAhead:
         fixed = self.settings.window
         self.auto = fixed == "auto"
         self.window = START_WINDOW if self.auto else int(fixed)  # type: ignore[arg-type]
-        self.max_window = max(MIN_WINDOW, int(source.read_ahead_max or MAX_WINDOW))
-        self.enabled = bool(source.read_ahead) and self.window > 0
+        self.max_window = max(MIN_WINDOW, int(self.stored.read_ahead_max or MAX_WINDOW))
+        self.enabled = self.stored.parallel_reads and self.window > 0
         self.masks = bool(source.has_masks)
         self.counters = ReadCounters()
         self.held = self.peak_held = 0  # completed bytes not yet taken
@@ -157,7 +159,7 @@ class ReadAhead:
         self._drop = self.settings.page_cache == "drop"
         self._early: list[int] = []  # samples read before "auto" judged the dataset's size
         if self._drop:
-            source.bypass_page_cache()
+            self.stored.bypass_page_cache()
         self._lock = threading.Lock()
         self._tasks: queue.SimpleQueue[tuple[int, cf.Future] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
@@ -168,8 +170,8 @@ class ReadAhead:
         self._latency_s = 0.0  # smoothed time one read takes (plain or on a thread)
         self._pid = os.getpid()
         # "files", "ranges" (native threads read: sources.filereads) or None (Python threads)
-        usable = filereads.AVAILABLE and source.read_ahead
-        self._native_kind = source.native_reads() if usable else None
+        usable = filereads.AVAILABLE and self.stored.parallel_reads
+        self._native_kind = self.stored.native_reads() if usable else None
         self._native = filereads.NativeReads(self.max_window) if self._native_kind else None
         self._native_mode()
 
@@ -181,7 +183,7 @@ class ReadAhead:
         (``Source.plan_reads``: a remote source merges their byte ranges into few requests,
         fetched ahead)."""
         self._discard()
-        self.source.plan_reads(indices, upcoming)
+        self.stored.plan_reads(indices, upcoming)
         if not self.enabled:
             return
         self._todo = deque(int(i) for i in indices)
@@ -312,8 +314,8 @@ class ReadAhead:
 
     def _native_submit(self, index: int) -> Any:
         if self._native_kind == "files":
-            return self._native.submit(index, self.source.file_paths(index))  # type: ignore[union-attr]
-        where = self.source.file_range(index)
+            return self._native.submit(index, self.stored.file_paths(index))  # type: ignore[union-attr]
+        where = self.stored.file_range(index)
         if where is None:  # not one stored range (a null image): read when taken, as usual
             return filereads.Deferred(self.source, index)
         return self._native.submit_range(index, self.source.name(index), where)  # type: ignore[union-attr]
@@ -410,7 +412,7 @@ class ReadAhead:
                     early, self._early = (self._early if self._drop else []), []
         if early:  # larger than RAM: what was read while undecided leaves the cache, and the
             self._drop_pages(early)  # reads go around it from now on
-            self.source.bypass_page_cache()
+            self.stored.bypass_page_cache()
             self._native_mode()
         elif dropped:
             self.counters.dropped += 1
@@ -421,11 +423,11 @@ class ReadAhead:
     def _native_mode(self) -> None:
         """Tell the native reader how reads treat the page cache now."""
         if self._native is not None:
-            self._native.set_mode(self.source.reads_direct(), self._drop)
+            self._native.set_mode(self.stored.reads_direct(), self._drop)
 
     def _drop_pages(self, indices: list[int]) -> None:
         for index in indices:
-            if self.source.forget(index):
+            if self.stored.forget(index):
                 self.counters.dropped += 1
 
 

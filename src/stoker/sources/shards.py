@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import DecodeError, SourceError
-from .base import Source, cache_folder, drop_pages, short_read, stock
+from .base import Source, StoredReads, cache_folder, drop_pages, short_read, stock
 from .hfpaths import PathRows, path_rows
 from .names import FORM, escaped, from_text, names_back
 from .parquet_targets import join_labels as _join_labels
@@ -46,7 +46,7 @@ _OPEN_MAPS = 64  # open shard files (descriptors or memory maps) kept per proces
 _OPEN_FILES = 8  # ParquetFile readers kept open per process (row-group mode)
 
 
-class ShardSource(Source):
+class ShardSource(StoredReads, Source):
     """A folder (or list) of Parquet shards; see the module docstring."""
 
     #: Per shard: its rows whose image is a file named by the row's path (Hugging Face
@@ -193,7 +193,7 @@ class ShardSource(Source):
         self._busy: dict[int, list[Any]] = {}  # id(entry) -> [entry, readers]
 
     @property
-    def read_ahead(self) -> bool:  # type: ignore[override]
+    def parallel_reads(self) -> bool:  # type: ignore[override]
         """True when every shard's images are stored verbatim (one positioned read each)."""
         return all(m == 0 for m in self.modes)
 
@@ -253,9 +253,8 @@ class ShardSource(Source):
     def native_reads(self) -> str | None:
         """``"ranges"`` when every image is stored verbatim, read with ``pread`` by this class's
         own ``read`` (not a memory map, not a subclass's reads: remote shards)."""
-        if self.access != "pread" or not self.read_ahead or not stock(self, ShardSource, "read"):
-            return None
-        return "ranges"
+        own = self.access == "pread" and stock(self, ShardSource, "read")
+        return "ranges" if own and self.parallel_reads else None
 
     def file_range(self, index: int) -> tuple[str, int, int, int] | None:
         """``(shard path, offset, length, fd)`` of sample ``index``'s image bytes (None: a

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from .base import Source, Takes
+from .base import Source, StoredReads, Takes, stored_reads
 
 
-class SubsetSource(Source):
+class SubsetSource(StoredReads, Source):
     """Samples ``indices`` of ``base``, with ``labels`` (the base's, or relabelled)."""
 
     def __init__(
@@ -34,7 +34,9 @@ class SubsetSource(Source):
         self.labels = base.labels[self.indices] if labels is None else labels
         self.classes = base.classes if classes is None else classes
         self.has_masks = base.has_masks
-        self.read_ahead, self.read_ahead_max = base.read_ahead, base.read_ahead_max
+        self.stored = stored_reads(base)  # the base's StoredReads, forwarded
+        self.parallel_reads = self.stored.parallel_reads
+        self.read_ahead_max = self.stored.read_ahead_max
         self.from_storage = base.from_storage
         self.named_columns = {k: v[self.indices] for k, v in base.named_columns.items()}
         self.sample_fields, self.sample_form = base.sample_fields, base.sample_form
@@ -75,32 +77,32 @@ class SubsetSource(Source):
 
     def forget(self, index: int) -> bool:
         """The base's, for sample ``indices[index]``."""
-        return self.base.forget(int(self.indices[index]))
+        return self.stored.forget(int(self.indices[index]))
 
     def plan_reads(self, indices: Any, upcoming: Any = None) -> None:
         """The base's, for samples ``indices[indices]`` (and ``indices[upcoming]``)."""
         ahead = None if upcoming is None else self.indices[np.asarray(upcoming, dtype=np.int64)]
-        self.base.plan_reads(self.indices[np.asarray(indices, dtype=np.int64)], ahead)
+        self.stored.plan_reads(self.indices[np.asarray(indices, dtype=np.int64)], ahead)
 
     def bypass_page_cache(self) -> bool:
         """The base's."""
-        return self.base.bypass_page_cache()
+        return self.stored.bypass_page_cache()
 
     def reads_direct(self) -> bool:
         """The base's."""
-        return self.base.reads_direct()
+        return self.stored.reads_direct()
 
     def native_reads(self) -> str | None:
         """The base's."""
-        return self.base.native_reads()
+        return self.stored.native_reads()
 
     def file_paths(self, index: int) -> tuple[str, str | None]:
         """The base's paths of sample ``indices[index]``."""
-        return self.base.file_paths(int(self.indices[index]))
+        return self.stored.file_paths(int(self.indices[index]))
 
     def file_range(self, index: int) -> tuple[str, int, int, int] | None:
         """The base's byte range of sample ``indices[index]``."""
-        return self.base.file_range(int(self.indices[index]))
+        return self.stored.file_range(int(self.indices[index]))
 
     def pixel_size(self) -> tuple[int, int] | None:
         """The base's."""

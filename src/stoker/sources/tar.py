@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import SourceError, warn
 from . import cachefile
-from .base import PathIndex, Source, cache_folder, drop_pages, short_read, stock
+from .base import PathIndex, Source, StoredReads, cache_folder, drop_pages, short_read, stock
 from .targets import parse_column
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "webp")
@@ -55,10 +55,8 @@ MIN_CACHED_BYTES = 64 << 20  # a smaller tar is scanned faster than its cache is
 EDGE_BYTES = 64 << 10  # the head and tail of a tar hashed into its stamp
 
 
-class TarSource(Source):
+class TarSource(StoredReads, Source):
     """WebDataset-style ``.tar`` shards (a folder of them, one file, or a list)."""
-
-    read_ahead = True
 
     def __init__(
         self,

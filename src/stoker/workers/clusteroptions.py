@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import ConfigError
 from . import address as address_mod
 
-__all__ = ["CONNECT_TIMEOUT_S", "TRANSPORTS", "ClusterOptions", "options"]
+__all__ = ["CONNECT_TIMEOUT_S", "TRANSPORTS", "ClusterOptions", "cluster_options"]
 
 TRANSPORTS = ("tcp", "object_store")
 CONNECT_TIMEOUT_S = 5.0  # cluster_connect_timeout=None
@@ -33,7 +33,7 @@ class ClusterOptions:
     connect_timeout: float = CONNECT_TIMEOUT_S  # seconds to reach the cluster's address
 
 
-def options(
+def cluster_options(
     cluster: Any, cores: Any, transport: Any, listen: Any, connect_timeout: Any = None
 ) -> ClusterOptions | None:
     """Validate the cluster arguments (nothing is started, reached or imported)."""

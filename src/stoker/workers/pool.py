@@ -105,7 +105,7 @@ class _Worker:
     def __init__(self, wid: int, conn: Connection, spec: WorkerSpec, parent: int = -1) -> None:
         self.wid, self.conn, self.spec, self.parent = wid, conn, spec, parent
         self.assembler = spec.recipe.assembler()
-        reads = spec.recipe.read_ahead
+        reads = spec.recipe.read_settings
         if reads is not None:  # the loader's request-rate ceiling, shared by its workers
             fetch.configure(rate=reads.request_rate / max(1, spec.workers))
         self.status_seg = Segment.attach(*spec.status)
