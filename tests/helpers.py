@@ -81,6 +81,22 @@ def run_ranks(tmp_path, script_text, *args, timeout=240):
     return outs
 
 
+def script_result(script: Path, *args: str, timeout: float, **env: str) -> tuple[dict, str]:
+    """Run ``script`` with ``args`` (the environment plus ``env``, in its folder); its last
+    ``RESULT {json}`` line, read, and its stdout. A failure shows the end of both outputs."""
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=script.parent,
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :]), proc.stdout
+
+
 def is_marked(image: np.ndarray) -> bool:
     """True for an image whose top-left 4x4 block was set to MARK (see make_marked_array)."""
     return bool((image[:4, :4] == MARK).all())

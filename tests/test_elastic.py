@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import stoker
-from helpers import SRC, free_port
+from helpers import SRC, free_port, script_result
 
 FIELDS = ("image", "label", "index")
 
@@ -380,3 +380,78 @@ def test_skipped_steps_stay_skipped_after_a_resume_and_the_rest_are_unchanged(im
     with pytest.raises(stoker.ConfigError, match="skip="):
         restarted.skip(0, (4, 2))
     _close([plain, skipping, restarted])
+
+
+KERAS = textwrap.dedent(
+    """
+    import json, sys, warnings
+    import keras, numpy as np, stoker
+
+    def model():
+        m = keras.Sequential([keras.Input((16, 16, 3)), keras.layers.Rescaling(1 / 255),
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3)])
+        m.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        return m
+
+    folder, ckpt = sys.argv[1], sys.argv[2]
+    kw = dict(image_size=16, workers=0, seed=3, drop_last=False)
+    with stoker.Loader(folder, batch_size=4, **kw) as first:  # 3 steps trained, then stopped
+        cb = first.keras_checkpoint(ckpt, save_freq=3)
+        model().fit(first.keras(), epochs=1, steps_per_epoch=3, callbacks=[cb], verbose=0)
+    with stoker.Loader(folder, batch_size=6, **kw) as again, warnings.catch_warnings(
+            record=True) as said:  # restarted with another batch_size
+        warnings.simplefilter("always")
+        cb = again.keras_checkpoint(ckpt)
+        steps = len(again)
+        rest = [i for s in range(3, 3 + steps) for i in again.samples_at(0, s)["index"]]
+        history = model().fit(again.keras(), epochs=1, callbacks=[cb], verbose=0).history
+        order = again.source.source_indices(again.plan.global_order(0)).tolist()
+        print("RESULT " + json.dumps({"steps": steps, "rest": rest, "order": order,
+              "loss": history["loss"], "after": again.state_dict(), "note": cb.note,
+              "warned": [str(w.message) for w in said], "stats": str(again.stats())}))
+    """
+)
+
+
+@pytest.mark.needs("keras")
+@pytest.mark.timeout(240)
+def test_keras_fit_resumes_from_keras_checkpoint_with_another_batch_size(image_folder, tmp_path):
+    """Saved after 3 steps of 4 (12 samples); fit resumed with batch_size=6 trains the 24
+    samples not yet consumed, in 4 steps, and says so (warning, print, stats())."""
+    script = tmp_path / "keras_resume.py"
+    script.write_text(KERAS)
+    ckpt = str(tmp_path / "ckpt" / "loader.json")
+    out, stdout = script_result(
+        script, str(image_folder), ckpt, timeout=210, KERAS_BACKEND="torch", CUDA_VISIBLE_DEVICES=""
+    )
+    assert out["steps"] == 4 and len(out["loss"]) == 1
+    assert out["rest"] == out["order"][12:]  # each sample not yet consumed, once, in order
+    assert (out["after"]["epoch"], out["after"]["position"]) == (1, 0)
+    assert "batch_size 4 -> 6" in out["note"] and "stoker: resumed at global sample 12" in stdout
+    assert any("4 -> 6: 4 -> 6 samples a step" in w for w in out["warned"])
+    assert "resumed at global sample 12 (step 3) of epoch 0" in out["stats"]
+
+
+@pytest.mark.timeout(120)
+def test_a_torch_distributed_checkpoint_carries_a_resumed_and_skipping_state(
+    image_folder, tmp_path
+):
+    """The torch view is a Stateful: dcp.save / dcp.load restore every key of the state, the
+    resumed epoch's start and the skips included (dcp loads into the template's keys)."""
+    dcp = pytest.importorskip("torch.distributed.checkpoint")
+    (four,) = _ranks(image_folder, 1, 4)
+    _steps([four], 3)
+    (five,) = _ranks(image_folder, 1, 5)
+    with pytest.warns(UserWarning, match="another global batch"):
+        five.load_state_dict(four.state_dict())
+    five.skip(0, (5, 6))
+    _steps([five], 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dcp without a process group says so
+        dcp.save({"loader": five.torch()}, checkpoint_id=str(tmp_path / "ckpt"))
+        (fresh,) = _ranks(image_folder, 1, 5)
+        dcp.load({"loader": fresh.torch()}, checkpoint_id=str(tmp_path / "ckpt"))
+    assert fresh.state_dict() == five.state_dict()
+    assert fresh.state_dict()["resumed"] == [0, 12, 3]
+    assert _steps([fresh]) == _steps([five])
+    _close([four, five, fresh])

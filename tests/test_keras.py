@@ -18,6 +18,8 @@ import time
 import numpy as np
 import pytest
 
+from helpers import script_result
+
 # --------------------------------------------------------------------------- bookkeeping
 
 
@@ -312,18 +314,10 @@ RESUME_SCRIPT = textwrap.dedent(
 def test_checkpoint_callback_resumes_at_the_trained_batch(image_folder, tmp_path) -> None:
     script = tmp_path / "resume_script.py"
     script.write_text(RESUME_SCRIPT)
-    env = {**os.environ, "KERAS_BACKEND": "torch", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, str(script), str(image_folder), str(tmp_path / "ckpt" / "loader.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=210,
-        cwd=tmp_path,
+    ckpt = str(tmp_path / "ckpt" / "loader.json")
+    out, _ = script_result(
+        script, str(image_folder), ckpt, timeout=210, KERAS_BACKEND="torch", CUDA_VISIBLE_DEVICES=""
     )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(lines[-1][len("RESULT ") :])
     assert out["restored"] is True
     assert (out["saved"]["epoch"], out["saved"]["position"]) == (0, 6)  # saved after 3 and 6
     assert out["state"] == out["saved"]

@@ -241,8 +241,15 @@ class LoaderCheckpoint(keras.callbacks.Callback):
         self.restored = self.path.exists()
         if self.restored:
             loader.load_state_dict(json.loads(self.path.read_text()))
+        #: what the restore did when it changed the world size or batch size ("" if not)
+        self.note: str = getattr(loader, "resume_note", "") if self.restored else ""
         self._base = loader.state_dict()
         self._trained = 0
+
+    def on_train_begin(self, logs: Logs = None) -> None:
+        """Say, beside Keras' own lines, what a restore that changed sizes did."""
+        if self.note:
+            print(f"stoker: {self.note}", flush=True)
 
     def state(self) -> State:
         """The loader state after the batches trained so far."""

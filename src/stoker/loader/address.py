@@ -155,8 +155,7 @@ class Addressing:
         state = steps.state_of(
             plan, epoch, self._batch_of(epoch, position), self.recipe.source.fingerprint()
         )
-        if self._skips:
-            state["skip"] = saved_skips(self._skips)
+        state["skip"] = saved_skips(self._skips)
         return state
 
     def advance_state(self, state: dict[str, Any], batches: int) -> dict[str, Any]:

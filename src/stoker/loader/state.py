@@ -69,8 +69,9 @@ def make_state(
         "batches": batches,
         "fingerprint": fingerprint,
     }
-    if resumed is not None:
-        state["resumed"] = list(resumed)
+    # always present, so a loader that restores into its own state's keys (as
+    # torch.distributed.checkpoint does) receives them
+    state["resumed"] = None if resumed is None else list(resumed)
     return state
 
 

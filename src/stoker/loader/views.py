@@ -38,6 +38,7 @@ class Views:
     batch_size: int
     shuffle: bool
     epoch: int
+    resume_note: str
     _run: Running
     _stats: Stats
     _shuffle_note: tuple[int, list[str]]
@@ -82,7 +83,7 @@ class Views:
             prefetch_reason=self._run.prefetch_reason,
             kept_batches=engine.orphaned if engine is not None else 0,
             memory_folder=self._run.folder,
-            notes=self._notes(),
+            notes=([self.resume_note] if self.resume_note else []) + self._notes(),
             decoder=decoder_name(),
             startup_s=startup_s,
             startup=startup,
