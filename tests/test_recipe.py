@@ -20,7 +20,7 @@ def test_the_loader_is_made_of_one_frozen_recipe_it_reads_through(image_folder):
     with stoker.Loader(image_folder, image_size=32, batch_size=4, workers=0) as loader:
         recipe = loader.recipe
         assert isinstance(recipe, Recipe)
-        assert loader.source is recipe.source and loader.pipeline is recipe.pipeline
+        assert loader.source is recipe.source and loader.pipeline.spec is recipe.pipeline
         assert loader.plan is recipe.plan and loader.reads is recipe.read_settings
         assert loader.slot_layout is recipe.schema.slot_layout
         assert loader.columns is recipe.schema.columns and loader.form is recipe.schema.form

@@ -20,7 +20,7 @@ from .sources import fetch
 from .sources.base import Source, Takes
 from .sources.fetch import RequestCounts
 from .sources.readahead import PLAN_AHEAD, ReadAhead, ReadSettings, size_of
-from .transforms import Pipeline, ResizePipeline
+from .transforms import PipelineSpec
 
 MAX_REPLACEMENT_TRIES = 64
 # A worker's status[0] (the sample it loads) while the batch_transform runs on a filled batch
@@ -53,29 +53,35 @@ class Report:
 
 
 class Assembler:
-    """Fills batches for one process; keeps the current epoch's order cached."""
+    """Fills batches for one process; keeps the current epoch's order cached. Its live
+    pipeline is built here, in the process that uses it, from the Recipe's frozen spec."""
 
     def __init__(
         self,
         source: Source,
-        pipeline: Pipeline,
+        spec: PipelineSpec,
         plan: Plan,
         columns: Columns | None = None,
         read_settings: ReadSettings | None = None,
         batch_fn: BatchTransform | None = None,
     ) -> None:
-        self.source, self.pipeline, self.plan = source, pipeline, plan
+        self.source, self.pipeline, self.plan = source, spec.build(), plan
         self.batch_fn = batch_fn
         self.columns = columns if columns is not None else Columns({"label": source.labels})
         self.reader = ReadAhead(source, read_settings)  # the live read-ahead window
         fetch.fetcher().take_counts()  # the reports count the batches' requests, not the scan's
         self._epoch = -1
         #: user code that loads samples (an augment callable, a dataset): global RNGs seeded
-        self._user_code = bool(getattr(pipeline, "user_code", False)) or (
+        self._user_code = bool(getattr(self.pipeline, "user_code", False)) or (
             source.sample_fields is not None
         )
-        #: the source's bulk copy of a batch's images (``Takes``), or None
-        self._take = source.take if isinstance(source, Takes) else None
+        #: the source's bulk copy of a batch's images (``Takes``), when the spec says the
+        #: pipeline would copy each of them unchanged; else None
+        self._take = None
+        if isinstance(source, Takes) and spec.keeps_pixels(
+            source.pixel_size(), source.pixel_channels() or 3
+        ):
+            self._take = source.take
         self._order = np.zeros(0, dtype=np.int64)
         self._global = self._slots = self._order  # the epoch's global order, this rank's slots
         self.current = -1  # index of the sample being loaded, for crash reports
@@ -169,19 +175,21 @@ class Assembler:
         report.transform_s += time.perf_counter() - t0
 
     def _bulk(self, indices: np.ndarray, arrays: dict[str, np.ndarray], report: Report) -> bool:
-        """Copy a whole batch of an in-memory array source at once when the pipeline would
-        copy each image unchanged (``augment=None`` at the arrays' own size and channels)."""
-        take = self._take
-        p = self.pipeline
-        own = self.source.pixel_channels() or 3
-        plain = type(p) is ResizePipeline and p.fit is None and p.channels == own
-        if take is None or not plain or self.source.pixel_size() != p.size:
+        """Copy a whole batch of an in-memory array source at once, when the pipeline would
+        copy each image unchanged (``PipelineSpec.keeps_pixels``) and the source can."""
+        if self._take is None:
             return False
         t0 = time.perf_counter()
-        if not take(indices, arrays["image"][: len(indices)]):
+        if not self._take(indices, arrays["image"][: len(indices)]):
             return False
         report.transform_s += time.perf_counter() - t0
         return True
+
+    @property
+    def copies_whole(self) -> bool:
+        """Whether a batch of images is copied whole from the source (``_bulk``), the pipeline
+        keeping their pixels as they are."""
+        return self._take is not None
 
     def _load_good(self, epoch, pos, out, u, report, status) -> int:
         """Load the sample at ``pos`` of this rank's order; on bad data, the next good one

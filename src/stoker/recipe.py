@@ -11,13 +11,14 @@ from .order import Plan
 from .schema import BatchSchema
 from .sources.base import Source
 from .sources.readahead import ReadSettings
-from .transforms import Pipeline
+from .transforms import PipelineSpec
 
 
 @dataclass(frozen=True)
 class Recipe:
-    """The opened ``source``, the decode + transform ``pipeline``, the epoch ``plan`` (which
-    samples batch k of epoch e holds), the batch ``schema`` (slot layout, columns, form), the
+    """The opened ``source``, the decode + transform ``pipeline`` (a frozen ``PipelineSpec``:
+    each process builds its live pipeline from it), the epoch ``plan`` (which samples batch k
+    of epoch e holds), the batch ``schema`` (slot layout, columns, form), the
     ``read_settings`` (``read_ahead``, ``page_cache``) and the optional ``batch_fn``: everything
     a batch is made from.
 
@@ -26,14 +27,14 @@ class Recipe:
     filler from the same Recipe with :meth:`assembler`."""
 
     source: Source
-    pipeline: Pipeline
+    pipeline: PipelineSpec
     plan: Plan
     schema: BatchSchema
     read_settings: ReadSettings | None = None
     batch_fn: BatchTransform | None = None
 
     def assembler(self) -> Assembler:
-        """A batch filler for this process."""
+        """A batch filler for this process (with its own live pipeline)."""
         return Assembler(
             self.source,
             self.pipeline,

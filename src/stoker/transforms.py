@@ -10,8 +10,10 @@ results depend only on ``(seed, epoch, index)``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import cv2
 import numpy as np
@@ -29,7 +31,8 @@ from .crops import (
     random_resized_crop_box,
     resize_mask_into,
 )
-from .decode.common import Box
+from .decode.common import DEFAULT_MAX_PIXELS, Box
+from .decode.masks import MaskMap
 from .errors import ConfigError, DecodeError
 from .pixels import resize_into
 from .seeding import seeded
@@ -51,8 +54,8 @@ __all__ = [
     "CustomPipeline",
     "EvalPipeline",
     "HorizontalFlip",
-    "ImageSettings",
     "Pipeline",
+    "PipelineSpec",
     "RandomResizedCrop",
     "Resize",
     "ResizePipeline",
@@ -60,8 +63,8 @@ __all__ = [
     "as_rgb",
     "center_box",
     "check_mask_ops",
-    "image_pipeline",
     "make_pipeline",
+    "pipeline_spec",
     "random_resized_crop_box",
     "resize_into",
     "resize_mask_into",
@@ -77,21 +80,26 @@ def _flip_if(u: np.ndarray, out: np.ndarray) -> None:
 
 
 class Pipeline:
-    """Base of the stock pipelines: geometry from the header, then a fused decode + resize."""
+    """Base of the stock pipelines: geometry from the header, then a fused decode + resize.
+
+    A live pipeline is made from its frozen :class:`PipelineSpec` (``spec.build()``) in the
+    process that uses it, and never changed after: what it does is the spec's fields."""
 
     uniforms = 0
-    needs_rng = False
     reduce = True  # may the decoder shrink the region (DCT scaling) down to the output size?
-    channels = 3  # of the output: 1 (grayscale), 3 (RGB) or 4 (RGBA); set by image_pipeline
-    interpolation = "auto"  # the resize filter (see pixels.INTERPOLATIONS)
-    mask_map: Any = None  # ``Loader(mask_map=)``: a MaskMap applied to each decoded mask
-    post: tuple[Callable[..., np.ndarray], ...] = ()  # ops run on the written output
-    #: A file that decodes only with the decoder's warnings (recoverable corrupt data) is bad
-    #: data, as one that does not decode (set by image_pipeline).
-    strict_decode = False
 
-    def __init__(self, size: tuple[int, int], fast: bool, max_pixels: int) -> None:
-        self.size, self.fast, self.max_pixels = size, fast, max_pixels
+    def __init__(self, spec: PipelineSpec) -> None:
+        self.spec = spec
+        self.size, self.fast, self.max_pixels = spec.size, spec.fast, spec.max_pixels
+        #: of the output: 1 (grayscale), 3 (RGB) or 4 (RGBA)
+        self.channels = spec.channels
+        self.interpolation = spec.interpolation  # the resize filter (pixels.INTERPOLATIONS)
+        #: A file that decodes only with the decoder's warnings (recoverable corrupt data) is
+        #: bad data, as one that does not decode.
+        self.strict_decode = spec.strict_decode
+        self.mask_map = spec.mask_map  # ``Loader(mask_map=)``, applied to each decoded mask
+        self.post = spec.post  # ops run on the written output
+        self.needs_rng = bool(spec.post)
 
     def box(self, h: int, w: int, u: np.ndarray) -> Box | None:
         """The region of the (displayed) image to keep; None for all of it."""
@@ -199,10 +207,7 @@ class TrainPipeline(Pipeline):
     """RandomResizedCrop (scale 0.08-1, ratio 3/4-4/3) and a random horizontal flip."""
 
     uniforms = 41
-
-    def __init__(self, size, fast, max_pixels, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
-        super().__init__(size, fast, max_pixels)
-        self.scale, self.ratio = scale, ratio
+    scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
 
     def box(self, h: int, w: int, u: np.ndarray) -> Box:
         return random_resized_crop_box(h, w, u, self.scale, self.ratio)
@@ -219,9 +224,7 @@ class TrainPipeline(Pipeline):
 class EvalPipeline(Pipeline):
     """Resize the shorter side to ``size / 0.875``, then take the centre ``size`` crop."""
 
-    def __init__(self, size, fast, max_pixels, fraction: float = 0.875):
-        super().__init__(size, fast, max_pixels)
-        self.fraction = fraction
+    fraction = 0.875
 
     def box(self, h: int, w: int, u: np.ndarray) -> Box:
         return center_box(h, w, self.size[0], self.size[1], self.fraction)
@@ -233,7 +236,13 @@ class ResizePipeline(Pipeline):
     ``crop_to_aspect_ratio``) or "pad" (resized whole into the middle, black borders:
     ``pad_to_aspect_ratio``)."""
 
-    fit: str | None = None
+    def __init__(self, spec: PipelineSpec) -> None:
+        super().__init__(spec)
+        self.fit = spec.fit
+        # a point-sampling filter named for pad_to_aspect_ratio samples the whole decode, as
+        # Keras does; a reduced-scale decode would average first (what "auto"/"area" do anyway)
+        if self.fit == "pad" and self.interpolation not in ("auto", "area"):
+            self.reduce = False
 
     def box(self, h: int, w: int, u: np.ndarray) -> Box | None:
         if self.fit == "crop":
@@ -260,12 +269,12 @@ class CustomPipeline(Pipeline):
     With masks each callable is ``(image, mask, rng) -> (image, mask)`` (a stock op's
     ``pair``), so one draw moves both; the mask is then resized nearest-neighbour."""
 
-    needs_rng = True
     reduce = False
 
-    def __init__(self, size, fast, max_pixels, ops: Sequence[Callable[..., np.ndarray]]):
-        super().__init__(size, fast, max_pixels)
-        self.ops = list(ops)
+    def __init__(self, spec: PipelineSpec) -> None:
+        super().__init__(spec)
+        self.needs_rng = True
+        self.ops = list(spec.ops)
         # the global RNGs are seeded per sample for a user's callable (stock ops draw from rng)
         self.user_code = any(not op_module(op).startswith("stoker.") for op in self.ops)
 
@@ -292,67 +301,95 @@ class CustomPipeline(Pipeline):
         return seeded(rng) if self.user_code else contextlib.nullcontext()
 
 
-class ImageSettings(Protocol):
-    """What a pipeline reads of the loader's image options (``loader.options.ImageOptions``,
-    which this lower stage never imports)."""
-
-    @property
-    def interpolation(self) -> str: ...
-    @property
-    def crop_to_aspect_ratio(self) -> bool: ...
-    @property
-    def pad_to_aspect_ratio(self) -> bool: ...
-    @property
-    def max_pixels(self) -> int: ...
-    @property
-    def strict_decode(self) -> bool: ...
+KINDS = ("train", "eval", "resize", "custom")
+STOCK_NAMES = ("train", "eval", "resize")
 
 
-def image_pipeline(
-    image: ImageSettings, augment: Any, size: tuple[int, int], *, fast: bool, channels: int
-) -> Pipeline:
-    """The pipeline of the image options ``image``, once the loader has resolved against its
-    source what they leave open: ``augment`` (never "auto"), the output ``size``, ``fast``
-    (the fast IDCT or not) and ``channels``. ``crop_to_aspect_ratio``/``pad_to_aspect_ratio``
-    go with ``augment=None`` only; ``strict_decode`` makes a file decoded only with warnings
-    bad data."""
-    pipeline = make_pipeline(augment, size, fast, image.max_pixels)
-    crop, pad = image.crop_to_aspect_ratio, image.pad_to_aspect_ratio
-    fit = "crop" if crop else "pad" if pad else None
-    if fit is not None and type(pipeline) is not ResizePipeline:
-        raise ConfigError(
-            f"crop_to_aspect_ratio / pad_to_aspect_ratio resize the whole image and go with "
-            f"augment=None (not augment={augment!r}, which chooses its own crop)"
-        )
-    interpolation = image.interpolation
-    pipeline.channels, pipeline.interpolation = channels, interpolation
-    pipeline.strict_decode = image.strict_decode
-    if isinstance(pipeline, ResizePipeline):
-        pipeline.fit = fit
-        # a point-sampling filter named for pad_to_aspect_ratio samples the whole decode, as
-        # Keras does; a reduced-scale decode would average first (what "auto"/"area" do anyway)
-        if fit == "pad" and interpolation not in ("auto", "area"):
-            pipeline.reduce = False
-    return pipeline
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A decode + transform pipeline, resolved and frozen: what the Recipe holds and every
+    process (the loader's own, each worker, each node) builds its live :class:`Pipeline` from
+    (:meth:`build`). A new pixel option is a field here and the line of the pipeline that
+    reads it; :meth:`keeps_pixels` then counts it as changing pixels unless it is named in
+    ``PIXEL_NEUTRAL``, so the bulk copy of in-memory arrays cannot skip it."""
+
+    #: "train" (random resized crop + flip), "eval" (shorter side resized, centre crop),
+    #: "resize" (the whole image, see ``fit``) or "custom" (``ops`` on the whole decode).
+    kind: str = "resize"
+    #: The output's (height, width).
+    size: tuple[int, int] = (224, 224)
+    #: Of the output: 1 (grayscale), 3 (RGB) or 4 (RGBA).
+    channels: int = 3
+    #: The resize filter (``pixels.INTERPOLATIONS``).
+    interpolation: str = "auto"
+    #: With "resize": None (aspect not kept), "crop" (``crop_to_aspect_ratio``) or "pad".
+    fit: str | None = None
+    #: libjpeg's fast integer IDCT.
+    fast: bool = False
+    #: Larger images are refused from their header.
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    #: A file that decodes only with the decoder's warnings is bad data.
+    strict_decode: bool = False
+    #: ``Loader(mask_map=)``: applied to each decoded mask.
+    mask_map: MaskMap | None = None
+    #: "custom": the user's callables ``(image, rng) -> image``, in order.
+    ops: tuple[Callable[..., Any], ...] = ()
+    #: Ops run on the stock pipeline's written output (``["train", op, ...]``).
+    post: tuple[Callable[..., Any], ...] = ()
+
+    #: Fields that never change an in-memory array copied at its own size and channels: its
+    #: pixels are not decoded (``fast``, ``max_pixels``, ``strict_decode``), a resize to the
+    #: same size is a copy whatever the filter or fit (``interpolation``, ``fit``), and masks
+    #: never take the bulk copy (``mask_map``).
+    PIXEL_NEUTRAL: ClassVar[frozenset[str]] = frozenset(
+        {"interpolation", "fit", "fast", "max_pixels", "strict_decode", "mask_map"}
+    )
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"PipelineSpec(kind={self.kind!r}): use one of {KINDS}")
+        if (self.kind == "custom") != bool(self.ops):
+            raise ConfigError("PipelineSpec: ops go with kind='custom', which needs them")
+        if self.fit is not None and self.kind != "resize":
+            raise ConfigError(
+                "crop_to_aspect_ratio / pad_to_aspect_ratio resize the whole image and go with "
+                f"augment=None (not augment={self.augment!r}, which chooses its own crop)"
+            )
+
+    @property
+    def augment(self) -> Any:
+        """The ``augment=`` this spec is (for messages): a stock name, or the ops."""
+        if self.kind == "custom":
+            return self.ops[0] if len(self.ops) == 1 else list(self.ops)
+        return [self.kind, *self.post] if self.post else self.kind
+
+    def keeps_pixels(self, size: tuple[int, int] | None, channels: int) -> bool:
+        """Whether an image already decoded at ``size`` with ``channels`` comes out unchanged
+        (so a source of in-memory arrays may copy a batch of them whole): every field not in
+        ``PIXEL_NEUTRAL`` has its default, but ``size`` and ``channels``, which are the
+        image's own."""
+        plain = dataclasses.replace(self, **{n: _DEFAULTS[n] for n in self.PIXEL_NEUTRAL})
+        return size is not None and plain == PipelineSpec(size=size, channels=channels)
+
+    def build(self) -> Pipeline:
+        """The live pipeline of this spec, for the process that calls it."""
+        return _CLASSES[self.kind](self)
 
 
-def make_pipeline(augment: Any, size: tuple[int, int], fast: bool, max_pixels: int) -> Pipeline:
-    """The pipeline that ``augment=`` names: "train", "eval", None, a callable, a list of ops,
-    or a stock name followed by ops (``["train", op, ...]``: the ops run on its output), as it
-    writes by default (3 channels, the "auto" filter, no aspect fit: ``image_pipeline`` sets
-    those from the loader's options)."""
-    if augment == "train":
-        return TrainPipeline(size, fast, max_pixels)
-    if augment == "eval":
-        return EvalPipeline(size, fast, max_pixels)
-    if augment is None or augment == "resize":
-        return ResizePipeline(size, fast, max_pixels)
+def pipeline_spec(augment: Any, size: tuple[int, int], **settings: Any) -> PipelineSpec:
+    """The spec of ``augment=`` (never "auto"): "train", "eval", None/"resize", a callable, a
+    list of ops, or a stock name followed by ops (``["train", op, ...]``: the ops run on its
+    output), at ``size``, with the other fields of :class:`PipelineSpec` from ``settings``."""
+    if isinstance(augment, str) and augment in STOCK_NAMES:
+        return PipelineSpec(kind=augment, size=size, **settings)
+    if augment is None:
+        return PipelineSpec(kind="resize", size=size, **settings)
     if callable(augment):
-        return CustomPipeline(size, fast, max_pixels, [augment])
+        return PipelineSpec(kind="custom", size=size, ops=(augment,), **settings)
     if isinstance(augment, (list, tuple)) and augment and all(callable(a) for a in augment):
-        return CustomPipeline(size, fast, max_pixels, augment)
+        return PipelineSpec(kind="custom", size=size, ops=tuple(augment), **settings)
     if isinstance(augment, (list, tuple)) and augment and _stock_name(augment[0]):
-        return _then_ops(augment, size, fast, max_pixels)
+        return PipelineSpec(kind=augment[0], size=size, post=_then_ops(augment), **settings)
     raise ConfigError(
         f"augment={augment!r} is not understood; use 'train', 'eval', None, a callable "
         "(image, rng) -> image, a list of stoker ops such as [stoker.ops.RandomResizedCrop()], "
@@ -360,7 +397,19 @@ def make_pipeline(augment: Any, size: tuple[int, int], fast: bool, max_pixels: i
     )
 
 
-STOCK_NAMES = ("train", "eval", "resize")
+def make_pipeline(augment: Any, size: tuple[int, int], fast: bool, max_pixels: int) -> Pipeline:
+    """The live pipeline that ``augment=`` names, as it writes by default (3 channels, the
+    "auto" filter, no aspect fit)."""
+    return pipeline_spec(augment, size, fast=fast, max_pixels=max_pixels).build()
+
+
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(PipelineSpec)}
+_CLASSES: dict[str, Callable[[PipelineSpec], Pipeline]] = {
+    "train": TrainPipeline,
+    "eval": EvalPipeline,
+    "resize": ResizePipeline,
+    "custom": CustomPipeline,
+}
 
 
 def _stock_name(value: Any) -> bool:
@@ -368,10 +417,8 @@ def _stock_name(value: Any) -> bool:
     return isinstance(value, str) and value in STOCK_NAMES
 
 
-def _then_ops(
-    augment: Sequence[Any], size: tuple[int, int], fast: bool, max_pixels: int
-) -> Pipeline:
-    """``["train", op, ...]``: the fused stock pipeline, then the ops on its output."""
+def _then_ops(augment: Sequence[Any]) -> tuple[Callable[..., Any], ...]:
+    """``["train", op, ...]``: the ops that run on the fused stock pipeline's output."""
     ops = list(augment[1:])
     bad = [op for op in ops if not callable(op)]
     if not ops or bad:
@@ -380,6 +427,4 @@ def _then_ops(
             f"augment={list(augment)!r}: after {augment[0]!r} come ops (image, rng) -> image, "
             f"such as stoker.ops.TrivialAugmentWide(); got {what}"
         )
-    pipeline = make_pipeline(augment[0], size, fast, max_pixels)
-    pipeline.post, pipeline.needs_rng = tuple(ops), True
-    return pipeline
+    return tuple(ops)

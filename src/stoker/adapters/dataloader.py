@@ -30,11 +30,12 @@ class Sampled(Protocol):
     whether that position is one ``load_state_dict`` restored."""
 
     batch_size: int
-    drop_last: bool
     shuffle: bool
     seed: int
     resumed: bool
 
+    @property
+    def drop_last(self) -> bool: ...
     @property
     def plan(self) -> Plan: ...
     @property

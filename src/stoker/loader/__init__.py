@@ -4,8 +4,8 @@
 ``options`` (its keyword arguments, each declared once in a frozen group with its default, type,
 doc and check; ``optiondocs`` makes the signature, ``help()`` and the docs page from them),
 ``config`` (the checks, with the fix in each message, and the sized choices),
-``wiring`` (the options turned into the parts: source, pipeline, plan, batch schema),
-``recipe`` (the frozen ``Recipe`` made of them once, which every worker and node receives whole),
+``wiring`` (the resolver: every option resolved once into the frozen ``Recipe``, which every
+worker and node receives whole, and the ``RunSpec``),
 ``selection`` (Keras' ``validation_split``/``subset``/``class_names``), ``running`` (what a
 started loader owns: the in-process filler or the worker pool and its prefetch engine),
 ``state`` (the saved position) and ``consumer`` (one consumer per loader, fork safety)."""

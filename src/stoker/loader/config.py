@@ -24,11 +24,11 @@ START_METHODS = ("spawn",)
 DEFAULT_IMAGE_SIZE = 224
 
 
-def image_size(value: Any, pixels: tuple[int, int] | None = None) -> tuple[int, int]:
-    """``224`` or ``(height, width)`` as a tuple of positive ints; ``None`` (the default) is
-    the images' own size for a source of decoded arrays (``pixels``), else 224."""
+def image_size(value: Any) -> tuple[int, int] | None:
+    """``224`` or ``(height, width)`` as a tuple of positive ints; ``None`` (the default) stays
+    None: the images' own size for a source of decoded arrays, else 224 (``sized``)."""
     if value is None:
-        return pixels if pixels is not None else (DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE)
+        return None
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return (value, value)
     if (
@@ -41,6 +41,14 @@ def image_size(value: Any, pixels: tuple[int, int] | None = None) -> tuple[int, 
         f"image_size={value!r}: give a positive int (224), (height, width), or None (the "
         "arrays' own size; 224 for image files)"
     )
+
+
+def sized(size: tuple[int, int] | None, pixels: tuple[int, int] | None) -> tuple[int, int]:
+    """The output size of a resolved ``image_size``: as given, else the arrays' own size
+    (``pixels``), else 224."""
+    if size is not None:
+        return size
+    return pixels if pixels is not None else (DEFAULT_IMAGE_SIZE, DEFAULT_IMAGE_SIZE)
 
 
 def augment(value: Any, pixels: tuple[int, int] | None, subset: Any = None) -> Any:
@@ -102,21 +110,28 @@ def positive_int(name: str, value: Any) -> int:
     return int(value)
 
 
-def fast_decode(value: Any, augment: Any) -> bool:
-    """Resolve ``fast_decode``: "auto" is True for ``augment="train"`` (also when ops follow
-    it, ``["train", op, ...]``) only.
+def fast_decode(value: Any) -> bool | None:
+    """Check ``fast_decode``: True or False as given, None for "auto" (``fast_for``)."""
+    if isinstance(value, str) and value == "auto":
+        return None
+    if isinstance(value, bool):
+        return value
+    raise ConfigError(f"fast_decode={value!r}: use True, False or 'auto' (True for 'train')")
+
+
+def fast_for(given: bool | None, augment: Any) -> bool:
+    """Resolve a checked ``fast_decode``: "auto" (None) is True for ``augment="train"`` (also
+    when ops follow it, ``["train", op, ...]``) only.
 
     The fast integer IDCT and plain chroma upsampling change a few pixel values by a level or
     two, far less than a random crop and flip change them, and decode a little faster (see
     benchmarks/README.md#crop-window-decode); evaluation and plain resizing keep libjpeg's
     accurate, reference-identical decode."""
-    if value == "auto":
-        if isinstance(augment, (list, tuple)) and augment:
-            augment = augment[0]
-        return isinstance(augment, str) and augment == "train"
-    if isinstance(value, bool):
-        return value
-    raise ConfigError(f"fast_decode={value!r}: use True, False or 'auto' (True for 'train')")
+    if given is not None:
+        return given
+    if isinstance(augment, (list, tuple)) and augment:
+        augment = augment[0]
+    return isinstance(augment, str) and augment == "train"
 
 
 def usable_cpus() -> int:
@@ -288,15 +303,20 @@ def auto_workers(per_image_s: float | None, batch_size: int, probed: int) -> tup
     )
 
 
-def max_errors(value: Any, n: int) -> int:
-    """The bad-sample budget as a count: an int as is, a fraction of ``n`` rounded up."""
+def max_errors(value: Any) -> int | float:
+    """Check the bad-sample budget: a count (an int >= 0) or a fraction in [0, 1)."""
     if isinstance(value, bool):
         raise ConfigError(f"max_errors={value!r}: give a count (10) or a fraction (0.001)")
     if isinstance(value, int) and value >= 0:
         return value
     if isinstance(value, float) and 0.0 <= value < 1.0:
-        return math.ceil(value * n)
+        return value
     raise ConfigError(f"max_errors={value!r}: give a count (10) or a fraction in [0, 1) (0.001)")
+
+
+def error_count(budget: int | float, n: int) -> int:
+    """A checked budget as a count: an int as is, a fraction of ``n`` samples rounded up."""
+    return budget if isinstance(budget, int) else math.ceil(budget * n)
 
 
 def prefetch(value: Any, count: int, held: int, slot_bytes: int) -> tuple[int, int, int, str]:

@@ -25,8 +25,6 @@ from ..sources.base import Source, older_fingerprints
 from ..sources.readahead import ReadSettings
 from ..stats import Stats
 from ..transforms import Pipeline
-from ..workers.address import reach as reach_cluster
-from ..workers.clusteroptions import cluster_options
 from ..workers.runspec import RunSpec
 from . import address, config, optiondocs, steps, wiring
 from .address import Addressing
@@ -42,23 +40,6 @@ if TYPE_CHECKING:  # never evaluated at run time; typing_extensions has Unpack o
 
     from ..adapters.feed import Feed
     from .kwargs import LoaderKwargs  # generated: imported for type checkers only
-
-
-def _run_spec(opts: Options) -> RunSpec:
-    """The run half of the checked options, resolved: the worker count and why, the cluster."""
-    run, ray = opts.run, opts.ray
-    workers, reason = config.worker_count(run.workers)
-    cluster = cluster_options(
-        ray.cluster,
-        ray.cluster_workers,
-        ray.cluster_transport,
-        ray.cluster_listen,
-        ray.cluster_connect_timeout,
-    )
-    auto = isinstance(run.workers, str) and run.workers == "auto"
-    return RunSpec.of(
-        run, workers=workers, workers_reason=reason, auto_workers=auto, cluster=cluster
-    )
 
 
 def _boxed(batch: Any) -> list[Any] | None:
@@ -90,23 +71,14 @@ class Loader(Addressing, Starting, Views):
             opts.order.shuffle,
         )
         self.start_method = run.start_method
+        resolved = self._resolved = wiring.resolve(opts)  # every value resolved, once
         #: how the batches are made, resolved once: the pool and the nodes receive this object
-        self.run: RunSpec = _run_spec(opts)
-        cluster = self.run.cluster
-        if cluster is not None:  # a wrong address is found now, not at the first batch
-            reach_cluster(cluster.address, cluster.connect_timeout)
-        parts = wiring.build(opts)
-        self.subset = opts.source.subset
-        self.image_size, self.augment = parts.image_size, parts.augment
-        self.has_masks, self.drop_last, self.max_errors = (
-            parts.has_masks,
-            parts.drop_last,
-            parts.max_errors,
-        )
+        self.run: RunSpec = resolved.run
         #: what the loader is made of, built once: the workers and nodes receive this object
-        self.recipe: Recipe = parts.recipe
+        self.recipe: Recipe = resolved.recipe
+        self._pipeline: Pipeline | None = None  # this process's live pipeline (``pipeline``)
         self._peeker: Assembler | None = None  # fills peek()'s batches in this process
-        self._rank_pending, self._rank_used = parts.rank_pending, False
+        self._rank_pending, self._rank_used = resolved.rank_pending, False
         #: the position was restored by load_state_dict and no batch was taken since
         self.resumed = False
         #: what a resume that changed the world size or batch size did ("" if none did)
@@ -156,8 +128,41 @@ class Loader(Addressing, Starting, Views):
 
     @property
     def pipeline(self) -> Pipeline:
-        """The decode + transform pipeline every sample goes through."""
-        return self.recipe.pipeline
+        """The decode + transform pipeline every sample goes through: this process's live one,
+        built from the Recipe's frozen spec (``recipe.pipeline``)."""
+        if self._pipeline is None:
+            self._pipeline = self.recipe.pipeline.build()
+        return self._pipeline
+
+    @property
+    def image_size(self) -> tuple[int, int]:
+        """Every batch's ``(height, width)`` (``image_size=``, resolved against the source)."""
+        return self.recipe.pipeline.size
+
+    @property
+    def augment(self) -> Any:
+        """``augment=``, with "auto" settled against the source."""
+        return self._resolved.augment
+
+    @property
+    def has_masks(self) -> bool:
+        """Whether batches carry segmentation masks."""
+        return bool(self.source.has_masks)
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the ragged last batch is dropped (``drop_last=``, resolved)."""
+        return self.recipe.plan.drop_last
+
+    @property
+    def max_errors(self) -> int:
+        """The bad-sample budget as a count (``max_errors=``, resolved against the size)."""
+        return self._resolved.max_errors
+
+    @property
+    def subset(self) -> str | None:
+        """``subset=``: "training", "validation" or None."""
+        return self.options.source.subset
 
     @property
     def plan(self) -> Plan:

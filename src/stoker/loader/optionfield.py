@@ -12,7 +12,6 @@ from dataclasses import field, fields
 from functools import partial
 from typing import Any
 
-from .. import pixels
 from ..errors import ConfigError
 from . import config
 
@@ -43,36 +42,10 @@ def of_value(fn: Callable[[Any], Any]) -> Check:
     return lambda name, value: fn(value)
 
 
-def kept(fn: Callable[[Any], Any]) -> Check:
-    """A check that keeps the value as given (``fn`` only refuses it: the value is resolved
-    later, against the opened source)."""
-
-    def check(name: str, value: Any) -> Any:
-        fn(value)
-        return value
-
-    return check
-
-
 #: ``True`` or ``False``, named in the error.
 flag: Check = config.flag
 #: ``True``, ``False`` or ``None``, named in the error.
 flag_or_none: Check = partial(config.flag, allow_none=True)
-
-
-def color_mode(value: Any) -> None:
-    """Refuse a ``color_mode`` that names no channel count."""
-    pixels.channels(value, None)
-
-
-def fast_decode(value: Any) -> None:
-    """Refuse a ``fast_decode`` that is neither a bool nor ``"auto"``."""
-    config.fast_decode(value, None)
-
-
-def max_errors(value: Any) -> None:
-    """Refuse a ``max_errors`` that is neither a count nor a rate."""
-    config.max_errors(value, 0)
 
 
 def storage_options(value: Any) -> Any:

@@ -2,8 +2,11 @@
 
 Each field of a group is one ``Loader`` argument: its type (the field's annotation, the one
 type the signature, the docs and type checkers show), its default, one line of meaning and its
-check (``name: type = option(default, doc, check=...)``). ``parse`` checks
-every argument before a file is opened or anything started; ``help(stoker.Loader)``, its
+check (``name: type = option(default, doc, check=...)``). ``parse`` checks each argument that
+is taken as given; one that is resolved (against the opened source or another argument:
+``image_size``, ``color_mode``, ``fast_decode``, ``mask_map``, ``max_errors``, the split, the
+ranks, the cluster) has no check here and is checked once, where ``wiring.resolve`` resolves
+it, still before a file is opened or anything started. ``help(stoker.Loader)``, its
 ``inspect.signature``, the docs' options page and the ``LoaderKwargs`` of type checkers
 (``scripts/gen_options.py`` writes ``docs/options.md`` and ``kwargs.py``) are all generated
 from the groups (by ``optiondocs``), and ``tests/test_options.py`` fails while they disagree.
@@ -15,8 +18,10 @@ batch holds: the slot layout and its structure), ``order`` (which samples each b
 holds: the plan), ``run`` (how the work runs: workers, prefetch, reads, budgets) and ``ray``
 (decoding on other nodes). A group is handed whole to the code that reads it.
 
-Adding an argument: one field in its group (type, default, doc, check), the code that reads it
-(``opts.<group>.<name>``), then ``python scripts/gen_options.py``.
+Adding an argument: one field in its group (type, default, doc, check), a field of the same
+name in the spec that carries it (``PipelineSpec`` for an image option, ``RunSpec`` for a run
+option: ``wiring.resolve`` copies it by name), the line that reads it there, then
+``python scripts/gen_options.py``.
 """
 
 from __future__ import annotations
@@ -29,24 +34,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import pixels
-from ..decode.masks import MaskMap
 from ..errors import ConfigError
-from ..workers.clusteroptions import cluster_options
 from . import config
 from .config import DEFAULT_MAX_PIXELS, DEFAULT_RATE
-from .optionfield import (
-    color_mode,
-    fast_decode,
-    flag,
-    flag_or_none,
-    kept,
-    make_group,
-    max_errors,
-    of_value,
-    option,
-    storage_options,
-)
-from .selection import check_cut, check_split
+from .optionfield import flag, flag_or_none, make_group, of_value, option, storage_options
+from .selection import check_cut
 
 
 class Dataset(Protocol):
@@ -55,13 +47,6 @@ class Dataset(Protocol):
 
     def __len__(self) -> int: ...
     def __getitem__(self, index: int, /) -> Any: ...
-
-
-def _mask_map(value: Any) -> None:
-    """``mask_map``: None, or a mapping :class:`MaskMap` accepts (checked before any file is
-    opened; an offset no mask value survives is refused here, not per sample)."""
-    if value is not None:
-        MaskMap(value)
 
 
 @dataclass(frozen=True)
@@ -156,7 +141,6 @@ class SourceOptions:
     )
 
     def __post_init__(self) -> None:
-        check_split(self.validation_split, self.subset)
         check_cut(self.validation_cut, self.stratify)
 
 
@@ -168,7 +152,6 @@ class ImageOptions:
         None,
         "Every batch's `(height, width)` (an int for a square); `None` is the arrays' own size "
         "for decoded arrays, 224 for image files.",
-        check=kept(config.image_size),
     )
     augment: str | Callable[..., Any] | list[Any] | dict[str, Any] | None = option(
         "auto",
@@ -184,7 +167,6 @@ class ImageOptions:
         None,
         '`"grayscale"`, `"rgb"` or `"rgba"`: 1, 3 or 4 channels; `None` is 3 for image files, '
         "and decoded arrays keep their own.",
-        check=kept(color_mode),
     )
     interpolation: str = option(
         "auto",
@@ -210,7 +192,6 @@ class ImageOptions:
         "Remap mask values: a dict `{stored: wanted}` (others kept), or an int offset in "
         "-255..255 (`-1`: 1..3 -> 0..2); a value mapped outside 0-255 makes its mask a bad "
         "sample.",
-        check=kept(_mask_map),
     )
     max_pixels: int = option(
         DEFAULT_MAX_PIXELS,
@@ -221,7 +202,6 @@ class ImageOptions:
         "auto",
         "libjpeg's fast integer IDCT (a level or two off on a few pixels, a little faster); "
         '`"auto"` uses it for `augment="train"` only.',
-        check=kept(fast_decode),
     )
     strict_decode: bool = option(
         False,
@@ -304,9 +284,6 @@ class OrderOptions:
         check=of_value(config.check_rank_split),
     )
 
-    def __post_init__(self) -> None:
-        config.rank_world(self.rank, self.world_size)
-
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -335,7 +312,6 @@ class RunOptions:
         0.001,
         "Bad samples allowed (a count, or a fraction of the dataset rounded up), each named and "
         "replaced by the next good one; past it, `TooManyErrors`.",
-        check=kept(max_errors),
     )
     timeout: float = option(
         300.0,
@@ -400,15 +376,6 @@ class RayOptions:
         "With `cluster`: seconds the cluster's address has to answer when the Loader is made, "
         "else a `ClusterError`; `None` is 5.",
     )
-
-    def __post_init__(self) -> None:
-        cluster_options(
-            self.cluster,
-            self.cluster_workers,
-            self.cluster_transport,
-            self.cluster_listen,
-            self.cluster_connect_timeout,
-        )
 
 
 #: The groups in the order the signature, ``help()`` and the docs page list them.
