@@ -455,3 +455,33 @@ def test_a_torch_distributed_checkpoint_carries_a_resumed_and_skipping_state(
     assert fresh.state_dict()["resumed"] == [0, 12, 3]
     assert _steps([fresh]) == _steps([five])
     _close([four, five, fresh])
+
+
+@pytest.mark.timeout(60)
+def test_excluded_samples_leave_the_next_epoch_and_the_rest_keep_their_order(image_folder):
+    """exclude() mid-epoch: the epoch under way is unchanged; the next one is the same
+    permutation with the two samples taken out; a restart from the state keeps them out."""
+    (plain,) = _ranks(image_folder, 1, 4, drop_last=False)
+    epochs = [[i for b in plain for i in b[2].tolist()] for _ in range(2)]
+    (loader,) = _ranks(image_folder, 1, 4, drop_last=False)
+    it = iter(loader)
+    first = [i for _ in range(2) for i in next(it)[2].tolist()]
+    gone = [epochs[1][5], loader.file_paths[epochs[1][9]]]  # by index and by path
+    loader.exclude(gone)
+    assert loader.excluded == {1: sorted([epochs[1][5], epochs[1][9]])}
+    rest = [i for b in it for i in b[2].tolist()]
+    assert first + rest == epochs[0]
+    state = loader.state_dict()
+    assert state["exclude"] == [[1, sorted([epochs[1][5], epochs[1][9]])]]
+    (restarted,) = _ranks(image_folder, 1, 4, drop_last=False)
+    restarted.load_state_dict(json.loads(json.dumps(state)))
+    assert len(restarted) == 9  # 34 samples in batches of 4
+    after = [i for b in restarted for i in b[2].tolist()]
+    assert after == [i for k, i in enumerate(epochs[1]) if k not in (5, 9)]
+    assert restarted.samples_at(1, 1)["index"] == after[4:8]
+    (fresh,) = _ranks(image_folder, 1, 4, drop_last=False)
+    fresh.exclude([epochs[0][0]])  # at an epoch's start: from this epoch
+    assert [i for b in fresh for i in b[2].tolist()] == epochs[0][1:]
+    with pytest.raises(stoker.ConfigError, match="no sample is named"):
+        fresh.exclude(["nowhere.jpg"])
+    _close([plain, loader, restarted, fresh])

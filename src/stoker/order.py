@@ -72,17 +72,36 @@ class Plan:
     #: its rest, the samples after them, is split over the ranks as a whole epoch is. None:
     #: every epoch from its start.
     resume: tuple[int, int, int] | None = None
+    #: ``((epoch, samples), ...)``: these samples (sorted, numbered as this source) are left
+    #: out of that epoch and every later one; the others keep their order relative to each
+    #: other (see ``global_order``).
+    exclude: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
     def global_batch(self) -> int:
         """Samples one step takes over all ranks: ``batch_size x world_size``."""
         return self.batch_size * self.world_size
 
+    def excluded(self, epoch: int) -> np.ndarray:
+        """The samples left out of ``epoch`` (sorted int64)."""
+        parts = [np.asarray(s, dtype=np.int64) for e, s in self.exclude if e <= epoch]
+        return np.unique(np.concatenate(parts)) if parts else np.zeros(0, dtype=np.int64)
+
+    def count(self, epoch: int) -> int:
+        """Samples in ``epoch``'s global order: ``n``, less those excluded from it."""
+        return self.n - len(self.excluded(epoch)) if self.exclude else self.n
+
     def global_order(self, epoch: int) -> np.ndarray:
-        """The epoch's order of all ``n`` samples, before the split over ranks."""
+        """The epoch's global order before the split over ranks: a permutation of all ``n``
+        samples, with the excluded ones taken out (the rest keep their relative order)."""
         if self.shuffle and self.block_sizes:
-            return block_order(self.block_sizes, seed=self.seed, epoch=epoch)
-        return epoch_order(self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+            order = block_order(self.block_sizes, seed=self.seed, epoch=epoch)
+        else:
+            order = epoch_order(self.n, seed=self.seed, epoch=epoch, shuffle=self.shuffle)
+        out = self.excluded(epoch) if self.exclude else None
+        if out is None or not len(out):
+            return order
+        return np.ascontiguousarray(order[~np.isin(order, out)])
 
     def start(self, epoch: int) -> int:
         """Global samples of ``epoch`` consumed before this plan's first batch of it."""
@@ -92,26 +111,27 @@ class Plan:
         """The global step number of this plan's batch 0 of ``epoch``."""
         return self.resume[2] if self.resume is not None and self.resume[0] == epoch else 0
 
+    def _total(self, epoch: int) -> tuple[int, int]:
+        """``(start, total)``: the epoch's positions from ``start(epoch)`` on that the ranks
+        visit, ``total`` of them (the rest padded, cut or left uneven as ``split`` says)."""
+        start = self.start(epoch)
+        rest = self.count(epoch) - start
+        if self.world_size == 1 or self.split == "once":
+            return start, rest
+        return start, per_rank_count(rest, self.world_size, self.split) * self.world_size
+
     def slots(self, epoch: int) -> np.ndarray:
         """This rank's positions in the epoch's global order (int64; a position ``p`` holds
-        sample ``global_order[p % n]``): every ``world_size``-th one from ``start(epoch)``,
-        padded with the epoch's first samples, cut or left uneven as ``split`` says."""
-        start = self.start(epoch)
-        rest = self.n - start
-        if self.world_size == 1 or self.split == "once":
-            total = rest
-        else:
-            total = per_rank_count(rest, self.world_size, self.split) * self.world_size
+        sample ``global_order[p % count]``): every ``world_size``-th one from
+        ``start(epoch)``, padded with the epoch's first samples, cut or left uneven as
+        ``split`` says."""
+        start, total = self._total(epoch)
         return np.arange(start + self.rank, start + total, self.world_size, dtype=np.int64)
 
     def batch_slots(self, epoch: int, batch: int) -> np.ndarray:
         """The positions in the global order of this rank's batch ``batch`` of ``epoch``
         (``slots(epoch)[batch * batch_size:][:batch_size]``, without building the epoch's)."""
-        start, rest = self.start(epoch), self.n - self.start(epoch)
-        if self.world_size == 1 or self.split == "once":
-            total = rest
-        else:
-            total = per_rank_count(rest, self.world_size, self.split) * self.world_size
+        start, total = self._total(epoch)
         first = batch * self.batch_size
         count = max(0, min(self.batch_size, -(-(total - self.rank) // self.world_size) - first))
         return start + self.rank + self.world_size * (first + np.arange(count, dtype=np.int64))
@@ -121,23 +141,25 @@ class Plan:
         order = self.global_order(epoch)
         if self.world_size == 1 and not self.start(epoch):
             return order
-        return np.ascontiguousarray(order[self.slots(epoch) % max(1, self.n)])
+        return np.ascontiguousarray(order[self.slots(epoch) % max(1, len(order))])
 
     def per_rank(self) -> int:
-        """Samples this rank visits per epoch."""
+        """Samples this rank visits in an epoch of all ``n`` samples."""
         return per_rank_count(self.n, self.world_size, self.split, self.rank)
 
     def batches(self) -> int:
-        """Batches per whole epoch for this rank (counted, not by building an epoch's order)."""
+        """Batches for this rank in an epoch of all ``n`` samples (counted, not by building an
+        epoch's order)."""
         return self._batches_of(self.per_rank())
 
     def epoch_batches(self, epoch: int) -> int:
-        """Batches of ``epoch`` for this rank: a resumed epoch's rest, or a whole one."""
+        """Batches of ``epoch`` for this rank: a resumed epoch's rest, or a whole one, less
+        the samples excluded from it."""
         start = self.start(epoch)
-        if not start:
+        if not start and not self.exclude:
             return self.batches()
-        rest = per_rank_count(self.n - start, self.world_size, self.split, self.rank)
-        return self._batches_of(rest)
+        rest = self.count(epoch) - start
+        return self._batches_of(per_rank_count(rest, self.world_size, self.split, self.rank))
 
     def _batches_of(self, samples: int) -> int:
         full, rest = divmod(samples, self.batch_size)

@@ -124,6 +124,65 @@ class Addressing:
     def _arrange(self, fields: dict[str, np.ndarray], count: int) -> Any:  # the Loader's
         raise NotImplementedError
 
+    def _received(self) -> tuple[int, int]:  # the Loader's
+        raise NotImplementedError
+
+    def _replan(self, plan: Plan) -> None:  # the Loader's
+        raise NotImplementedError
+
+    def exclude(self, samples: Iterable[int | str]) -> None:
+        """Leave ``samples`` out from now on: source indices (as the batches' ``index`` field
+        numbers them) or paths (as ``file_paths`` names them). They leave the current epoch
+        if none of its batches was received yet, else from the next epoch on (the epoch under
+        way keeps its order, so what it already gave stays exact). The other samples keep
+        their order relative to each other: an epoch's order is the same permutation of all
+        samples with the excluded ones taken out, so later steps shift up to fill their
+        places. Kept in ``state_dict()``; workers running restart at the next batch."""
+        local = self._local(samples)
+        epoch, position = self._received()
+        plan = self.recipe.plan
+        start = epoch if position == 0 and not plan.start(epoch) else epoch + 1
+        self._replan(dataclasses.replace(plan, exclude=(*plan.exclude, (start, local))))
+
+    @property
+    def excluded(self) -> dict[int, list[int]]:
+        """``{first epoch: source indices}`` of the samples left out (see ``exclude``)."""
+        source = self.recipe.source
+        return {
+            epoch: source.source_indices(np.asarray(local, np.int64)).tolist()
+            for epoch, local in self.recipe.plan.exclude
+        }
+
+    def _local(self, samples: Iterable[int | str]) -> tuple[int, ...]:
+        """``samples`` (source indices or paths) as this source's sample numbers, sorted."""
+        source = self.recipe.source
+        wanted = list(samples)
+        names = [s for s in wanted if isinstance(s, str)]
+        numbers = [s for s in wanted if not isinstance(s, str)]
+        if not all(_count(s) for s in numbers):
+            raise ConfigError(
+                f"exclude({wanted!r}): give source indices (ints >= 0, as the batches' index "
+                "field) or paths (as loader.file_paths names them)"
+            )
+        local: set[int] = set()
+        if numbers:
+            mine = source.source_indices(np.arange(len(source)))
+            found = np.flatnonzero(np.isin(mine, np.asarray(numbers, np.int64)))
+            missing = sorted(set(numbers) - set(mine[found].tolist()))
+            if missing:
+                raise ConfigError(f"exclude: no sample has the source index {missing[:5]}")
+            local.update(found.tolist())
+        if names:
+            where = {source.name(i): i for i in range(len(source))}
+            missing_names = [n for n in names if n not in where]
+            if missing_names:
+                raise ConfigError(
+                    f"exclude: no sample is named {missing_names[:5]}; name them as "
+                    "loader.file_paths does"
+                )
+            local.update(where[n] for n in names)
+        return tuple(sorted(local))
+
     def _length(self, epoch: int) -> int:
         """Batches of ``epoch`` this rank hands out: a resumed epoch's rest or a whole one,
         skipped steps left out."""
@@ -131,7 +190,7 @@ class Addressing:
         kept = given(plan, epoch, self._skips)
         if kept is not None:
             return len(kept)
-        return plan.epoch_batches(epoch) if plan.resume else self._batches
+        return plan.epoch_batches(epoch) if plan.resume or plan.exclude else self._batches
 
     def _batch_of(self, epoch: int, position: int) -> int:
         """This plan's batch number of the ``position``-th batch handed out in ``epoch``
@@ -156,7 +215,21 @@ class Addressing:
             plan, epoch, self._batch_of(epoch, position), self.recipe.source.fingerprint()
         )
         state["skip"] = saved_skips(self._skips)
+        state["exclude"] = [[epoch, indices] for epoch, indices in self.excluded.items()]
         return state
+
+    def _adopt(self, state: dict[str, Any]) -> None:
+        """Take over the skips and exclusions a saved state holds (a restart keeps them)."""
+        for epoch, ranges in check_skip(state.get("skip")).items():
+            for numbers in ranges:
+                self.skip(epoch, numbers)
+        plan = self.recipe.plan
+        kept = list(plan.exclude)
+        for epoch, indices in state.get("exclude") or []:
+            entry = (int(epoch), self._local(indices))
+            if entry not in kept:
+                kept.append(entry)
+        self._replan(dataclasses.replace(plan, exclude=tuple(kept)))
 
     def advance_state(self, state: dict[str, Any], batches: int) -> dict[str, Any]:
         """The state ``batches`` batches after ``state`` (one of this loader's states;

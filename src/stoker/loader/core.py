@@ -407,12 +407,9 @@ class Loader(Addressing, Starting, Views):
             return
         older = older_fingerprints(self.source)
         saved = check_state(state, self.state_dict(), older)
-        skips = address.check_skip(state.get("skip"))
+        self._adopt(state)  # a restart keeps skipping and excluding
         plan, self.epoch, batch, self.resume_note = steps.resume(self.plan, saved)
         self._replan(plan)
-        for epoch, ranges in skips.items():  # a restart keeps skipping
-            for steps_ in ranges:
-                self.skip(epoch, steps_)
         self.position = self._position_of(self.epoch, batch)
         self._ahead, self.resumed = 0, True
 

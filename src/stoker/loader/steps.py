@@ -30,7 +30,7 @@ def global_step(plan: Plan, epoch: int, position: int) -> int:
 
 def consumed(plan: Plan, epoch: int, position: int) -> int:
     """Global samples of ``epoch`` consumed once this plan's ``position`` batches are."""
-    return min(plan.n, plan.start(epoch) + position * plan.global_batch)
+    return min(plan.count(epoch), plan.start(epoch) + position * plan.global_batch)
 
 
 def state_of(plan: Plan, epoch: int, position: int, fingerprint: Any) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def resume(plan: Plan, saved: Saved) -> tuple[Plan, int, int, str]:
         else:  # the saving run's epoch began mid-way: the same start, the same steps
             new = dataclasses.replace(base, resume=saved.resumed)
             position = saved.position - saved.resumed[2]
-    elif saved.samples >= base.n:  # the epoch was consumed whole: the next one
+    elif saved.samples >= base.count(saved.epoch):  # the epoch was consumed whole: the next
         return base, saved.epoch + 1, 0, _note(saved, base, what)
     elif saved.samples == 0:
         new, position = base, 0
@@ -97,7 +97,7 @@ def _ranks(world_size: int) -> str:
 
 
 def _changed_warning(saved: Saved, plan: Plan, what: str) -> str:
-    rest = plan.n - saved.samples
+    rest = plan.count(saved.epoch) - saved.samples
     return (
         f"stoker resumes a state saved with another global batch ({what}: "
         f"{saved.global_batch} -> {plan.global_batch} samples a step). The rest of epoch "
