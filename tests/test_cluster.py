@@ -30,8 +30,8 @@ import psutil
 import pytest
 
 import stoker
+from stoker.workers import actor as actor_mod
 from stoker.workers import cluster as cluster_mod
-from stoker.workers import nodes as nodes_mod
 from stoker.workers import wire
 
 pytestmark = [
@@ -664,7 +664,15 @@ def test_the_keras_wait_report_and_the_wait_meter_work_on_a_cluster_loader(ray_c
 
 @pytest.mark.timeout(240)
 def test_a_node_with_another_stoker_version_is_refused(ray_cluster, dataset, monkeypatch):
-    monkeypatch.setattr(nodes_mod, "CLAIMED_VERSION", "0.0.0-other")
+    class OtherStoker(actor_mod.Decoder):
+        """A node's actor that says it runs another stoker (a local class: Ray sends it by
+        value, so the node needs nothing of this test module)."""
+
+        def hello(self, index: int) -> dict:
+            said = super().hello(index)
+            return {**said, "identity": {**said["identity"], "stoker": "0.0.0-other"}}
+
+    monkeypatch.setattr(actor_mod, "Decoder", OtherStoker)  # what nodestart starts per node
     loader = _cluster_loader(dataset, cluster_workers=1)
     with pytest.raises(
         cluster_mod.ClusterError,

@@ -11,6 +11,7 @@ import pytest
 from stoker.errors import ClusterError
 from stoker.schema import SlotLayout
 from stoker.workers.cluster import ClusterEngine, MixedPool, Node
+from stoker.workers.engine import RingSpec
 
 LAYOUT = SlotLayout(2, (("image", "|u1", (4, 4, 3)), ("index", "<i8", ())))
 
@@ -49,8 +50,7 @@ class StandIn:
 def _engine(count: int) -> tuple[ClusterEngine, StandIn]:
     nodes = StandIn([Node(k, f"node{k}", f"10.0.0.{k}", 1, k) for k in range(count)])
     pool = MixedPool(None, nodes)  # type: ignore[arg-type]
-    engine = ClusterEngine(
-        pool,
+    ring = RingSpec(
         LAYOUT,
         slots=count + 2,
         per_worker=1,
@@ -59,7 +59,9 @@ def _engine(count: int) -> tuple[ClusterEngine, StandIn]:
         timeout=5.0,
         name=str,
         deepest=1,
-        samples=lambda key: [f"img{key[1] * 2}.jpg", f"img{key[1] * 2 + 1}.jpg"],
+    )
+    engine = ClusterEngine(
+        pool, ring, samples=lambda key: [f"img{key[1] * 2}.jpg", f"img{key[1] * 2 + 1}.jpg"]
     )
     return engine, nodes
 

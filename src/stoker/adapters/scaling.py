@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..schema import FieldSpec
-from .feed import Feed, FieldList
+from .feed import Feed
 
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike, DTypeLike
@@ -35,16 +35,9 @@ def is_channels_first(layout: object, view: str) -> bool:
     return layout == "channels_first"
 
 
-def _slot_layout(loader: Feed) -> FieldList | None:
-    """The loader's fields; None for a test double that has none (its one "image" field)."""
-    layout: FieldList | None = getattr(loader, "slot_layout", None)
-    return layout
-
-
 def channels_of(loader: Feed) -> int:
-    """Channels of the loader's images (3 for a loader without a layout)."""
-    layout = _slot_layout(loader)
-    spec = layout.field("image") if layout is not None else None
+    """Channels of the loader's images (3 for a loader without an ``image`` field)."""
+    spec = loader.slot_layout.field("image")
     return int(spec[2][-1]) if spec is not None else 3
 
 
@@ -126,10 +119,7 @@ def leaf_kinds(loader: Feed, view: str, *, dtype: bool, mean: bool, layout: bool
     (a float ``(C, H, W)`` tensor from ``ToTensor``) only ``dtype``. An option that would
     change no leaf, or cannot apply to one, is refused naming the leaf: never ignored.
     ``dtype``/``mean``/``layout``: whether those options were given (``layout``: explicitly)."""
-    slots = _slot_layout(loader)
-    if slots is None:  # not a stoker Loader (a test double): its one "image" field
-        return {"image": PIXELS}
-    fields: tuple[FieldSpec, ...] = slots.fields
+    fields: tuple[FieldSpec, ...] = loader.slot_layout.fields
     dataset = loader.source.sample_fields is not None
     kinds = {}
     for name, dt, shape in fields:
@@ -158,9 +148,9 @@ def leaf_kinds(loader: Feed, view: str, *, dtype: bool, mean: bool, layout: bool
 
 def pixel_channels(loader: Feed, kinds: dict[str, str]) -> int:
     """Channels of the loader's uint8 image leaves (for per-channel ``mean``/``std``)."""
-    layout = _slot_layout(loader)
+    layout = loader.slot_layout
     for name, kind in kinds.items():
-        spec = layout.field(name) if layout is not None and kind == PIXELS else None
+        spec = layout.field(name) if kind == PIXELS else None
         if spec is not None:
             return int(spec[2][-1])
     return channels_of(loader)

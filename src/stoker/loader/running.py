@@ -22,7 +22,7 @@ from ..schema import Fields, SlotLayout
 from ..shm.folder import pick_folder
 from ..shm.stale import clean_stale
 from ..workers import shutdown
-from ..workers.engine import COPY_BYTES, HELD, Engine
+from ..workers.engine import COPY_BYTES, HELD, Engine, RingSpec
 from ..workers.launch import StartReport
 from ..workers.pool import WorkerPool
 from ..workers.runspec import RunSpec
@@ -272,9 +272,8 @@ class Running:
         """The prefetch engine over the started pool."""
         assert self.pool is not None
         per_worker, deepest, slots, _ = self._depth
-        return Engine(
-            self.pool, layout, slots, per_worker, batches, self.folder, timeout, name, deepest
-        )
+        ring = RingSpec(layout, slots, per_worker, batches, self.folder, timeout, name, deepest)
+        return Engine(self.pool, ring)
 
     def start_cluster(self, recipe: Recipe, run: RunSpec, samples: Any, probe: Any) -> None:
         """Start decode actors on ``run.cluster``'s nodes (``workers.cluster``) beside
@@ -300,18 +299,17 @@ class Running:
             mixed = cluster_mod.MixedPool(local, nodes)
             self.pool = mixed  # type: ignore[assignment]
             self.started = mixed.started
-            self.engine = cluster_mod.ClusterEngine(
-                mixed,
+            ring = RingSpec(
                 layout,
                 slots,
                 per_worker,
                 recipe.plan.batches(),
                 self.folder,
                 run.timeout,
-                recipe.source.name,  # type: ignore[arg-type]
+                recipe.source.name,
                 deepest,
-                samples,
             )
+            self.engine = cluster_mod.ClusterEngine(mixed, ring, samples)
         except BaseException:
             if nodes is not None and self.pool is None:
                 nodes.close()

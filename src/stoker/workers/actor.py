@@ -46,18 +46,15 @@ if TYPE_CHECKING:
 Result = tuple[str, Any]  # ("ok", Report) or ("error", JSON-able error)
 
 
-def identity(claimed_version: str | None = None) -> dict[str, str]:
-    """What must match between trainer and node: stoker's version and its decoders.
-
-    ``claimed_version`` replaces the real version; it exists only so the test suite can
-    start a node that says it runs another stoker (``tests/test_cluster.py``)."""
+def identity() -> dict[str, str]:
+    """What must match between trainer and node: stoker's version and its decoders."""
     import cv2
 
     from .._version import __version__
     from ..decode import decoder_name, jpegcrop
 
     return {
-        "stoker": claimed_version or __version__,
+        "stoker": __version__,
         "decoder": decoder_name(),
         "jpeg extension": f"API {jpegcrop.API_VERSION}, built: {jpegcrop.AVAILABLE}",
         "opencv": cv2.__version__,
@@ -86,8 +83,6 @@ class Decoder:
     (what its local ``WorkerPool`` hands each worker in its ``WorkerSpec``): this node's
     ``WorkerPool(cores, recipe, run)`` is the trainer's own, on ``cores`` processes that fill
     at most ``capacity`` batches at a time.
-    ``claimed_version`` is the test suite's hook to impersonate another stoker version (see
-    :func:`identity`).
 
     ``secret`` is the loader's job secret: a method that starts, stops, connects or hands out
     batches takes it as its ``secret`` argument and refuses (``PermissionError``) a caller
@@ -101,12 +96,11 @@ class Decoder:
         cores: int,
         capacity: int,
         run: RunSpec,
-        claimed_version: str | None = None,
     ) -> None:
         reaper.detach()  # before the first segment: Ray's kill of this actor kills its children
         self.recipe: Recipe = pickle.loads(settings)
         self.cores, self.capacity, self.run = cores, capacity, run
-        self.claimed, self.secret = claimed_version, secret
+        self.secret = secret
         self.refused = 0  # calls without the secret
         self.ring: NodeRing | None = None
         self.futures: dict[int, Future] = {}
@@ -127,7 +121,7 @@ class Decoder:
         except Exception as exc:  # noqa: BLE001 - the trainer names the node and the path
             readable = f"{type(exc).__name__}: {exc}"
         return {
-            "identity": identity(self.claimed),
+            "identity": identity(),
             "pid": os.getpid(),
             "host": socket.gethostname(),
             "name": source.name(index),

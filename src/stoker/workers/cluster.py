@@ -32,7 +32,7 @@ from ..errors import ClusterError, warn
 from ..schema import SlotLayout
 from ..shm.segments import Segment
 from . import actor as actor_mod
-from .engine import Engine, Key
+from .engine import Engine, Key, RingSpec
 from .nodes import Node, Nodes
 from .pool import WorkerPool
 
@@ -120,29 +120,9 @@ class ClusterEngine(Engine):
     """The prefetch engine over a MixedPool: dead nodes' batches go to the others."""
 
     def __init__(
-        self,
-        pool: MixedPool,
-        layout: SlotLayout,
-        slots: int,
-        per_worker: int,
-        batches: int,
-        folder: str,
-        timeout: float,
-        name: Callable[[int], str],
-        deepest: int | None,
-        samples: Callable[[Key], list[str]],
+        self, pool: MixedPool, ring: RingSpec, samples: Callable[[Key], list[str]]
     ) -> None:
-        super().__init__(
-            pool,  # type: ignore[arg-type]
-            layout,
-            slots,
-            per_worker,
-            batches,
-            folder,
-            timeout,
-            name,
-            deepest,
-        )
+        super().__init__(pool, ring)
         self.mixed, self.samples = pool, samples
         pool.segment_of = lambda slot: self.segments[slot]
         self.dead: set[int] = set()

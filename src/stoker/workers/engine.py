@@ -19,7 +19,8 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,13 +30,53 @@ from ..schema import SlotLayout
 from ..shm import reaper
 from ..shm.segments import Segment, ShmFullError
 from .errors import unpack_exception
-from .pool import WorkerPool
 
 Key = tuple[int, int]
 POLL_S = 0.2
 HELD = 2  # batches the consumer may hold before their slot is reused (current + previous)
 COPY_BYTES = 1 << 20  # a field this small (labels, weights, indices) is handed out as a copy
 IDLE_SHARE = 0.10  # workers idle for work more than this share of their fill time: deepen
+
+
+class Workers(Protocol):
+    """What the engine asks of the processes that fill its slots: a ``WorkerPool`` of local
+    processes, or the cluster's ``MixedPool`` of local processes and nodes' cores."""
+
+    #: One entry per worker id (the engine's count of workers).
+    procs: list[Any]
+
+    def send(self, wid: int, task: tuple) -> None:
+        """Give worker ``wid`` a task ``(epoch, batch, slot, segment handle)``."""
+        ...
+
+    def receive(self, timeout: float) -> list[tuple[int, tuple]]:
+        """The replies that came within ``timeout`` seconds, as ``(wid, message)``."""
+        ...
+
+    def check_alive(self, context: str) -> None:
+        """Raise for a worker that died (``context`` says what it was doing)."""
+        ...
+
+    def current_sample(self, wid: int) -> int:
+        """The sample worker ``wid`` is on now (-1: not known)."""
+        ...
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """The ring an engine keeps: ``slots`` slots of ``layout``'s batches in shared memory under
+    ``folder``, ``per_worker`` batches in flight per worker (at most ``deepest`` once it
+    deepens; None: never deeper), ``batches`` per epoch, ``timeout`` seconds for a batch, and
+    ``name`` giving a sample's name for error messages."""
+
+    layout: SlotLayout
+    slots: int
+    per_worker: int
+    batches: int
+    folder: str
+    timeout: float
+    name: Callable[[int], str]
+    deepest: int | None = None
 
 
 def idle_words(share: float) -> str:
@@ -84,25 +125,17 @@ class Depth:
 class Engine:
     """Schedules ``(epoch, batch)`` keys on a WorkerPool, ahead of use, into ring slots."""
 
-    def __init__(
-        self,
-        pool: WorkerPool,
-        layout: SlotLayout,
-        slots: int,
-        per_worker: int,
-        batches: int,
-        folder: str,
-        timeout: float,
-        name: Callable[[int], str],
-        deepest: int | None = None,
-    ) -> None:
-        self.pool, self.layout, self.folder = pool, layout, folder
-        self.deepest = per_worker if deepest is None else deepest
+    def __init__(self, pool: Workers, ring: RingSpec) -> None:
+        self.pool, self.layout, self.folder = pool, ring.layout, ring.folder
+        self.per_worker = ring.per_worker
+        self.deepest = ring.per_worker if ring.deepest is None else ring.deepest
         self.depth = Depth(len(pool.procs))
         self.deepened = ""  # said in stats() when the ring grew
-        self.batches, self.timeout, self.per_worker, self.name = batches, timeout, per_worker, name
-        self.segments = [Segment.create(layout.nbytes, f"slot{i}", folder) for i in range(slots)]
-        self.free: deque[int] = deque(range(slots))
+        self.batches, self.timeout, self.name = ring.batches, ring.timeout, ring.name
+        self.segments = [
+            Segment.create(ring.layout.nbytes, f"slot{i}", ring.folder) for i in range(ring.slots)
+        ]
+        self.free: deque[int] = deque(range(ring.slots))
         self.held: deque[tuple[int, Any]] = deque()
         self.scheduled: deque[Key] = deque()
         self.inflight: dict[Key, tuple[int, int]] = {}

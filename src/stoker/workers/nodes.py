@@ -29,12 +29,9 @@ if TYPE_CHECKING:
     from ..recipe import Recipe
     from .runspec import RunSpec
 
-__all__ = ["CLAIMED_VERSION", "Node", "Nodes", "Ticket"]
+__all__ = ["Node", "Nodes", "Ticket"]
 
 STOP_TIMEOUT_S = 10.0  # a node's pool stops in well under this; then its actor is killed
-#: Test-only hook: the stoker version every node started from now on claims to run
-#: (``tests/test_cluster.py`` proves a mismatch is refused). Never set it elsewhere.
-CLAIMED_VERSION: str | None = None
 
 
 @dataclass
@@ -78,7 +75,7 @@ class Nodes:
         self.nodes = nodestart.place(ray, opts, run.workers)
         self.cores = sum(n.cores for n in self.nodes)
         try:
-            nodestart.start_actors(ray, self.nodes, recipe, run, CLAIMED_VERSION, self.secret)
+            nodestart.start_actors(ray, self.nodes, recipe, run, self.secret)
             nodestart.check(ray, self.nodes, recipe, probe, timeout, self.secret)
             self._connect()
         except BaseException:

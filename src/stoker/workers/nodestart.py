@@ -128,12 +128,10 @@ def start_actors(
     nodes: list[Node],
     recipe: Recipe,
     run: RunSpec,
-    claimed: str | None,
     secret: bytes,
 ) -> None:
-    """One decode actor per node, pinned to it, making ``recipe``'s batches as ``run`` says,
-    each claiming the stoker version ``claimed`` (None: its own) and serving only callers that
-    hold ``secret``."""
+    """One decode actor per node (``actor.Decoder``), pinned to it, making ``recipe``'s batches
+    as ``run`` says and serving only callers that hold ``secret``."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     with by_value():  # other machines cannot map this one's shared memory
@@ -149,7 +147,7 @@ def start_actors(
             max_task_retries=0,
             max_concurrency=capacity + 4,
             name=f"stoker-{os.getpid()}-{job}-{node.index}",
-        ).remote(blob, secret, node.cores, capacity, run, claimed)
+        ).remote(blob, secret, node.cores, capacity, run)
 
 
 def get_all(ray: Any, nodes: list[Node], refs: list[Any], what: str, timeout: float) -> list[Any]:
