@@ -485,3 +485,21 @@ def test_excluded_samples_leave_the_next_epoch_and_the_rest_keep_their_order(ima
     with pytest.raises(stoker.ConfigError, match="no sample is named"):
         fresh.exclude(["nowhere.jpg"])
     _close([plain, loader, restarted, fresh])
+
+
+@pytest.mark.timeout(60)
+def test_skip_and_exclude_options_are_the_methods(image_folder):
+    """skip= and exclude= at construction do what skip() and exclude() do from epoch 0; a
+    wrong value is refused with the form to use."""
+    (plain,) = _ranks(image_folder, 1, 4, drop_last=False)
+    epoch = [b[2].tolist() for b in plain]
+    (made,) = _ranks(image_folder, 1, 4, drop_last=False, skip={0: [(1, 3)]})
+    assert [b[2].tolist() for b in made] == epoch[:1] + epoch[3:]
+    gone = epoch[0][0]
+    (out,) = _ranks(image_folder, 1, 4, drop_last=False, exclude=[gone])
+    assert [i for b in out for i in b[2].tolist()] == [i for b in epoch for i in b][1:]
+    with pytest.raises(stoker.ConfigError, match=r"skip=\{3: \[\(1200, 1250\)\]\}"):
+        stoker.Loader(image_folder, skip={0: "all"})
+    with pytest.raises(stoker.ConfigError, match="exclude="):
+        stoker.Loader(image_folder, exclude=7)
+    _close([plain, made, out])

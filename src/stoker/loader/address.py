@@ -84,6 +84,23 @@ def _bad_skip(value: Any) -> ConfigError:
     )
 
 
+def check_exclude(value: Any) -> tuple[int | str, ...]:
+    """``exclude=``: source indices or paths (a list, tuple or set), resolved against the
+    opened source when the Loader is made."""
+    if value is None:
+        return ()
+    if isinstance(value, str | bytes | int) or not isinstance(value, list | tuple | set):
+        raise ConfigError(
+            f"exclude={value!r}: give a list of source indices (as the batches' index field) "
+            "or paths (as loader.file_paths names them), e.g. exclude=[17, 'cats/003.jpg']"
+        )
+    if not all(isinstance(v, str) or _count(v) for v in value):
+        raise ConfigError(
+            f"exclude={value!r}: every entry must be a source index (an int >= 0) or a path"
+        )
+    return tuple(value)
+
+
 def saved_skips(skips: Skips) -> list[list[int]]:
     """``skips`` as ``state_dict()`` keeps them: ``[[epoch, start, stop], ...]``."""
     return [[epoch, a, b] for epoch in sorted(skips) for a, b in skips[epoch]]

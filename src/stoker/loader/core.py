@@ -26,7 +26,7 @@ from ..sources.readahead import ReadSettings
 from ..stats import Stats
 from ..transforms import Pipeline
 from ..workers.runspec import RunSpec
-from . import address, config, optiondocs, steps, wiring
+from . import config, optiondocs, steps, wiring
 from .address import Addressing
 from .consumer import Guard
 from .options import Options
@@ -83,7 +83,12 @@ class Loader(Addressing, Starting, Views):
         self.resumed = False
         #: what a resume that changed the world size or batch size did ("" if none did)
         self.resume_note = ""
-        self._skips = address.check_skip(None)
+        self._skips = opts.order.skip or {}
+        if opts.order.exclude:  # from the first epoch
+            plan = dataclasses.replace(
+                self.recipe.plan, exclude=((0, self._local(opts.order.exclude)),)
+            )
+            self.recipe = dataclasses.replace(self.recipe, plan=plan)
         self._batches = self.plan.batches()
         self.epoch, self.position = 0, 0
         self._ahead = 0  # batches an adapter took ahead of the training step (not yet received)

@@ -50,6 +50,8 @@ class LoaderKwargs(TypedDict, total=False):
     rank: int | None
     world_size: int | None
     rank_split: str
+    skip: dict[int, list[tuple[int, int]]] | None
+    exclude: list[int | str] | None
     workers: int | str
     worker_threads: int | None
     prefetch: int | str

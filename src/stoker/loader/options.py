@@ -35,7 +35,7 @@ import numpy as np
 
 from .. import pixels
 from ..errors import ConfigError
-from . import config
+from . import address, config
 from .config import DEFAULT_MAX_PIXELS, DEFAULT_RATE
 from .optionfield import flag, flag_or_none, make_group, of_value, option, storage_options
 from .selection import check_cut
@@ -247,7 +247,7 @@ class BatchOptions:
         None,
         "A function `(batch, rng)` on the whole batch as a dict of fields, run in the workers "
         "(mixup, cutmix): it changes the batch in place or returns a dict of fields; `rng` comes "
-        'from `(seed, epoch, rank, batch)`. A dict per half with `subset="both"`.',
+        'from `(seed, epoch, global step)`. A dict per half with `subset="both"`.',
     )
 
 
@@ -282,6 +282,19 @@ class OrderOptions:
         '`DistributedSampler`; "pad" is the one to gather evaluation over, keeping each `index` '
         'once), `"once"`: every sample on exactly one rank (counts differ: no per-batch gather).',
         check=of_value(config.check_rank_split),
+    )
+    skip: dict[int, list[tuple[int, int]]] | None = option(
+        None,
+        "Global steps to leave out, `{epoch: [(start, stop), ...]}` (stop excluded): iteration "
+        "passes over them, every other batch stays the same, and `state_dict()` keeps them "
+        "(also `loader.skip()`; see docs/resume.md).",
+        check=of_value(address.check_skip),
+    )
+    exclude: list[int | str] | None = option(
+        None,
+        "Samples to leave out of every epoch, by source index or path; the others keep their "
+        "relative order (also `loader.exclude()`; see docs/resume.md).",
+        check=of_value(address.check_exclude),
     )
 
 
