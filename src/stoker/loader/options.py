@@ -404,7 +404,7 @@ GROUPS: tuple[tuple[str, type], ...] = (
 
 @dataclass(frozen=True)
 class Options:
-    """Every ``Loader`` argument, checked, in its group: ``opts.image.color_mode``."""
+    """Every ``Loader`` argument as given, in its group: ``opts.image.color_mode``."""
 
     source: SourceOptions
     image: ImageOptions
@@ -415,8 +415,8 @@ class Options:
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Options:
-        """Check every argument (before anything is opened) and group them; an unknown name is
-        a TypeError, as for any Python function."""
+        """Check every argument taken as given and group them (the resolved ones are checked
+        by ``wiring.resolve``); an unknown name is a TypeError, as for any Python function."""
         known = {f.name for _, f in entries()}
         for name in kwargs:
             if name not in known:
@@ -430,7 +430,8 @@ class Options:
 
 
 def parse(**kwargs: Any) -> Options:
-    """``Options.from_kwargs``: every ``Loader`` argument checked and grouped."""
+    """``Options.from_kwargs``: every ``Loader`` argument grouped, those taken as given
+    checked."""
     return Options.from_kwargs(**kwargs)
 
 
