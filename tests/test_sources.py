@@ -6,7 +6,15 @@ import pytest
 from helpers import tick_past
 from stoker.errors import SourceError
 from stoker.sources import ArraySource, FolderSource, NpySource, TableSource, open_source
-from stoker.sources.base import Indexed, ListedSizes, Takes, block_sizes, older_fingerprints
+from stoker.sources.base import (
+    Indexed,
+    ListedSizes,
+    LoadsFields,
+    StoredReads,
+    Takes,
+    block_sizes,
+    older_fingerprints,
+)
 
 
 def test_folder_labels_follow_sorted_class_names(image_folder):
@@ -72,6 +80,25 @@ def test_a_source_states_its_optional_abilities_by_protocol(image_folder, tmp_pa
     assert older_fingerprints(folder) == [] and older_fingerprints(arrays) == []
     out = np.ones((2, 8, 8, 3), np.uint8)
     assert arrays.take(np.array([0, 3]), out) and not out.any()
+    assert isinstance(folder, StoredReads) and not isinstance(arrays, StoredReads)
+
+
+class _Squares:
+    """A per-sample dataset: sample i is {"x": i * i}."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": np.float32(i * i)}
+
+
+def test_a_per_sample_dataset_loads_its_own_fields():
+    source = open_source(_Squares())
+    assert isinstance(source, LoadsFields) and not isinstance(source, StoredReads)
+    out = {"x": np.zeros((), np.float32)}
+    source.load(2, np.random.default_rng(0), out)
+    assert out["x"] == 4.0
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ from .errors import DATA_ERRORS, TooManyErrors, one_line
 from .order import Plan
 from .schema import Columns
 from .sources import fetch
-from .sources.base import Source, Takes
+from .sources.base import LoadsFields, Source, Takes
 from .sources.fetch import RequestCounts
 from .sources.readahead import PLAN_AHEAD, ReadAhead, ReadSettings, size_of
 from .transforms import PipelineSpec
@@ -82,6 +82,8 @@ class Assembler:
             source.pixel_size(), source.pixel_channels() or 3
         ):
             self._take = source.take
+        #: a per-sample dataset's own loading of its fields (``LoadsFields``), else None
+        self._fields = source if isinstance(source, LoadsFields) else None
         self._order = np.zeros(0, dtype=np.int64)
         self._global = self._slots = self._order  # the epoch's global order, this rank's slots
         self.current = -1  # index of the sample being loaded, for crash reports
@@ -262,8 +264,9 @@ class Assembler:
         raises makes the sample bad (counted against max_errors, named, replaced)."""
         t0 = time.perf_counter()
         rng = order_mod.sample_generator(self.plan.seed, epoch, index)
+        assert self._fields is not None  # batches of fields come from a LoadsFields source
         try:
-            self.source.load(index, rng, out)  # type: ignore[attr-defined]
+            self._fields.load(index, rng, out)
         except Exception as exc:  # noqa: BLE001 - the budget decides; past it, TooManyErrors
             report.bad.append((index, self.source.name(index), one_line(exc)))
             return False

@@ -169,6 +169,16 @@ class Takes(Protocol):
 
 
 @runtime_checkable
+class LoadsFields(Protocol):
+    """A per-sample dataset (``sample_fields`` set): it fills a sample's own fields itself,
+    in place of ``read`` + decode (``sources.dataset``)."""
+
+    def load(self, index: int, rng: np.random.Generator, out: dict[str, np.ndarray]) -> None:
+        """Sample ``index``'s fields into ``out`` (one row each); ``rng`` is its generator."""
+        ...
+
+
+@runtime_checkable
 class Blocks(Protocol):
     """A source stored in blocks (Parquet row groups) read fastest whole: the shuffle then
     orders blocks and mixes samples within a window of them (``order.block_order``)."""

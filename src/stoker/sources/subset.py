@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
-from .base import Source, StoredReads, Takes, stored_reads
+from .base import LoadsFields, Source, StoredReads, Takes, stored_reads
 
 
 class SubsetSource(StoredReads, Source):
@@ -35,6 +35,7 @@ class SubsetSource(StoredReads, Source):
         self.classes = base.classes if classes is None else classes
         self.has_masks = base.has_masks
         self.stored = stored_reads(base)  # the base's StoredReads, forwarded
+        self._fields = base if isinstance(base, LoadsFields) else None
         self.parallel_reads = self.stored.parallel_reads
         self.read_ahead_max = self.stored.read_ahead_max
         self.from_storage = base.from_storage
@@ -52,7 +53,8 @@ class SubsetSource(StoredReads, Source):
 
     def load(self, index: int, rng: np.random.Generator, out: dict[str, np.ndarray]) -> None:
         """A per-sample dataset's sample ``indices[index]`` into ``out``."""
-        self.base.load(int(self.indices[index]), rng, out)  # type: ignore[attr-defined]
+        assert self._fields is not None  # only a subset of a per-sample dataset loads fields
+        self._fields.load(int(self.indices[index]), rng, out)
 
     def take(self, indices: np.ndarray, out: np.ndarray) -> bool:
         """The base's bulk copy of samples ``indices[indices]`` (False where it has none)."""
