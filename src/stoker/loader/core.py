@@ -71,7 +71,8 @@ class Loader(Addressing, Starting, Views):
             opts.order.shuffle,
         )
         self.start_method = run.start_method
-        resolved = self._resolved = wiring.resolve(opts)  # every value resolved, once
+        resolved = wiring.resolve(opts)  # every value resolved, once
+        self._settled = resolved.settled  # what only the loader reads (augment, max_errors)
         #: how the batches are made, resolved once: the pool and the nodes receive this object
         self.run: RunSpec = resolved.run
         #: what the loader is made of, built once: the workers and nodes receive this object
@@ -147,7 +148,7 @@ class Loader(Addressing, Starting, Views):
     @property
     def augment(self) -> Any:
         """``augment=``, with "auto" settled against the source."""
-        return self._resolved.augment
+        return self._settled.augment
 
     @property
     def has_masks(self) -> bool:
@@ -162,7 +163,7 @@ class Loader(Addressing, Starting, Views):
     @property
     def max_errors(self) -> int:
         """The bad-sample budget as a count (``max_errors=``, resolved against the size)."""
-        return self._resolved.max_errors
+        return self._settled.max_errors
 
     @property
     def subset(self) -> str | None:

@@ -36,18 +36,26 @@ from .selection import check_split, select
 
 
 @dataclass(frozen=True)
-class Resolved:
-    """What ``Loader(**kwargs)`` is made of, before anything runs: the ``recipe`` every
-    worker and node receives, the ``run`` spec the pool and the nodes read, and the few
-    settled values the loader itself reads (each held here only)."""
+class Settled:
+    """The few values the loader itself reads (the workers never do), settled once."""
 
-    recipe: Recipe
-    run: RunSpec
     #: ``augment=`` with "auto" settled against the source (shown by the loader).
     augment: Any
     #: The bad-sample budget as a count (the loader enforces it).
     max_errors: int
-    #: No rank was given and no group found: read again when an epoch starts (``ranks``).
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What ``Loader(**kwargs)`` is made of, before anything runs: the ``recipe`` every
+    worker and node receives, the ``run`` spec the pool and the nodes read, what the loader
+    itself reads (``settled``), and whether the rank is still to be read (``rank_pending``:
+    no rank was given and no group found; read again when an epoch starts, ``ranks``). The
+    loader takes each part into its own home: none is held twice."""
+
+    recipe: Recipe
+    run: RunSpec
+    settled: Settled
     rank_pending: bool
 
 
@@ -95,8 +103,7 @@ def resolve(opts: Options) -> Resolved:
     return Resolved(
         recipe=Recipe(source, spec, plan, schema, reads, batch_fn),
         run=run,
-        augment=augment,
-        max_errors=config.error_count(budget, len(source)),
+        settled=Settled(augment, config.error_count(budget, len(source))),
         rank_pending=ranks.pending(opts.order.rank, opts.order.world_size, ranked),
     )
 
