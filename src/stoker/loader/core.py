@@ -94,7 +94,7 @@ class Loader(Addressing, Starting, Views):
         self.epoch, self.position = 0, 0
         self._ahead = 0  # batches an adapter took ahead of the training step (not yet received)
         self._stats = Stats()
-        self._shuffle_note: tuple[int, list[str]] = (-1, [])
+        self._shuffle_note: tuple[tuple[int, str], list[str]] = ((-1, ""), [])
         self._run = Running()
         self._guard = Guard()
         self._finalizer = weakref.finalize(self, Running.close, self._run)

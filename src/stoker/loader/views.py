@@ -41,7 +41,7 @@ class Views:
     resume_note: str
     _run: Running
     _stats: Stats
-    _shuffle_note: tuple[int, list[str]]
+    _shuffle_note: tuple[tuple[int, str], list[str]]
 
     def _feed(self) -> Feed:
         """This loader as adapters see it (``core._is_a_feed`` proves a ``Loader`` is a Feed)."""
@@ -83,7 +83,7 @@ class Views:
             prefetch_reason=self._run.prefetch_reason,
             kept_batches=engine.orphaned if engine is not None else 0,
             memory_folder=self._run.folder,
-            notes=([self.resume_note] if self.resume_note else []) + self._notes(),
+            notes=self._notes(),
             decoder=decoder_name(),
             startup_s=startup_s,
             startup=startup,
@@ -99,13 +99,17 @@ class Views:
         return "augment" if getattr(self.recipe.pipeline, "ops", None) else "settings"
 
     def _notes(self) -> list[str]:
-        """Extra lines for the report: how well a block (row-group) shuffle mixes the data.
+        """Extra lines for the report: what a resume changed, how well a block (row-group)
+        shuffle mixes the data.
 
-        Computed once per epoch: it builds the epoch's whole order, too much for every call."""
-        if not (self.shuffle and self.recipe.plan.block_sizes):
-            return []
-        if self._shuffle_note[0] != self.epoch:
-            self._shuffle_note = (self.epoch, self._shuffle_lines())
+        Computed once per epoch and resume: the shuffle's line builds the epoch's whole order,
+        too much for every call."""
+        key = (self.epoch, self.resume_note)
+        if self._shuffle_note[0] != key:
+            lines = [self.resume_note] if self.resume_note else []
+            if self.shuffle and self.recipe.plan.block_sizes:
+                lines += self._shuffle_lines()
+            self._shuffle_note = (key, lines)
         return self._shuffle_note[1]
 
     def _shuffle_lines(self) -> list[str]:
