@@ -9,6 +9,8 @@ Cases (one per former script; `python benchmarks/training.py CASE --help` for ea
                  are from Keras', and how much of that is the decoder.
     overlap      (was overlap.py) The user's scenario: does loading overlap with training? Epoch
                  time with a fake train step.
+    elastic      Steps you can address: ``batch_at`` late in an epoch against one batch's
+                 decode, ``samples_at``, and the first batch after a resume at a late position.
 """
 
 from __future__ import annotations
@@ -485,7 +487,109 @@ def overlap_main(argv: list[str] | None = None) -> int:
 
 # ---------------------------------------------------------------------------- cases
 
-CASES = common.cases(keras_fit_main, keras_pad_main, overlap_main)
+# ---------------------------------------------------------------------------- elastic
+
+ELASTIC_DOC = """\
+Steps you can address, on the ImageNet-like folder (augment="train", 224 px):
+
+    one batch          ``peek(k)`` of a batch of the current epoch, its order already built:
+                       one batch's read + decode + augment in this process (the baseline)
+    batch_at late      ``batch_at(epoch, len - 2)`` of an epoch not yet asked about (its order
+                       built in the call), workers=0: nothing before the step is replayed
+    samples_at         ``samples_at(epoch, step)`` of the whole global batch (8 ranks of
+                       batch_size / 8), the epoch's order built (median of 200 calls; the
+                       first call of an epoch, which builds it, is reported apart)
+    first batch fresh  a new Loader's first batch at the start of an epoch (workers started)
+    first batch late   a new Loader, ``load_state_dict`` at step len - 2, its first batch
+
+Each round measures every figure once, in that order; the figures are medians over rounds,
+the ratios medians of the rounds' own ratios.
+Goals: batch_at late / one batch <= 1.5; samples_at in microseconds; first batch late / first
+batch fresh <= 1.1.
+
+Usage
+    python benchmarks/training.py elastic --rounds 5
+    python benchmarks/training.py elastic --max-images 512 --batch-size 32 --rounds 1   # smoke
+"""
+
+
+def _elastic_round(data: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
+    import stoker
+
+    kw = dict(data, batch_size=args.batch_size, image_size=224, augment="train", seed=1)
+    out: dict[str, float] = {}
+    with stoker.Loader(workers=0, **kw) as loader:
+        late = len(loader) - 2
+        loader.peek(0)  # the epoch's order built
+        t0 = time.perf_counter()
+        loader.peek(late)
+        out["one batch"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        loader.batch_at(3, late)
+        out["batch_at late"] = time.perf_counter() - t0
+    per_rank = {**kw, "batch_size": max(1, args.batch_size // 8)}  # the same global batch
+    with stoker.Loader(workers=0, rank=0, world_size=8, **per_rank) as ranked:
+        t0 = time.perf_counter()
+        ranked.samples_at(5, 1 % len(ranked))
+        out["samples_at first"] = time.perf_counter() - t0
+        times = []
+        for step in range(200):
+            t0 = time.perf_counter()
+            ranked.samples_at(5, step % len(ranked))
+            times.append(time.perf_counter() - t0)
+        out["samples_at"] = common.median(times)
+    for name, position in (("first batch fresh", 0), ("first batch late", late)):
+        with stoker.Loader(workers=args.workers, **kw) as loader:
+            if position:
+                state = loader.state_dict()
+                loader.load_state_dict({**state, "position": position})
+            t0 = time.perf_counter()
+            next(iter(loader))
+            out[name] = time.perf_counter() - t0
+    return out
+
+
+def elastic_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=ELASTIC_DOC, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    common.add_data_options(parser)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    items, folder = common.data_items(args)
+    data: dict[str, Any] = (
+        {"source": folder}
+        if folder
+        else {"paths": [p for p, _ in items], "labels": [label for _, label in items]}
+    )
+    common.print_facts()
+    rounds = [_elastic_round(data, args) for _ in range(args.rounds)]
+    figures = {name: common.median([r[name] for r in rounds]) for name in rounds[0]}
+    rows = [[name, f"{value * 1e3:.3f}"] for name, value in figures.items()]
+    print(common.table(rows, ["figure", "ms (median)"]))
+
+    def per_round(num: str, den: str) -> float:  # the median of the rounds' own ratios
+        return common.median([r[num] / r[den] for r in rounds])
+
+    ratios = [
+        common.ratio_line(
+            "batch_at late / one batch", per_round("batch_at late", "one batch"), 1.0, "<= 1.5"
+        ),
+        common.ratio_line(
+            "first batch late / fresh",
+            per_round("first batch late", "first batch fresh"),
+            1.0,
+            "<= 1.1",
+        ),
+    ]
+    print(common.table(ratios, ["ratio", "value", "goal", ""]))
+    print(f"samples_at: {figures['samples_at'] * 1e6:.1f} us a call (8 ranks' global batch)")
+    common.write_json(args.json, {"rounds": rounds, "figures": figures})
+    return 0
+
+
+CASES = common.cases(keras_fit_main, keras_pad_main, overlap_main, elastic_main)
 
 
 if __name__ == "__main__":

@@ -225,6 +225,7 @@ SMALL_CASES = [
         True,
     ),
     ("training", "keras-pad", "--folder TMP/kp --per-class 2", False),
+    ("training", "elastic", "--data DATA --batch-size 4 --workers 1 --rounds 1", True),
 ]
 NEEDS = {"ops": [pytest.mark.needs("torch")], "keras-pad": [pytest.mark.needs("keras")]}
 
