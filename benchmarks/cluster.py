@@ -165,7 +165,7 @@ def measure(kind: str, data: Path, args: argparse.Namespace, limit: int = 100) -
         next(stream)  # start-up
         pin_threads(os.getpid(), TRAINER_CORE)  # the threads the loader started
         if kind == "local":
-            for proc in loader._run.pool.procs:  # type: ignore[union-attr]
+            for proc in loader._supply.running.pool.procs:  # type: ignore[union-attr]
                 pin_threads(proc.pid, NODE_CORE)
         node = loader.stats().cluster["nodes"][0] if kind != "local" else {}
         pids = [node["pid"], *node["workers"]] if node else []

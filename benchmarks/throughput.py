@@ -529,9 +529,9 @@ def steady_pss(source: str, batches: int = 12, batch_size: int = 256) -> tuple[f
         for _ in range(batches):
             next(it)
         pss = tree_pss() / 2**20
-        index = loader.source.index
-        per = (index.blob.nbytes + index.offsets.nbytes + loader.source.labels.nbytes) / len(
-            loader.source
+        index = loader.recipe.source.index
+        per = (index.blob.nbytes + index.offsets.nbytes + loader.recipe.source.labels.nbytes) / len(
+            loader.recipe.source
         )
     return pss, per
 

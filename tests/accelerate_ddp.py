@@ -49,7 +49,7 @@ model, optimizer, prepared, prepared_val = accelerator.prepare(model, optimizer,
 accelerator.register_for_checkpointing(train)
 # --8<-- [end:prepare]
 report = {"rank": accelerator.process_index, "passed_through": prepared is train}
-report["split"] = [train_data.plan.rank, train_data.plan.world_size, len(train)]
+report["split"] = [train_data.recipe.plan.rank, train_data.recipe.plan.world_size, len(train)]
 
 seen = []
 for x, y, index in train:  # two steps, then a checkpoint, then what an unbroken run takes next

@@ -133,9 +133,9 @@ def test_a_bucket_source_travels_with_its_listing(bucket):
     proxy, name = bucket
     with stoker.Loader(f"s3://{name}/f", **KW) as loader:
         listed = _lists(proxy, name)
-        copy = pickle.loads(pickle.dumps(loader.source))
-        assert copy.fingerprint() == loader.source.fingerprint()
-        assert copy.read(0) == loader.source.read(0)
+        copy = pickle.loads(pickle.dumps(loader.recipe.source))
+        assert copy.fingerprint() == loader.recipe.source.fingerprint()
+        assert copy.read(0) == loader.recipe.source.read(0)
         assert _lists(proxy, name) == listed
 
 
@@ -192,8 +192,8 @@ RANKS = textwrap.dedent(
     except stoker.SourceError as exc:
         out["early"] = str(exc)
     with stoker.Loader(url, batch_size=6, image_size=16, workers=0) as loader:
-        out["fingerprint"] = loader.source.fingerprint()
-        out["samples"] = len(loader.source)
+        out["fingerprint"] = loader.recipe.source.fingerprint()
+        out["samples"] = len(loader.recipe.source)
     try:
         stoker.Loader("s3://no-such-bkt-zz/none/", batch_size=6)
     except stoker.SourceError as exc:
@@ -242,9 +242,9 @@ def test_shards_converted_again_over_a_cached_listing_are_listed_again(
         convert(part, tmp_path / f"shards{n}", progress=False)
     s3_env.upload(tmp_path / "shards0", f"s3://{name}/s")
     with stoker.Loader(url, **KW) as loader:
-        assert len(loader.source) == 12
+        assert len(loader.recipe.source) == 12
     listed = _lists(proxy, name)
     s3_env.upload(tmp_path / "shards1", f"s3://{name}/s")  # the same names, other bytes
     with stoker.Loader(url, **KW) as loader:  # the manifest disagrees with the cached listing
-        assert len(loader.source) == 24 and len([x for x, _ in loader]) == 2
+        assert len(loader.recipe.source) == 24 and len([x for x, _ in loader]) == 2
     assert _lists(proxy, name) == listed + 1

@@ -77,7 +77,7 @@ def test_throttling_resets_and_short_bodies_are_retried_and_counted(
     proxy, url = proxied
     options = {"storage_options": CLIENTS[client]}
     with stoker.Loader(url, **KW, **options) as loader:
-        assert loader.source.store.backend == client
+        assert loader.recipe.source.store.backend == client
         clean = _epoch(loader)
     with stoker.Loader(url, **KW, **options) as loader:
         proxy.fail(kind, count=2, path=".parquet")

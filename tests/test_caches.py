@@ -229,7 +229,7 @@ def test_a_tar_state_saved_by_an_earlier_release_resumes_with_a_warning(
     _tar(folder / "a.tar", _jpeg(image_folder), "0")
     with stoker.Loader(folder, batch_size=2, image_size=16, workers=0) as loader:
         state = loader.state_dict()
-        (older,) = loader.source.older_fingerprints()
+        (older,) = loader.recipe.source.older_fingerprints()
         with pytest.warns(StokerWarning, match="earlier stoker"):
             loader.load_state_dict({**state, "fingerprint": older, "position": 1})
         assert loader.state_dict()["position"] == 1

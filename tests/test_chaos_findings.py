@@ -61,7 +61,7 @@ def test_a_symlink_loop_is_walked_once_and_reported(tmp_path):
     (root / "class_001" / "again").symlink_to(root / "class_001")
     with pytest.warns(StokerWarning, match="already walked") as record:
         loader = stoker.Loader(root, batch_size=2, workers=0)
-    assert len(loader.source) == 10  # 2 classes x 5 files, none counted twice
+    assert len(loader.recipe.source) == 10  # 2 classes x 5 files, none counted twice
     named = " ".join(str(w.message) for w in record)
     assert "class_000/up" in named and "class_001/again" in named
     loader.close()
@@ -137,7 +137,7 @@ def test_a_csv_problem_is_an_error_naming_file_and_row(tmp_path, text, error):
 def test_a_label_path_header_is_read_by_name(tmp_path):
     csv = table(tmp_path, "label,path\n1,class_000/img_00000.jpg\n0,class_001/img_00000.jpg\n")
     loader = stoker.Loader(csv, batch_size=1, workers=0, shuffle=False)
-    assert loader.source.name(0).endswith("class_000/img_00000.jpg")
+    assert loader.recipe.source.name(0).endswith("class_000/img_00000.jpg")
     assert [int(y[0]) for _, y in loader] == [1, 0]
     loader.close()
 
@@ -421,7 +421,7 @@ def test_a_worker_killed_during_start_up_is_not_blamed_on_the_script():
         try:
             with stoker.Loader(np.zeros((8, 8, 8, 3), np.uint8), batch_size=2, workers=1,
                                augment=helpers.invert) as l:
-                l.source.open_in_worker = helpers.kill_self  # runs first thing in the worker
+                l.recipe.source.open_in_worker = helpers.kill_self  # runs first thing in the worker
                 next(iter(l))
         except stoker.StokerError as e:
             print("ERROR", e)

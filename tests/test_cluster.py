@@ -234,7 +234,7 @@ ONE = {"batch_size": 1}
 def _stop_all(loader: stoker.Loader, rows: list[dict]) -> list[int]:
     """Stop every node's workers and the loader's local ones; returns their pids (to resume)."""
     pids = [pid for row in rows for pid in row["workers"]]
-    local = loader._run.pool.local  # type: ignore[union-attr]
+    local = loader._supply.running.pool.local  # type: ignore[union-attr]
     pids += [proc.pid for proc in (local.procs if local is not None else [])]
     _stop(pids)
     return pids
@@ -384,7 +384,7 @@ def test_batches_in_flight_never_exceed_the_ring(ray_cluster, dataset):
             next(batches)
             next(batches)
             time.sleep(1.0)  # room for a loader without back-pressure to run ahead
-            nodes = loader._run.pool.nodes.nodes  # type: ignore[union-attr]
+            nodes = loader._supply.running.pool.nodes.nodes  # type: ignore[union-attr]
             counts = ray.get([n.actor.counts.remote() for n in nodes])
             report = loader.stats().cluster
             assert len(loader) > 2 + report["ring_slots"]  # so running ahead would show
@@ -507,7 +507,7 @@ def test_an_actor_killed_by_ray_leaves_no_segment_lock_or_process_on_its_node(ra
         victims = _victims(row)
         assert len(victims) == 3 and _segments_of([row["pid"]])
         # Ray's own kill: the actor's process exits, killing its direct children with it
-        actor = loader._run.pool.nodes.nodes[0].actor  # type: ignore[union-attr]
+        actor = loader._supply.running.pool.nodes.nodes[0].actor  # type: ignore[union-attr]
         got += _lose_node(loader, batches, rows, 0, lambda _: ray.kill(actor, no_restart=True))
     assert got == want
     _assert_cleaned_up(victims, [row["pid"]], 60, " on the node", " on the node")
@@ -587,7 +587,10 @@ def test_a_loader_inside_a_ray_actor_killed_by_ray_leaves_no_segment_or_process(
             self.loader = st.Loader(folder, batch_size=2, image_size=32, workers=1, max_errors=20)
             self.batches = iter(self.loader)
             next(self.batches)
-            return {"pid": os.getpid(), "workers": [p.pid for p in self.loader._run.pool.procs]}
+            return {
+                "pid": os.getpid(),
+                "workers": [p.pid for p in self.loader._supply.running.pool.procs],
+            }
 
     actor = ray.remote(num_cpus=1)(LoaderActor).remote()
     try:
@@ -834,7 +837,7 @@ def test_another_driver_cannot_connect_a_loaders_actor_to_itself(ray_cluster, da
         assert intruder["bytes"] == 0 and not intruder["dialled"]  # no connection, no batch
         assert all("PermissionError" in why for why in intruder["others"]), intruder["others"]
         got += _digests(batches)
-        actor = loader._run.pool.nodes.nodes[0].actor  # type: ignore[union-attr]
+        actor = loader._supply.running.pool.nodes.nodes[0].actor  # type: ignore[union-attr]
         counts = ray.get(actor.counts.remote(), timeout=60)
         report = loader.stats().cluster
     assert counts["refused"] == 3  # connect, fill, stop

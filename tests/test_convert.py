@@ -151,7 +151,7 @@ def test_loader_over_shards_gives_the_same_batches_as_the_folder(converted, imag
         assert len(a) == len(b)
         for (xa, ya), (xb, yb) in zip(a, b, strict=True):
             assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
-        assert b.classes == a.classes
+        assert b.class_names == a.class_names
 
 
 @pytest.mark.timeout(120)
@@ -257,16 +257,16 @@ def test_any_name_goes_through_the_convert_command_and_back_through_a_loader(
         stoker.Loader(src, augment=None, batch="dict", **options) as before,
         stoker.Loader(dst, augment=None, batch="dict", **options) as after,
     ):
-        assert after.classes == before.classes
-        assert sorted(before.classes) == sorted(os.fsdecode(c) for c in ODD_CLASSES)
-        n = len(before.source)
-        assert len(after.source) == n == len(ODD_CLASSES) * len(ODD_FILES)
-        paths = [before.source.index.relative(i) for i in range(n)]
-        assert [after.source.stored_path(i) for i in range(n)] == paths
+        assert after.class_names == before.class_names
+        assert sorted(before.class_names) == sorted(os.fsdecode(c) for c in ODD_CLASSES)
+        n = len(before.recipe.source)
+        assert len(after.recipe.source) == n == len(ODD_CLASSES) * len(ODD_FILES)
+        paths = [before.recipe.source.index.relative(i) for i in range(n)]
+        assert [after.recipe.source.stored_path(i) for i in range(n)] == paths
         for i in range(n):
-            with open(before.source.index.path(i), "rb") as f:
-                assert after.source.read(i) == f.read()
+            with open(before.recipe.source.index.path(i), "rb") as f:
+                assert after.recipe.source.read(i) == f.read()
         for x, y in zip(before, after, strict=True):
             assert (x["label"] == y["label"]).all() and (x["image"] == y["image"]).all()
-            classes = [after.classes[k] for k in y["label"]]
+            classes = [after.class_names[k] for k in y["label"]]
             assert classes == [paths[i].split("/")[0] for i in y["index"]]

@@ -117,7 +117,7 @@ def test_index_path_and_arrays_name_the_source_sample_through_any_array_selectio
 def folder_truth(image_folder):
     """The folder's own listing: path and class of each source index."""
     with stoker.Loader(image_folder, workers=0, image_size=8, batch_size=4) as whole:
-        return whole.file_paths, whole.class_names, np.asarray(whole.source.labels)
+        return whole.file_paths, whole.class_names, np.asarray(whole.recipe.source.labels)
 
 
 @pytest.mark.timeout(300)

@@ -146,7 +146,7 @@ def test_zero_copy_from_page_locked_slots_waits_for_each_copy(image_folder) -> N
     with stoker.Loader(image_folder, workers=1, prefetch=2, **KW) as loader:
         got = _run(loader, runtime)
         report = loader.stats()
-        slots = len(loader.ring().segments)
+        slots = len(loader._ring().segments)
     _same(got, _expected(image_folder, 8))
     assert "zero-copy" in report.transfer and "zero-copy" in str(report)
     assert len(runtime.registered) == slots  # every ring slot page-locked once

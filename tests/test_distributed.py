@@ -21,14 +21,14 @@ SCRIPT = textwrap.dedent(
     from torch.utils.data import DistributedSampler
 
     with stoker.Loader(sys.argv[1], batch_size=5, image_size=16, workers=0) as loader:
-        order = loader.plan.order(0)
-        out = {{"rank": loader.plan.rank, "world": loader.plan.world_size,
+        order = loader.recipe.plan.order(0)
+        out = {{"rank": loader.recipe.plan.rank, "world": loader.recipe.plan.world_size,
                "batches": len(loader), "samples": order.tolist()}}
     images, ids = np.zeros((37, 4, 4, 3), np.uint8), np.arange(37)  # label = sample id
     for split in ("pad", "drop", "once"):
         with stoker.Loader(images, labels=ids, batch_size=4, workers=0, shuffle=True,
                            drop_last=True, rank_split=split) as loader:
-            out[split] = {{"per_rank": loader.plan.per_rank(), "batches": len(loader),
+            out[split] = {{"per_rank": loader.recipe.plan.per_rank(), "batches": len(loader),
                           "got": [int(v) for _, y in loader for v in y]}}
         sampler = DistributedSampler(range(37), drop_last=split == "drop", shuffle=False)
         out[split]["sampler"] = len(sampler)
@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent(
     with stoker.Loader(images, labels=ids, batch_size=4, workers=0, seed=1) as loader:
         loader.set_epoch(3)
         out["epoch3"] = [int(v) for _, y in loader for v in y]
-        out["epoch3_order"] = loader.plan.order(3)[: len(out["epoch3"])].tolist()
+        out["epoch3_order"] = loader.recipe.plan.order(3)[: len(out["epoch3"])].tolist()
         out["after"] = loader.state_dict()["epoch"]
     print("RESULT " + json.dumps(out))
     dist.destroy_process_group()
@@ -68,7 +68,8 @@ EARLY = textwrap.dedent(
     out = {{"before": len(early), "used": len(next(iter(used))[1])}}
     dist.init_process_group("gloo", rank=int(sys.argv[2]), world_size=2,
                             init_method="tcp://127.0.0.1:" + sys.argv[3])
-    out["after"], out["rank"], out["world"] = len(early), early.plan.rank, early.plan.world_size
+    plan = early.recipe.plan
+    out["after"], out["rank"], out["world"] = len(early), plan.rank, plan.world_size
     out["early"] = [[int(i) for i in index] for _, _, index in early]
     with stoker.Loader(folder, batch_size=5, image_size=16, workers=0, batch=fields) as late:
         out["late"] = [[int(i) for i in index] for _, _, index in late]
@@ -98,7 +99,7 @@ JAX = textwrap.dedent(
     out = {{"before": len(early)}}  # jax imported, not initialised: its backend is left alone
     jax.distributed.initialize("127.0.0.1:" + sys.argv[2], num_processes=2,
                                process_id=int(sys.argv[1]))
-    out["after"], out["rank"] = len(early), early.plan.rank
+    out["after"], out["rank"] = len(early), early.recipe.plan.rank
     out["got"] = [int(v) for _, y in early for v in y]
     early.close()
     print("RESULT " + json.dumps(out))

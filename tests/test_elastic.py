@@ -55,7 +55,7 @@ def _steps(loaders, count=None):
             images, labels, index = batch
             size = loader.batch_size
             start = k * size
-            slots = loader.plan.slots(epoch)[start : start + len(index)]
+            slots = loader.recipe.plan.slots(epoch)[start : start + len(index)]
             for p, img, lab, idx in zip(slots, images, labels, index, strict=True):
                 step[int(p)] = (int(idx), float(lab), hashlib.sha1(img.tobytes()).hexdigest())
         out.append(step)
@@ -107,8 +107,8 @@ def test_4_and_2_ranks_give_the_same_global_batches_and_resume_into_each_other(b
 
 def _at(loader, p):
     """The source index at global position ``p`` of epoch 0's order."""
-    order = loader.plan.global_order(0)
-    return int(loader.source.source_indices(order[p % len(order)].reshape(1))[0])
+    order = loader.recipe.plan.global_order(0)
+    return int(loader.recipe.source.source_indices(order[p % len(order)].reshape(1))[0])
 
 
 @pytest.mark.timeout(120)
@@ -126,8 +126,8 @@ def test_another_global_batch_gives_the_rest_of_the_epoch_each_once(image_folder
     assert [len(loader) for loader in two] == [2, 2]  # 20 samples: 10 a rank
     rest = _steps(two)
     got = [v[0] for step in rest for _, v in sorted(step.items())]
-    order = two[0].plan.global_order(0)
-    assert got == two[0].source.source_indices(order[16:]).tolist()
+    order = two[0].recipe.plan.global_order(0)
+    assert got == two[0].recipe.source.source_indices(order[16:]).tolist()
     fresh = _ranks(image_folder, 2, 5)
     for loader in fresh:
         loader.set_epoch(1)
@@ -169,7 +169,7 @@ def test_a_state_of_the_earlier_format_still_loads(image_folder):
         "seed": 5,
         "batch_size": 4,
         "batches": 9,
-        "fingerprint": loader.source.fingerprint(),
+        "fingerprint": loader.recipe.source.fingerprint(),
     }
     loader.load_state_dict(old)
     state = loader.state_dict()
@@ -202,7 +202,7 @@ RANK = textwrap.dedent(
         # every rank joins only once the phase before saved its state: it is on disk
         loader = stoker.Loader(folder, batch_size=size, image_size=16, augment="train",
                                seed=5, workers=workers, batch=("image", "index"), drop_last=False)
-        assert (loader.plan.rank, loader.plan.world_size) == (me, world)
+        assert (loader.recipe.plan.rank, loader.recipe.plan.world_size) == (me, world)
         if phase:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -213,8 +213,8 @@ RANK = textwrap.dedent(
             if epoch == 2:
                 break
             images, index = next(iter(loader))
-            slots = loader.plan.slots(epoch)[k * size : k * size + len(index)]
-            taken.append([epoch, loader.plan.first_step(epoch) + k, [
+            slots = loader.recipe.plan.slots(epoch)[k * size : k * size + len(index)]
+            taken.append([epoch, loader.recipe.plan.first_step(epoch) + k, [
                 [int(p), int(i), hashlib.sha1(img.tobytes()).hexdigest()]
                 for p, i, img in zip(slots, index, images, strict=True)]])
         state = loader.state_dict()
@@ -296,7 +296,7 @@ def test_torch_distributed_4_then_2_then_3_ranks_lose_nothing_and_repeat_nothing
         want = {}
         for loader in four:
             images, index = loader.peek(step)
-            slots = loader.plan.slots(0)[step * 2 : step * 2 + 2]
+            slots = loader.recipe.plan.slots(0)[step * 2 : step * 2 + 2]
             for p, i, img in zip(slots, index, images, strict=True):
                 want[int(p)] = [int(i), hashlib.sha1(img.tobytes()).hexdigest()]
         assert steps[(0, step)] == want
@@ -317,7 +317,7 @@ def test_batch_at_is_the_batch_training_received_in_any_epoch_and_on_any_rank(ba
             for loader in two:
                 loader.set_epoch(epoch)
                 for step, batch in enumerate(loader):
-                    got[(epoch, step, loader.plan.rank)] = batch
+                    got[(epoch, step, loader.recipe.plan.rank)] = batch
         (look,) = [stoker.Loader(bad_folder, rank=0, world_size=2, batch_size=5, **_kw(**kw))]
         for epoch, step, rank in [(0, 0, 0), (0, 2, 1), (2, 1, 0), (2, 2, 1)]:
             again = look.batch_at(epoch, step, rank=None if rank == 0 else rank)
@@ -405,7 +405,7 @@ KERAS = textwrap.dedent(
         steps = len(again)
         rest = [i for s in range(3, 3 + steps) for i in again.samples_at(0, s)["index"]]
         history = model().fit(again.keras(), epochs=1, callbacks=[cb], verbose=0).history
-        order = again.source.source_indices(again.plan.global_order(0)).tolist()
+        order = again.recipe.source.source_indices(again.recipe.plan.global_order(0)).tolist()
         print("RESULT " + json.dumps({"steps": steps, "rest": rest, "order": order,
               "loss": history["loss"], "after": again.state_dict(), "note": cb.note,
               "warned": [str(w.message) for w in said], "stats": str(again.stats())}))

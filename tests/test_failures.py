@@ -73,7 +73,7 @@ def test_hung_transform_times_out_and_close_is_bounded():
     it = iter(loader)
     for _ in range(3):
         next(it)
-    pids = [proc.pid for proc in loader._run.pool.procs]
+    pids = [proc.pid for proc in loader._supply.running.pool.procs]
     time.sleep(0.5)  # a worker is now stuck in batch 4
     loader.close()  # bounded by the test's limit: it must not wait for the stuck batch
     assert not [

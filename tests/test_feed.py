@@ -98,8 +98,8 @@ def test_a_loader_has_every_member_of_the_feed(image_folder) -> None:
         missing = [n for n in _protocol_members(feed.Feed) if not hasattr(loader, n)]
         assert not missing, f"Feed members a Loader lacks: {missing}"
         for n in _protocol_members(feed.FieldList):
-            assert hasattr(loader.slot_layout, n), n
-        assert hasattr(loader.source, "sample_fields")
+            assert hasattr(loader.recipe.schema.slot_layout, n), n
+        assert hasattr(loader.recipe.source, "sample_fields")
         state = loader.state_dict()
         assert loader.advance_state(state, 1)["position"] == state["position"] + 1
 
@@ -108,9 +108,9 @@ def test_a_loader_has_every_member_of_the_feed(image_folder) -> None:
 def test_in_process_batches_have_no_ring_and_no_prefetch(image_folder) -> None:
     with stoker.Loader(image_folder, workers=0, **KW) as loader:
         x, _ = next(iter(loader))
-        supplier = loader._run.engine
+        supplier = loader._supply.running.engine
         assert isinstance(supplier, running.Inline)
-        assert supplier.ring() is None and loader.ring() is None
+        assert supplier.ring() is None and loader._ring() is None
         assert supplier.prefetch_depth() == 0 and supplier.deepened == ""
         report = loader.stats()
         assert report.prefetch == 0 and report.kept_batches == 0
@@ -120,10 +120,10 @@ def test_in_process_batches_have_no_ring_and_no_prefetch(image_folder) -> None:
 @pytest.mark.timeout(120)
 def test_worker_batches_are_views_of_the_ring_the_loader_hands_adapters(image_folder) -> None:
     with stoker.Loader(image_folder, workers=1, prefetch=2, **KW) as loader:
-        assert loader.ring() is None  # before the first batch nothing runs
+        assert loader._ring() is None  # before the first batch nothing runs
         x, _ = next(iter(loader))
-        ring = loader.ring()
-        assert ring is loader._run.engine and ring.ring() is ring
+        ring = loader._ring()
+        assert ring is loader._supply.running.engine and ring.ring() is ring
         seen: list[str] = []
         ring.watch_segments(lambda seg: seen.append(seg.path), lambda seg: None)
         assert seen and all(isinstance(p, str) for p in seen)

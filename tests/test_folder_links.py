@@ -35,11 +35,11 @@ def test_links_are_followed_by_default_and_all_skipped_with_follow_links_false(t
     root = _linked_folder(tmp_path)
     with stoker.Loader(root, batch_size=2, workers=0) as loader:
         assert loader.class_names == ["class_000", "class_001", "class_zzz"]
-        assert len(loader.source) == 6 + 3 + 1 + 3
+        assert len(loader.recipe.source) == 6 + 3 + 1 + 3
         assert any("more" in p for p in loader.file_paths)
     with stoker.Loader(root, batch_size=2, workers=0, follow_links=False) as loader:
         assert loader.class_names == ["class_000", "class_001"]
-        assert len(loader.source) == 6
+        assert len(loader.recipe.source) == 6
         assert not any("more" in p or "linked" in p for p in loader.file_paths)
         images, labels = next(iter(loader))  # the real files still load
         assert images.shape[0] == 2 and set(labels.tolist()) <= {0, 1}

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,8 +30,12 @@ class FakeLoader:
     """Stands in for a Loader: batch k of the stream is filled with the value k."""
 
     batch_size, image_size = 2, (4, 4)
-    slot_layout = SlotLayout(2, (("image", "uint8", (4, 4, 3)), ("label", "int64", ())))
-    source = open_source(np.zeros((2, 4, 4, 3), np.uint8))
+    recipe = SimpleNamespace(
+        schema=SimpleNamespace(
+            slot_layout=SlotLayout(2, (("image", "uint8", (4, 4, 3)), ("label", "int64", ())))
+        ),
+        source=open_source(np.zeros((2, 4, 4, 3), np.uint8)),
+    )
 
     def __init__(self, batches: int) -> None:
         self.batches, self.pulled = batches, 0

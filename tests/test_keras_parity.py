@@ -28,7 +28,7 @@ def test_validation_split_is_disjoint_deterministic_and_stratifiable(image_folde
     with train, val:
         a, b = set(train.file_paths), set(val.file_paths)
         assert not a & b and len(a) + len(b) == 36 and len(b) == 9
-        assert train.augment == "train" and val.augment == "eval"
+        assert "augment='train'" in repr(train) and "augment='eval'" in repr(val)
         again = stoker.Loader(image_folder, subset="validation", seed=7, **kw)
         other = stoker.Loader(image_folder, subset="validation", seed=8, **kw)
         with again, other:
@@ -36,7 +36,7 @@ def test_validation_split_is_disjoint_deterministic_and_stratifiable(image_folde
         assert len(_epoch_index(val)) == 9  # every validation sample, once
     strat = stoker.Loader(image_folder, subset="validation", seed=7, stratify=True, **kw)
     with strat:
-        assert np.bincount(strat.source.labels).tolist() == [3, 3, 3]
+        assert np.bincount(strat.recipe.source.labels).tolist() == [3, 3, 3]
     with pytest.raises(ConfigError, match="subset="):
         stoker.Loader(image_folder, validation_split=0.2, **OPTS)
     with pytest.raises(ConfigError, match="fraction"):
@@ -56,7 +56,7 @@ def test_label_modes_and_class_names(image_folder):
         **OPTS,
     )
     with picked:
-        assert picked.class_names == ["class_002", "class_000"] and len(picked.source) == 24
+        assert picked.class_names == ["class_002", "class_000"] and len(picked.recipe.source) == 24
         assert all("class_001" not in p for p in picked.file_paths)
         labels = np.concatenate([y for _, y in picked])
         assert labels.shape == (24, 1) and labels.dtype == np.float32

@@ -228,7 +228,7 @@ def test_ranks_get_disjoint_samples_and_equal_batch_counts(image_folder):
             augment="eval",
         ) as loader:
             counts.append(len(loader))
-            seen.append(loader.plan.order(0))
+            seen.append(loader.recipe.plan.order(0))
     assert len(set(counts)) == 1
     assert not set(seen[0]) & set(seen[1]) and not set(seen[1]) & set(seen[2])
 
@@ -262,11 +262,35 @@ def test_auto_workers_is_one_rule_at_construction_and_at_the_first_batch(monkeyp
     assert "left to the training process" in why and "left to the training process" in reason
 
 
-def test_loader_layout_is_a_deprecated_spelling_of_slot_layout():
-    with stoker.Loader(np.zeros((8, 8, 8, 3), np.uint8), batch_size=4, workers=0) as loader:
-        with pytest.warns(DeprecationWarning, match="removed in stoker 0.3.*slot_layout"):
-            assert loader.layout is loader.slot_layout
-        assert [f[0] for f in loader.slot_layout.fields][0] == "image"
+@pytest.mark.parametrize(
+    "old,new",
+    [
+        ("layout", lambda ld: ld.recipe.schema.slot_layout),
+        ("source", lambda ld: ld.recipe.source),
+        ("plan", lambda ld: ld.recipe.plan),
+        ("classes", lambda ld: ld.class_names),
+    ],
+)
+def test_old_loader_names_warn_and_give_what_their_replacement_gives(image_folder, old, new):
+    with stoker.Loader(image_folder, batch_size=4, workers=0) as loader:
+        with pytest.warns(DeprecationWarning, match=rf"Loader\.{old} .*removed in stoker 0\.3"):
+            assert getattr(loader, old) == new(loader)
+
+
+def test_loader_augment_is_deprecated_and_the_repr_shows_it_resolved(image_folder):
+    kw = dict(batch_size=4, workers=0, validation_split=0.5, subset="validation")
+    with stoker.Loader(image_folder, **kw) as loader:
+        with pytest.warns(DeprecationWarning, match="loader.options.image.augment"):
+            assert loader.augment == "eval"
+        assert "augment='eval'" in repr(loader) and loader.options.image.augment == "auto"
+
+
+def test_start_method_is_deprecated_and_changes_nothing(image_folder):
+    with pytest.warns(DeprecationWarning, match=r"start_method=\) is deprecated.*drop") as caught:
+        loader = stoker.Loader(image_folder, batch_size=4, workers=0, start_method="spawn")
+    assert caught[0].filename == __file__  # the user's line
+    with loader:
+        assert loader.options.run.start_method == "spawn"
 
 
 @pytest.mark.timeout(60)
@@ -278,7 +302,7 @@ def test_fast_decode_auto_is_fast_for_train_and_exact_for_eval(image_folder):
         loader = stoker.Loader(
             image_folder, batch_size=8, augment=augment, workers=0, fast_decode=fast
         )
-        kinds[augment, fast] = (loader.pipeline.fast, next(iter(loader))[0].copy())
+        kinds[augment, fast] = (loader.recipe.pipeline.fast, next(iter(loader))[0].copy())
         loader.close()
     assert kinds["train", "auto"][0] and not kinds["eval", "auto"][0]
     np.testing.assert_array_equal(kinds["eval", "auto"][1], kinds["eval", False][1])

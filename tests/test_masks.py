@@ -78,7 +78,7 @@ def test_csv_pairs_stay_aligned_and_match_across_worker_counts(tmp_path, augment
     table = _write_pairs(tmp_path / "d", SIZES)
     kw = {"batch_size": 4, "image_size": (24, 32), "augment": augment, "seed": 3}
     with stoker.Loader(table, workers=0, **kw) as loader:
-        assert loader.has_masks and len(loader) == 5
+        assert loader.recipe.source.has_masks and len(loader) == 5
         inline = _all(loader)
     with stoker.Loader(table, workers=2, **kw) as loader:
         pooled = _all(loader)

@@ -164,7 +164,7 @@ def test_flax_regression_loop_with_float_targets_bit_for_bit():
     with stoker.Loader(
         images, labels=boxes, batch_size=8, seed=1, workers=2, batch=("image", "label", "index")
     ) as loader:
-        assert loader.image_size == (16, 16) and loader.augment is None  # the arrays as given
+        assert "image_size=(16, 16), augment=None" in repr(loader)  # the arrays as given
         for _ in range(2):
             for x, y, index in loader.jax():
                 idx = np.asarray(index)

@@ -339,10 +339,10 @@ def test_stats_hint_when_the_disk_is_the_bottleneck():
 def test_only_sources_that_read_storage_can_blame_the_disk(tmp_path):
     images = np.zeros((8, 16, 16, 3), np.uint8)
     np.save(tmp_path / "x.npy", images)
-    assert stoker.Loader(images, batch_size=4).source.from_storage is False
+    assert stoker.Loader(images, batch_size=4).recipe.source.from_storage is False
     sub = stoker.Loader(images, batch_size=2, validation_split=0.5, subset="validation")
-    assert sub.source.from_storage is False
-    assert stoker.Loader(str(tmp_path / "x.npy"), batch_size=4).source.from_storage is True
+    assert sub.recipe.source.from_storage is False
+    assert stoker.Loader(str(tmp_path / "x.npy"), batch_size=4).recipe.source.from_storage is True
 
 
 @pytest.mark.timeout(120)

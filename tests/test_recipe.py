@@ -20,14 +20,14 @@ def test_the_loader_is_made_of_one_frozen_recipe_it_reads_through(image_folder):
     with stoker.Loader(image_folder, image_size=32, batch_size=4, workers=0) as loader:
         recipe = loader.recipe
         assert isinstance(recipe, Recipe)
-        assert loader.source is recipe.source and loader.pipeline.spec is recipe.pipeline
-        assert loader.plan is recipe.plan and loader.reads is recipe.read_settings
-        assert loader.slot_layout is recipe.schema.slot_layout
-        assert loader.columns is recipe.schema.columns and loader.form is recipe.schema.form
+        assert loader.recipe is recipe  # read through, never copied onto the loader
+        mirrors = ("pipeline", "schema", "reads", "slot_layout", "columns", "form", "workers")
+        assert not [name for name in mirrors if hasattr(loader, name)]
+        assert loader.class_names is recipe.source.classes
         with pytest.raises(dataclasses.FrozenInstanceError):
             recipe.plan = None  # type: ignore[misc]
         with pytest.raises(AttributeError):
-            loader.plan = recipe.plan
+            loader.recipe = recipe  # type: ignore[misc]
         # what each worker process is given: the Recipe, the RunSpec, its status segment and
         # the count of its pool's workers
         names = [f.name for f in dataclasses.fields(WorkerSpec)]
@@ -44,14 +44,17 @@ def test_a_node_receives_the_loaders_recipe_by_value_and_fills_the_same_bytes(im
         received = pickle.loads(blob)  # what the node's actor does with it
         try:
             assert isinstance(received, Recipe)
-            assert received.plan == loader.plan
-            assert received.schema.slot_layout == loader.slot_layout
-            assert received.schema.form == loader.form
+            assert received.plan == loader.recipe.plan
+            assert received.schema.slot_layout == loader.recipe.schema.slot_layout
+            assert received.schema.form == loader.recipe.schema.form
             # a copy in a segment of its own, not a handle to the trainer's
-            ours, its = loader.columns._shared, received.schema.columns._shared
+            ours, its = loader.recipe.schema.columns._shared, received.schema.columns._shared
             assert ours is not None and its is not None
             assert its.segment.path != ours.segment.path and its.segment.owner
-            mine, theirs = loader.slot_layout.arrays(), received.schema.slot_layout.arrays()
+            mine, theirs = (
+                loader.recipe.schema.slot_layout.arrays(),
+                received.schema.slot_layout.arrays(),
+            )
             loader.recipe.assembler().fill(0, 1, mine)
             received.assembler().fill(0, 1, theirs)
             assert mine.keys() == theirs.keys()

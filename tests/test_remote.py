@@ -379,7 +379,7 @@ def test_remote_resume_and_split_read_ahead_give_the_plain_batches(server, shard
         np.testing.assert_array_equal(xa, xb)
         np.testing.assert_array_equal(ya, yb)
     with stoker.Loader(url, validation_split=0.25, subset="validation", **kw) as val:
-        split = val.source  # a subset of the remote source reads ahead as its base does
+        split = val.recipe.source  # a subset of the remote source reads ahead as its base does
         assert split.parallel_reads and split.read_ahead_max == READ_AHEAD_MAX > MAX_WINDOW
 
 

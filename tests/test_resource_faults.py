@@ -54,7 +54,7 @@ def test_deepening_into_a_full_dev_shm_and_tmp_stays_at_its_depth_and_says_why(
         first = next(it)[0].copy()
         fill("/dev/shm")
         fill(tempfile.gettempdir())
-        engine = loader._run.engine
+        engine = loader._supply.running.engine
         before = len(engine.segments)
         engine._deepen(0.5)
         rest = [x.copy() for x, _ in it]
@@ -207,7 +207,7 @@ images = np.zeros((64, 32, 32, 3), np.uint8)
 loader = stoker.Loader(images, batch_size=4, workers=2, augment=None)
 it = iter(loader)
 next(it)
-pids = [p.pid for p in loader._run.pool.procs]
+pids = [p.pid for p in loader._supply.running.pool.procs]
 print("READY", reaper.reaper_pid(), *pids, flush=True)
 time.sleep(600)
 """

@@ -30,11 +30,11 @@ def test_the_loader_resolves_one_frozen_run_spec():
             worker_threads=None,
             cluster=None,
         )
-        assert loader.workers == 2
+        assert loader.run.workers == 2
         with pytest.raises(dataclasses.FrozenInstanceError):
             loader.run.timeout = 1.0  # type: ignore[misc]
         with pytest.raises(AttributeError):
-            loader.workers = 1  # type: ignore[misc]
+            loader.run = dataclasses.replace(loader.run, workers=1)  # type: ignore[misc]
 
 
 def test_workers_auto_is_settled_into_a_new_spec_once():

@@ -50,12 +50,12 @@ def test_a_datasets_workers_are_launched_by_the_constructor_before_any_batch():
     with stoker.Loader(Squares(), batch_size=4, workers=2, shuffle=False) as loader:
         # the pool's own start-up process, not a command-line match (a child just forked
         # still shows this process's command line until it execs)
-        zygote = loader._run.pool.zygote.popen.pid
+        zygote = loader._supply.running.pool.zygote.popen.pid
         assert zygote in {k.pid for k in psutil.Process().children()}
         batch = next(iter(loader))
         assert batch["label"].tolist() == [0, 1, 2, 3]
-        loader._run.pool.wait_started()
-        workers = [p.pid for p in loader._run.pool.procs]
+        loader._supply.running.pool.wait_started()
+        workers = [p.pid for p in loader._supply.running.pool.procs]
         assert len(set(workers)) == 2 and all(psutil.Process(w).ppid() == zygote for w in workers)
         assert {p.pid for p in _workers()} - before == {zygote, *workers}  # none more
         startup = loader.stats().startup  # made here while they start, or by them once started
@@ -174,7 +174,7 @@ def test_the_first_batches_are_made_here_while_the_workers_start_then_the_worker
         for _ in range(8):  # two epochs' worth more, from the workers
             got.append({k: v.copy() for k, v in next(stream).items()})
         startup = loader.stats().startup
-        workers = {p.pid for p in loader._run.pool.procs}
+        workers = {p.pid for p in loader._supply.running.pool.procs}
     here = "first batch was" if mine == 2 else f"first {mine - 1} batches were"  # the last: ring
     assert f"the {here} made in this process" in startup and "did not wait" in startup
     assert "importing stoker" in startup and "importing the dataset's modules" in startup
@@ -208,9 +208,9 @@ def test_cuda_transfer_is_picked_again_once_the_workers_took_over(tmp_path, monk
     with stoker.Loader(dataset, batch_size=4, workers=2, seed=5) as loader:
         view = iter(loader.torch(device="cuda", cuda_runtime=runtime))
         next(view)
-        assert "no ring yet" in loader.device_stats().transfer
+        assert "no ring yet" in loader._device_stats().transfer
         flag.touch()
-        while not loader._run.pool.poll_started():  # handshake: every worker has started
+        while not loader._supply.running.pool.poll_started():  # handshake: every worker has started
             time.sleep(0.02)
         rest = list(view)  # the same view: its next batch comes from the ring
         runtime.finish()

@@ -274,7 +274,7 @@ def test_parquet_target_columns_that_cannot_be_one_are_named(tmp_path, image_fol
 def test_array_defaults_keep_the_arrays_as_they_are():
     images = _images(8, 28, 20)
     with stoker.Loader(images, batch_size=4, shuffle=False, workers=0) as loader:
-        assert loader.image_size == (28, 20) and loader.augment is None
+        assert "image_size=(28, 20), augment=None" in repr(loader)
         got = np.concatenate([x for x, _ in loader])
     assert _bits(got) == _bits(images)
     with stoker.Loader(images, batch_size=4, image_size=14, augment="train", workers=0) as loader:

@@ -62,7 +62,7 @@ def test_stats_names_workers_auto_choosing_none_not_the_input_as_the_bottleneck(
     with stoker.Loader(np.zeros((64, 8, 8, 3), np.uint8), batch_size=8, workers="auto") as loader:
         list(loader)
         report = loader.stats()
-    assert loader.workers == 0 and report.workers_reason.startswith("auto: 0")
+    assert loader.run.workers == 0 and report.workers_reason.startswith("auto: 0")
     waited = dataclasses.replace(report, wait_s=1.0, wait_share=0.9)  # the loop waited a lot
     assert waited.bottleneck == "input"
     text = str(waited)

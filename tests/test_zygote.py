@@ -42,11 +42,11 @@ def _run(dataset) -> tuple[list[np.ndarray], set[int], list, int]:
     """The batches of one epoch made by the started workers, the pids that made them, the
     start reports and the zygote's pid."""
     with stoker.Loader(dataset, batch_size=4, workers=2, shuffle=False) as loader:
-        pool = loader._run.pool
+        pool = loader._supply.running.pool
         zygote = pool.zygote.popen.pid
         pool.wait_started()  # handshake: the first batch then comes from the workers
         batches = list(loader)
-        reports = loader._run.started
+        reports = loader._supply.running.started
         workers = [p.pid for p in pool.procs]
         parents = {psutil.Process(w).ppid() for w in workers}
     assert parents == {zygote}
@@ -82,5 +82,7 @@ def test_pools_left_to_their_libraries_start_fresh_workers():
     images = np.zeros((8, 8, 8, 3), np.uint8)
     with stoker.Loader(images, batch_size=4, image_size=8, workers=2, worker_threads=None) as ld:
         next(iter(ld))
-        assert ld._run.pool.zygote is None
-        assert {psutil.Process(p.pid).ppid() for p in ld._run.pool.procs} == {os.getpid()}
+        assert ld._supply.running.pool.zygote is None
+        assert {psutil.Process(p.pid).ppid() for p in ld._supply.running.pool.procs} == {
+            os.getpid()
+        }

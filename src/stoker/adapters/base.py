@@ -28,7 +28,7 @@ class LoaderView:
 
     loader: Feed
     #: Torch DataLoader worker processes this view starts: none (the loader's own processes are
-    #: ``view.loader.workers``), so a DataLoader rebuilt from the view's parts runs in this
+    #: ``view.loader.run.workers``), so a DataLoader rebuilt from the view's parts runs in this
     #: process and takes its batches from the loader.
     num_workers = 0
     #: Batches each DataLoader worker loads ahead: None, as a DataLoader without workers has.
@@ -46,7 +46,7 @@ class LoaderView:
     def dataset(self) -> Samples:
         """The samples drawn from (``len(view.dataset)``); see ``Loader.dataset``. A DataLoader
         rebuilt from the view's parts fetches this view's batches from it."""
-        return self.loader.dataset_of(self)
+        return self.loader._dataset_of(self)
 
     @property
     def batch_sampler(self) -> EpochBatches:
@@ -100,20 +100,20 @@ def look_ahead(
     pending: list[Issued] = []
     try:
         for batch in batches:
-            loader.hold_ahead(1)
+            loader._hold_ahead(1)
             pending.append(issue(batch))
             del batch
             if len(pending) > 1:
-                loader.hold_ahead(-1)
+                loader._hold_ahead(-1)
                 yield hand_over(pending.pop(0))
         while pending:
-            loader.hold_ahead(-1)
+            loader._hold_ahead(-1)
             yield hand_over(pending.pop(0))
     finally:
         close = getattr(batches, "close", None)
         if close is not None:
             close()
-        loader.give_back_ahead()
+        loader._give_back_ahead()
 
 
 def owned(leaf: np.ndarray) -> np.ndarray:

@@ -22,26 +22,33 @@ if TYPE_CHECKING:
     from ..order import Plan
 
 
-class Sampled(Protocol):
-    """What these parts read of the loader they describe (``stoker.Loader`` is one): its
-    batches (``len``, iteration, ``batch_size``, ``drop_last``), order (``plan``, ``shuffle``,
-    ``seed``), samples (``source``, ``classes``), and position: ``_received()`` is the
-    ``(epoch, position)`` of the next batch the training step has not received, ``resumed``
-    whether that position is one ``load_state_dict`` restored."""
+class SampledRecipe(Protocol):
+    """What these parts read of what the loader's batches are made of (``loader.recipe``)."""
 
-    batch_size: int
-    shuffle: bool
-    seed: int
-    resumed: bool
-
-    @property
-    def drop_last(self) -> bool: ...
     @property
     def plan(self) -> Plan: ...
     @property
     def source(self) -> Sized: ...
+
+
+class Sampled(Protocol):
+    """What these parts read of the loader they describe (``stoker.Loader`` is one): its
+    batches (``len``, iteration, ``batch_size``, ``drop_last``), order (``recipe.plan``: rank,
+    shuffle, seed), samples (``recipe.source``, ``class_names``), and position: ``_received()``
+    is the ``(epoch, position)`` of the next batch the training step has not received,
+    ``_resumed`` whether that position is one ``load_state_dict`` restored (both private to
+    the loader: only these parts read them)."""
+
+    _resumed: bool
+
     @property
-    def classes(self) -> list[str] | None: ...
+    def batch_size(self) -> int: ...
+    @property
+    def drop_last(self) -> bool: ...
+    @property
+    def recipe(self) -> SampledRecipe: ...
+    @property
+    def class_names(self) -> list[str] | None: ...
     def __len__(self) -> int: ...
     def __iter__(self) -> Iterator[object]: ...
     def set_epoch(self, epoch: int) -> None: ...
@@ -63,7 +70,7 @@ class Samples:
         self._owner = loader if owner is None else owner
 
     def __len__(self) -> int:
-        return len(self._loader.source)
+        return len(self._loader.recipe.source)
 
     def __getitems__(self, ref: object) -> list[object]:
         """The whole batch ``ref`` (a ``BatchRef`` from ``batch_sampler``) as the loader or view
@@ -80,12 +87,12 @@ class Samples:
     @property
     def classes(self) -> list[str] | None:
         """Class names (torchvision's ``ImageFolder.classes``), when the source has them."""
-        return self._loader.classes
+        return self._loader.class_names
 
     @property
     def class_to_idx(self) -> dict[str, int] | None:
         """Class name -> class id (torchvision's ``ImageFolder.class_to_idx``)."""
-        classes = self._loader.classes
+        classes = self._loader.class_names
         return None if classes is None else {name: k for k, name in enumerate(classes)}
 
     def __repr__(self) -> str:
@@ -109,7 +116,7 @@ class EpochSampler:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` at the next iteration from its first batch, or where a resumed
         state left it (see the class)."""
-        if epoch != self.epoch or not self._loader.resumed:
+        if epoch != self.epoch or not self._loader._resumed:
             self._loader.set_epoch(epoch)
 
     @property
@@ -120,25 +127,25 @@ class EpochSampler:
     @property
     def num_replicas(self) -> int:
         """Ranks the epoch is split across (``world_size``)."""
-        return int(self._loader.plan.world_size)
+        return int(self._loader.recipe.plan.world_size)
 
     @property
     def rank(self) -> int:
         """This loader's rank."""
-        return int(self._loader.plan.rank)
+        return int(self._loader.recipe.plan.rank)
 
     @property
     def shuffle(self) -> bool:
         """Whether each epoch is shuffled."""
-        return bool(self._loader.shuffle)
+        return bool(self._loader.recipe.plan.shuffle)
 
     @property
     def seed(self) -> int:
         """The seed of the order and augmentation."""
-        return int(self._loader.seed)
+        return int(self._loader.recipe.plan.seed)
 
     def __len__(self) -> int:
-        return int(self._loader.plan.per_rank())
+        return int(self._loader.recipe.plan.per_rank())
 
     def __repr__(self) -> str:
         return f"<sampler of {self._loader!r}: epoch {self.epoch}, rank {self.rank}>"
@@ -190,7 +197,7 @@ class EpochBatches:
         batches = len(loader)
         epoch, position = loader._received()
         epoch += position >= batches
-        order, size = loader.plan.order(epoch), loader.batch_size
+        order, size = loader.recipe.plan.order(epoch), loader.batch_size
         for k in range(batches):
             yield BatchRef(order[k * size : (k + 1) * size].tolist(), (epoch, k))
 

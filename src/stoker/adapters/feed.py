@@ -25,11 +25,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Batch",
+    "BatchSchemaView",
     "Feed",
     "Fence",
     "FieldList",
+    "RecipeView",
     "Ring",
     "RingSegment",
+    "RunView",
     "SampleSource",
     "State",
 ]
@@ -42,7 +45,7 @@ State: TypeAlias = "dict[str, JSON]"
 
 
 class FieldList(Protocol):
-    """The fields one batch has (the loader's ``slot_layout``)."""
+    """The fields one batch has (``loader.recipe.schema.slot_layout``)."""
 
     @property
     def batch_size(self) -> int:
@@ -111,8 +114,38 @@ class Ring(Protocol):
         ...
 
 
+class BatchSchemaView(Protocol):
+    """What an adapter reads of the loader's batch schema (``loader.recipe.schema``): ``form``,
+    how a batch's fields are arranged (``batch=``), and ``slot_layout``, its fields."""
+
+    @property
+    def form(self) -> Form: ...
+    @property
+    def slot_layout(self) -> FieldList: ...
+
+
+class RecipeView(Protocol):
+    """What an adapter reads of what the batches are made of (``loader.recipe``): the batch
+    ``schema``, and the ``source`` (only whether it is a per-sample dataset)."""
+
+    @property
+    def schema(self) -> BatchSchemaView: ...
+    @property
+    def source(self) -> SampleSource: ...
+
+
+class RunView(Protocol):
+    """What an adapter reads of how the batches are made (``loader.run``): ``workers``, the
+    worker processes (0: batches are made in the calling process)."""
+
+    @property
+    def workers(self) -> int: ...
+
+
 class Feed(Protocol):
-    """Everything an adapter uses of a Loader (``stoker.Loader`` is one)."""
+    """Everything an adapter uses of a Loader (``stoker.Loader`` is one): its public names,
+    and a private seam of five (``_hold_ahead``, ``_give_back_ahead``,
+    ``_ring``, ``_device_stats``, ``_dataset_of``) that only adapters call."""
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -132,28 +165,18 @@ class Feed(Protocol):
         ...
 
     @property
-    def workers(self) -> int:
-        """Worker processes (0: batches are made in the calling process)."""
-        ...
-
-    @property
     def drop_last(self) -> bool:
         """Whether the ragged last batch of an epoch is dropped."""
         ...
 
     @property
-    def form(self) -> Form:
-        """How a batch's fields are arranged (``batch=``): a field name, tuple or dict."""
+    def recipe(self) -> RecipeView:
+        """What the batches are made of (adapters read the schema and the source)."""
         ...
 
     @property
-    def slot_layout(self) -> FieldList:
-        """The fields of one batch, their dtypes and shapes."""
-        ...
-
-    @property
-    def source(self) -> SampleSource:
-        """The samples' source (adapters ask only whether it is a per-sample dataset)."""
+    def run(self) -> RunView:
+        """How the batches are made (adapters read the worker count)."""
         ...
 
     @property
@@ -176,10 +199,6 @@ class Feed(Protocol):
         """What a DataLoader rebuilt from the parts applies to a fetched batch."""
         ...
 
-    def dataset_of(self, view: Iterable[object]) -> Samples:
-        """``dataset``, whose ``__getitems__`` hands out ``view``'s batches."""
-        ...
-
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch at the next iteration."""
         ...
@@ -196,22 +215,28 @@ class Feed(Protocol):
         """The state ``batches`` batches after ``state``."""
         ...
 
-    def hold_ahead(self, batches: int) -> None:
-        """``batches`` more were taken ahead of the training step (negative: handed over)."""
-        ...
-
-    def give_back_ahead(self) -> None:
-        """The consumer stopped with batches held ahead: the next iteration starts there."""
-        ...
-
-    def device_stats(self) -> Stats:
-        """The counters an adapter adds the device's wait and its transfer path to."""
-        ...
-
     def wait_meter(self, every: int = ...) -> WaitMeter:
         """The wait report every ``every`` training steps."""
         ...
 
-    def ring(self) -> Ring | None:
+    # the adapters' seam: private on the Loader, typed here
+
+    def _dataset_of(self, view: Iterable[object]) -> Samples:
+        """``dataset``, whose ``__getitems__`` hands out ``view``'s batches."""
+        ...
+
+    def _hold_ahead(self, batches: int) -> None:
+        """``batches`` more were taken ahead of the training step (negative: handed over)."""
+        ...
+
+    def _give_back_ahead(self) -> None:
+        """The consumer stopped with batches held ahead: the next iteration starts there."""
+        ...
+
+    def _device_stats(self) -> Stats:
+        """The counters an adapter adds the device's wait and its transfer path to."""
+        ...
+
+    def _ring(self) -> Ring | None:
         """The ring batches are views of, or None (``workers=0``, or before the first batch)."""
         ...

@@ -111,7 +111,7 @@ class JaxLoader(LoaderView):
         """Start the batch's copy to the device(s); returns at once. ``path`` strings stay
         numpy (the structure is kept)."""
         batch = owned_batch(batch) if self._copy else batch
-        form = self.loader.form
+        form = self.loader.recipe.schema.form
         if any(n in DERIVED for n in leaves(form)):
             arrays = map_form(form, batch, lambda n, v: None if n in DERIVED else v)
             put = jax.device_put(arrays, self.sharding)

@@ -172,7 +172,7 @@ class StokerPyDataset(keras.utils.PyDataset):
         options = {PIXELS: self.image, CAST: self._cast}
         kinds = self._kinds
         return map_form(
-            self.loader.form,
+            self.loader.recipe.schema.form,
             batch,
             lambda n, v: options[kinds[n]].numpy(v) if n in kinds else v,
         )

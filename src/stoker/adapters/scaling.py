@@ -37,7 +37,7 @@ def is_channels_first(layout: object, view: str) -> bool:
 
 def channels_of(loader: Feed) -> int:
     """Channels of the loader's images (3 for a loader without an ``image`` field)."""
-    spec = loader.slot_layout.field("image")
+    spec = loader.recipe.schema.slot_layout.field("image")
     return int(spec[2][-1]) if spec is not None else 3
 
 
@@ -119,8 +119,8 @@ def leaf_kinds(loader: Feed, view: str, *, dtype: bool, mean: bool, layout: bool
     (a float ``(C, H, W)`` tensor from ``ToTensor``) only ``dtype``. An option that would
     change no leaf, or cannot apply to one, is refused naming the leaf: never ignored.
     ``dtype``/``mean``/``layout``: whether those options were given (``layout``: explicitly)."""
-    fields: tuple[FieldSpec, ...] = loader.slot_layout.fields
-    dataset = loader.source.sample_fields is not None
+    fields: tuple[FieldSpec, ...] = loader.recipe.schema.slot_layout.fields
+    dataset = loader.recipe.source.sample_fields is not None
     kinds = {}
     for name, dt, shape in fields:
         if name == "image" or (dataset and len(shape) == 3):
@@ -148,7 +148,7 @@ def leaf_kinds(loader: Feed, view: str, *, dtype: bool, mean: bool, layout: bool
 
 def pixel_channels(loader: Feed, kinds: dict[str, str]) -> int:
     """Channels of the loader's uint8 image leaves (for per-channel ``mean``/``std``)."""
-    layout = loader.slot_layout
+    layout = loader.recipe.schema.slot_layout
     for name, kind in kinds.items():
         spec = layout.field(name) if kind == PIXELS else None
         if spec is not None:

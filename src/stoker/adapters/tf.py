@@ -76,7 +76,7 @@ def _spec(loader: Feed, name: str, batch: int | None) -> tf.TensorSpec:
     """The TensorSpec of field ``name``: its dtype and shape, exactly as the loader gives it."""
     if name == "path":
         return tf.TensorSpec((batch,), tf.string, name=name)
-    spec = loader.slot_layout.field(name)
+    spec = loader.recipe.schema.slot_layout.field(name)
     assert spec is not None, name  # every leaf of the form but "path" is a slot field
     return tf.TensorSpec((batch, *spec[2]), tf.as_dtype(np.dtype(spec[1])), name=name)
 
@@ -99,8 +99,8 @@ def to_tf(
     backend. ``layout="channels_first"`` gives images ``(B, C, H, W)`` (transposed in the
     dataset's map); the default ``"channels_last"`` is TensorFlow's own ``(B, H, W, C)``.
     """
-    batch = loader.batch_size if _always_full(loader) else None
-    signature = map_form(loader.form, loader.form, lambda name, _: _spec(loader, name, batch))
+    form, batch = loader.recipe.schema.form, loader.batch_size if _always_full(loader) else None
+    signature = map_form(form, form, lambda name, _: _spec(loader, name, batch))
     dataset = tf.data.Dataset.from_generator(_Epochs(loader), output_signature=signature)
     first = is_channels_first("channels_last" if layout is None else layout, "tf")
     kinds = leaf_kinds(
@@ -108,7 +108,7 @@ def to_tf(
     )
     image = ImageConversion(pixel_channels(loader, kinds), dtype, mean, std, channels_first=first)
     if image.active:
-        dataset = dataset.map(_converter(loader.form, image, kinds))
+        dataset = dataset.map(_converter(form, image, kinds))
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
     options = tf.data.Options()
     # tf.data would add a prefetch of its own, pulling batches ahead of the training step on a

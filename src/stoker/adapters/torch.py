@@ -183,7 +183,7 @@ class TorchLoader(LoaderView):
         return t
 
     def _plain(self, batches: Iterable[Batch], dev: torch.device | None) -> Iterator[Tensors]:
-        form = self.loader.form
+        form = self.loader.recipe.schema.form
 
         def convert(batch: Batch) -> Tensors:
             return map_form(form, batch, lambda name, v: self._leaf(name, v, dev))
@@ -192,7 +192,7 @@ class TorchLoader(LoaderView):
 
     def _cuda(self, dev: torch.device) -> Iterator[Tensors]:
         runtime = self._runtime or CudaRuntime(dev)
-        form = self.loader.form
+        form = self.loader.recipe.schema.form
         # the transfer and the ring it was picked with: picked at the first batch, and again
         # at the first batch from the ring when the first ones were made in this process
         # (Loader(dataset) while its workers start: no ring to page-lock yet)
@@ -201,7 +201,7 @@ class TorchLoader(LoaderView):
         def issue(batch: Batch) -> tuple[Tensors, tuple[Transfer, Issued]]:
             fields: dict[str, np.ndarray] = {}
             map_form(form, batch, fields.setdefault)
-            ring = self.loader.ring()
+            ring = self.loader._ring()
             if not chosen or (chosen[0][1] is None and ring is not None):
                 chosen[:] = [(self._transfer(runtime), ring)]
             transfer = chosen[0][0]
@@ -213,22 +213,22 @@ class TorchLoader(LoaderView):
             transfer.hand_over(issued)  # by the transfer that issued it
             return pending[0]
 
-        clock = DeviceClock(runtime, self.loader.device_stats().add_device_wait)
+        clock = DeviceClock(runtime, self.loader._device_stats().add_device_wait)
         return clock.timed(look_ahead(self.loader, issue, hand_over))
 
     def _transfer(self, runtime: CudaRuntime) -> Transfer:
         """Zero-copy from the page-locked ring where it can be, else memcpy; the choice and its
         reason go to the loader's ``stats()``."""
-        stats = self.loader.device_stats()
+        stats = self.loader._device_stats()
 
         convert = self._image_leaf
 
-        ring = self.loader.ring()
+        ring = self.loader._ring()
         why = "zero_copy=False"
         if self.zero_copy and ring is None:
             why = (
                 "workers=0: no shared-memory ring to page-lock"
-                if not self.loader.workers
+                if not self.loader.run.workers
                 else "this batch was made in this process while the workers start: no ring yet"
             )
         elif self.zero_copy and ring is not None:
@@ -244,7 +244,7 @@ class TorchLoader(LoaderView):
             if self.zero_copy is True:
                 raise StokerError(f"zero_copy=True, but {why}; pass zero_copy='auto'")
         stats.transfer = f"memcpy into a pinned buffer, then DMA on a side stream ({why})"
-        return MemcpyTransfer(runtime, convert, self.loader.slot_layout)
+        return MemcpyTransfer(runtime, convert, self.loader.recipe.schema.slot_layout)
 
     def __repr__(self) -> str:
         return (

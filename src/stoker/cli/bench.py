@@ -79,7 +79,7 @@ def single_core_rate(loader: Loader, seconds: float = 3.0) -> float:
 
 def _rate(loader: Loader, seconds: float) -> float:
     asm = loader.recipe.assembler()
-    arrays = loader.slot_layout.arrays()
+    arrays = loader.recipe.schema.slot_layout.arrays()
     asm.fill(0, 0, arrays)  # warm-up
     done, t0, batch = 0, time.perf_counter(), 0
     while time.perf_counter() - t0 < seconds:
@@ -303,14 +303,16 @@ def measure(
         size = min(len(loader), max_batches) if max_batches else len(loader)
         title = (
             f"stoker bench {source}: batch {batch_size}, image {image_size}, augment {augment}, "
-            f"workers {loader.workers}"
+            f"workers {loader.run.workers}"
         )
         batches = loader.stream()
         try:
             progress(f"stoker bench: warm-up epoch ({size} batches; workers start)")
             _epoch(batches, size, 0, "warm-up", progress)  # worker start, page cache
             ahead = made_ahead(loader)
-            warning = check_epoch(size, ahead, len(loader.source), max_batches, loader.workers)
+            warning = check_epoch(
+                size, ahead, len(loader.recipe.source), max_batches, loader.run.workers
+            )
             runs, peak, timeline = [], 0, Timeline()
             count = max(1, epochs)
             for k in range(count):
@@ -324,7 +326,7 @@ def measure(
     progress("stoker bench: one core's rate, in this process (3 s)")
     with Loader(source, workers=0, **options) as probe:
         one = single_core_rate(probe)
-    used = min(config.usable_cpus(), max(1, loader.workers))
+    used = min(config.usable_cpus(), max(1, loader.run.workers))
     progress(f"stoker bench: ceiling, {used} pinned core(s) decoding at once (4 s)")
     busy = busy_cores_rate(source, options, used)
     stages = {"read": report.read_ms, "decode": report.decode_ms, "transform": report.transform_ms}

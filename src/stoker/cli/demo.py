@@ -43,7 +43,7 @@ def run_demo(out: str | os.PathLike = "demo_data", epochs: int = 2, workers: Any
         Loader(train_dir, augment="train", seed=0, **common) as train,
         Loader(val_dir, augment="eval", shuffle=False, **common) as val,
     ):
-        model = _model(len(train.classes or []))
+        model = _model(len(train.class_names or []))
         model.fit(train.keras(), validation_data=val.keras(), epochs=epochs, verbose=2)
         print("\ntraining loader:")
         print(train.stats())

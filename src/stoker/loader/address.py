@@ -22,8 +22,7 @@ from . import steps
 if TYPE_CHECKING:
     from ..assemble import Assembler
     from ..order import Plan
-    from ..recipe import Recipe
-    from ..schema import SlotLayout
+    from .starting import Supply
 
 #: ``{epoch: [(first step, stop step), ...]}``: the global steps left out
 Skips = dict[int, list[tuple[int, int]]]
@@ -119,60 +118,152 @@ def given(plan: Plan, epoch: int, skips: Skips) -> np.ndarray | None:
     return np.flatnonzero(keep)
 
 
-class Addressing:
-    """``samples_at``, ``batch_at`` and ``skip`` of ``Loader`` (a mixin: its methods run on a
-    ``Loader``, which sets these attributes)."""
+class Addresses:
+    """The global steps of one loader's plan, addressed: its skips (``skip``), where a handed-out
+    batch lies in the plan, the state at a position, and any step's samples or batch. It reads
+    the plan and the fillers from the loader's ``Supply``, passed in; nothing of the Loader."""
 
-    recipe: Recipe
-    _batches: int
-    _skips: Skips
-    _peeker: Assembler | None
-    #: for the plan they were made from: epochs' global orders, other ranks' fillers
-    _addressed: tuple[Plan | None, dict[int, np.ndarray], dict[int, Assembler]] = (None, {}, {})
+    def __init__(self, supply: Supply, skips: Skips) -> None:
+        self._supply = supply
+        self._skips = skips  # checked (``check_skip``)
+        #: for the plan they were made from: epochs' global orders, other ranks' fillers
+        self._addressed: tuple[Plan | None, dict[int, np.ndarray], dict[int, Assembler]] = (
+            None,
+            {},
+            {},
+        )
 
-    @property
-    def plan(self) -> Plan:  # the Loader's, which settles a pending rank first
-        raise NotImplementedError
+    def length(self, epoch: int) -> int:
+        """Batches of ``epoch`` this rank hands out: a resumed epoch's rest or a whole one,
+        skipped steps left out."""
+        plan = self._supply.recipe.plan
+        kept = given(plan, epoch, self._skips)
+        if kept is not None:
+            return len(kept)
+        return plan.epoch_batches(epoch) if plan.resume or plan.exclude else self._supply.batches
 
-    @property
-    def slot_layout(self) -> SlotLayout:  # the Loader's
-        raise NotImplementedError
+    def batch_of(self, epoch: int, position: int) -> int:
+        """This plan's batch number of the ``position``-th batch handed out in ``epoch``
+        (the epoch's batch count once ``position`` is past its last)."""
+        plan = self._supply.recipe.plan
+        kept = given(plan, epoch, self._skips)
+        if kept is None:
+            return position
+        return int(kept[position]) if position < len(kept) else plan.epoch_batches(epoch)
 
-    def _arrange(self, fields: dict[str, np.ndarray], count: int) -> Any:  # the Loader's
-        raise NotImplementedError
+    def position_of(self, epoch: int, batch: int) -> int:
+        """The inverse of ``batch_of``: batches handed out in ``epoch`` before plan batch
+        ``batch`` (skipped ones are passed over)."""
+        kept = given(self._supply.recipe.plan, epoch, self._skips)
+        return batch if kept is None else int(np.searchsorted(kept, batch))
 
-    def _received(self) -> tuple[int, int]:  # the Loader's
-        raise NotImplementedError
+    def state_at(self, epoch: int, position: int) -> dict[str, Any]:
+        """The state once ``position`` batches of ``epoch`` were handed out."""
+        recipe = self._supply.recipe
+        state = steps.state_of(
+            recipe.plan, epoch, self.batch_of(epoch, position), recipe.source.fingerprint()
+        )
+        state["skip"] = saved_skips(self._skips)
+        state["exclude"] = [[epoch, indices] for epoch, indices in self.excluded.items()]
+        return state
 
-    def _replan(self, plan: Plan) -> None:  # the Loader's
-        raise NotImplementedError
+    def adopt(self, state: dict[str, Any]) -> None:
+        """Take over the skips and exclusions a saved state holds (a restart keeps them)."""
+        for epoch, ranges in check_skip(state.get("skip")).items():
+            for numbers in ranges:
+                self.skip(epoch, numbers)
+        plan = self._supply.recipe.plan
+        kept = list(plan.exclude)
+        for epoch, indices in state.get("exclude") or []:
+            entry = (int(epoch), self.local(indices))
+            if entry not in kept:
+                kept.append(entry)
+        self._supply.replan(dataclasses.replace(plan, exclude=tuple(kept)))
 
-    def exclude(self, samples: Iterable[int | str]) -> None:
-        """Leave ``samples`` out from now on: source indices (as the batches' ``index`` field
-        numbers them) or paths (as ``file_paths`` names them). They leave the current epoch
-        if none of its batches was received yet, else from the next epoch on (the epoch under
-        way keeps its order, so what it already gave stays exact). The other samples keep
-        their order relative to each other: an epoch's order is the same permutation of all
-        samples with the excluded ones taken out, so later steps shift up to fill their
-        places. Kept in ``state_dict()``; workers running restart at the next batch."""
-        local = self._local(samples)
-        epoch, position = self._received()
-        plan = self.recipe.plan
+    def exclude(self, samples: Iterable[int | str], received: tuple[int, int]) -> None:
+        """``Loader.exclude``, the loader having received batches up to ``received``
+        (epoch, position)."""
+        local = self.local(samples)
+        epoch, position = received
+        plan = self._supply.recipe.plan
         start = epoch if position == 0 and not plan.start(epoch) else epoch + 1
-        self._replan(dataclasses.replace(plan, exclude=(*plan.exclude, (start, local))))
+        self._supply.replan(dataclasses.replace(plan, exclude=(*plan.exclude, (start, local))))
 
     @property
     def excluded(self) -> dict[int, list[int]]:
-        """``{first epoch: source indices}`` of the samples left out (see ``exclude``)."""
-        source = self.recipe.source
+        """``Loader.excluded``."""
+        recipe = self._supply.recipe
         return {
-            epoch: source.source_indices(np.asarray(local, np.int64)).tolist()
-            for epoch, local in self.recipe.plan.exclude
+            epoch: recipe.source.source_indices(np.asarray(local, np.int64)).tolist()
+            for epoch, local in recipe.plan.exclude
         }
 
-    def _local(self, samples: Iterable[int | str]) -> tuple[int, ...]:
+    def advance_state(self, state: dict[str, Any], batches: int) -> dict[str, Any]:
+        """``Loader.advance_state``."""
+        self._supply.ranked()
+        plan, epoch = self._supply.recipe.plan, int(state["epoch"])
+        position = self.position_of(epoch, int(state["position"]) - plan.first_step(epoch))
+        position += int(batches)
+        while position >= self.length(epoch):
+            position -= self.length(epoch)
+            epoch += 1
+        return {**state, **self.state_at(epoch, position)}
+
+    def skip(self, epoch: int, steps: Any) -> None:
+        """``Loader.skip``."""
+        more = check_skip({epoch: [steps]})
+        merged = {**self._skips}
+        for e, ranges in more.items():
+            merged[e] = sorted(set(merged.get(e, []) + ranges))
+        self._skips = merged
+
+    @property
+    def skipped(self) -> Skips:
+        """A copy of the global steps left out."""
+        return {epoch: list(ranges) for epoch, ranges in self._skips.items()}
+
+    def samples_at(self, epoch: int, step: int, rank: int | None = None) -> dict[str, list[Any]]:
+        """``Loader.samples_at``."""
+        plan, j = self._address(epoch, step)
+        ranks = range(plan.world_size) if rank is None else [self._rank(rank, plan)]
+        parts = [(r, dataclasses.replace(plan, rank=r).batch_slots(epoch, j)) for r in ranks]
+        slots = np.concatenate([s for _, s in parts])
+        owner = np.concatenate([np.full(len(s), r) for r, s in parts])
+        keep = np.argsort(slots, kind="stable")
+        slots, owner = slots[keep], owner[keep]
+        order = self._global_order(plan, epoch)
+        local = order[slots % len(order)]
+        source = self._supply.recipe.source
+        return {
+            "index": source.source_indices(local).tolist(),
+            "path": [source.name(int(i)) for i in local],
+            "rank": owner.tolist(),
+            "position": slots.tolist(),
+        }
+
+    def fields_at(
+        self, epoch: int, step: int, rank: int | None = None
+    ) -> tuple[dict[str, np.ndarray], int]:
+        """The fields of global step ``step`` of ``epoch`` for this rank (or ``rank``),
+        filled in this process, and their sample count (``Loader.batch_at`` arranges them)."""
+        plan, j = self._address(epoch, step)
+        own = plan.rank if rank is None else self._rank(rank, plan)
+        if own == plan.rank:
+            filler = self._supply.peeker()
+        else:
+            fillers = self._kept(plan)[1]
+            if own not in fillers:
+                other = dataclasses.replace(plan, rank=own)
+                fillers[own] = dataclasses.replace(self._supply.recipe, plan=other).assembler()
+            filler = fillers[own]
+        fields = self._supply.recipe.schema.slot_layout.arrays()
+        with user_states_kept():  # the user's own random draws are not moved by a look
+            report = filler.fill(epoch, j, fields)
+        return fields, report.count
+
+    def local(self, samples: Iterable[int | str]) -> tuple[int, ...]:
         """``samples`` (source indices or paths) as this source's sample numbers, sorted."""
-        source = self.recipe.source
+        source = self._supply.recipe.source
         wanted = list(samples)
         names = [s for s in wanted if isinstance(s, str)]
         numbers = [s for s in wanted if not isinstance(s, str)]
@@ -200,130 +291,10 @@ class Addressing:
             local.update(where[n] for n in names)
         return tuple(sorted(local))
 
-    def _length(self, epoch: int) -> int:
-        """Batches of ``epoch`` this rank hands out: a resumed epoch's rest or a whole one,
-        skipped steps left out."""
-        plan = self.recipe.plan
-        kept = given(plan, epoch, self._skips)
-        if kept is not None:
-            return len(kept)
-        return plan.epoch_batches(epoch) if plan.resume or plan.exclude else self._batches
-
-    def _batch_of(self, epoch: int, position: int) -> int:
-        """This plan's batch number of the ``position``-th batch handed out in ``epoch``
-        (the epoch's batch count once ``position`` is past its last)."""
-        kept = given(self.recipe.plan, epoch, self._skips)
-        if kept is None:
-            return position
-        return (
-            int(kept[position]) if position < len(kept) else self.recipe.plan.epoch_batches(epoch)
-        )
-
-    def _position_of(self, epoch: int, batch: int) -> int:
-        """The inverse of ``_batch_of``: batches handed out in ``epoch`` before plan batch
-        ``batch`` (skipped ones are passed over)."""
-        kept = given(self.recipe.plan, epoch, self._skips)
-        return batch if kept is None else int(np.searchsorted(kept, batch))
-
-    def _state_at(self, epoch: int, position: int) -> dict[str, Any]:
-        """The state once ``position`` batches of ``epoch`` were handed out."""
-        plan = self.recipe.plan
-        state = steps.state_of(
-            plan, epoch, self._batch_of(epoch, position), self.recipe.source.fingerprint()
-        )
-        state["skip"] = saved_skips(self._skips)
-        state["exclude"] = [[epoch, indices] for epoch, indices in self.excluded.items()]
-        return state
-
-    def _adopt(self, state: dict[str, Any]) -> None:
-        """Take over the skips and exclusions a saved state holds (a restart keeps them)."""
-        for epoch, ranges in check_skip(state.get("skip")).items():
-            for numbers in ranges:
-                self.skip(epoch, numbers)
-        plan = self.recipe.plan
-        kept = list(plan.exclude)
-        for epoch, indices in state.get("exclude") or []:
-            entry = (int(epoch), self._local(indices))
-            if entry not in kept:
-                kept.append(entry)
-        self._replan(dataclasses.replace(plan, exclude=tuple(kept)))
-
-    def advance_state(self, state: dict[str, Any], batches: int) -> dict[str, Any]:
-        """The state ``batches`` batches after ``state`` (one of this loader's states;
-        skipped steps are passed over, epochs roll over at their length)."""
-        plan, epoch = self.plan, int(state["epoch"])
-        position = self._position_of(epoch, int(state["position"]) - plan.first_step(epoch))
-        position += int(batches)
-        while position >= self._length(epoch):
-            position -= self._length(epoch)
-            epoch += 1
-        return {**state, **self._state_at(epoch, position)}
-
-    def skip(self, epoch: int, steps: Any) -> None:
-        """Leave the global steps ``steps`` of ``epoch`` out (a ``(start, stop)`` pair, stop
-        excluded, a ``range`` or one step number): iteration passes over them, every other
-        batch stays byte-identical, and ``state_dict()`` keeps the skip so a restart keeps
-        skipping. ``batch_at`` and ``samples_at`` still address a skipped step."""
-        more = check_skip({epoch: [steps]})
-        merged = {**self._skips}
-        for e, ranges in more.items():
-            merged[e] = sorted(set(merged.get(e, []) + ranges))
-        self._skips = merged
-
-    @property
-    def skipped(self) -> Skips:
-        """The global steps left out, ``{epoch: [(start, stop), ...]}`` (see ``skip``)."""
-        return {epoch: list(ranges) for epoch, ranges in self._skips.items()}
-
-    def samples_at(self, epoch: int, step: int, rank: int | None = None) -> dict[str, list[Any]]:
-        """The samples of global step ``step`` of ``epoch``: for ``rank``, or for the whole
-        global batch (every rank's part, in global order) with ``rank=None``; as lists,
-        JSON-able: ``index`` (numbered as the source you passed), ``path``, ``rank`` and
-        ``position`` (in the epoch's global order). Nothing is decoded and no file opened. A
-        bad file's replacement is found only when it is loaded (``batch_at`` has it)."""
-        plan, j = self._address(epoch, step)
-        ranks = range(plan.world_size) if rank is None else [self._rank(rank, plan)]
-        parts = [(r, dataclasses.replace(plan, rank=r).batch_slots(epoch, j)) for r in ranks]
-        slots = np.concatenate([s for _, s in parts])
-        owner = np.concatenate([np.full(len(s), r) for r, s in parts])
-        keep = np.argsort(slots, kind="stable")
-        slots, owner = slots[keep], owner[keep]
-        order = self._global_order(plan, epoch)
-        local = order[slots % len(order)]
-        source = self.recipe.source
-        return {
-            "index": source.source_indices(local).tolist(),
-            "path": [source.name(int(i)) for i in local],
-            "rank": owner.tolist(),
-            "position": slots.tolist(),
-        }
-
-    def batch_at(self, epoch: int, step: int, rank: int | None = None) -> Any:
-        """Global step ``step`` of ``epoch`` rebuilt: the batch this rank (or ``rank``)
-        received there, byte-identical (augmentation, bad-file replacement and
-        ``batch_transform`` included), in the batch structure iteration gives. It costs one
-        batch's decode in this process, whatever the step: nothing before it is replayed; the
-        position and the workers are untouched."""
-        plan, j = self._address(epoch, step)
-        own = plan.rank if rank is None else self._rank(rank, plan)
-        if own == plan.rank:
-            if self._peeker is None:
-                self._peeker = self.recipe.assembler()
-            filler = self._peeker
-        else:
-            fillers = self._kept(plan)[1]
-            if own not in fillers:
-                other = dataclasses.replace(plan, rank=own)
-                fillers[own] = dataclasses.replace(self.recipe, plan=other).assembler()
-            filler = fillers[own]
-        fields = self.slot_layout.arrays()
-        with user_states_kept():  # the user's own random draws are not moved by a look
-            report = filler.fill(epoch, j, fields)
-        return self._arrange(fields, report.count)
-
     def _address(self, epoch: int, step: int) -> tuple[Plan, int]:
         """The plan and its batch number for global step ``step`` of ``epoch``."""
-        plan = self.plan
+        self._supply.ranked()
+        plan = self._supply.recipe.plan
         if not (_count(epoch) and _count(step)):
             raise ConfigError(f"epoch={epoch!r}, step={step!r}: give two whole numbers >= 0")
         resumed = plan.resume

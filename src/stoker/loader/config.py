@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any
 
 import numpy as np
 import psutil
 
 from ..decode.common import DEFAULT_MAX_PIXELS as DEFAULT_MAX_PIXELS  # the Loader's default
-from ..errors import ConfigError, warn
+from ..errors import ConfigError, user_stacklevel, warn
 from ..order import SPLITS
 from ..sources.fetchpolicy import DEFAULT_RATE
 from ..sources.readahead import PAGE_CACHE, ReadSettings
@@ -395,10 +396,13 @@ def check_page_cache(value: Any) -> Any:
     return value
 
 
-def start_method(value: Any) -> str:
-    """'spawn', the only start method: each worker is a fresh interpreter started from stoker's
-    own entry point (never the user's script). 'fork' is unsafe with threads; 'forkserver' is
-    not offered: its server re-imports the user's script."""
+def start_method(value: Any) -> str | None:
+    """Deprecated (removed in 0.3; None: not given): 'spawn' is the only start method, each
+    worker a fresh interpreter started from stoker's own entry point (never the user's
+    script). 'fork' is unsafe with threads; 'forkserver' is not offered: its server re-imports
+    the user's script."""
+    if value is None:
+        return None
     if value not in START_METHODS:
         raise ConfigError(
             f"start_method={value!r}: only 'spawn' is supported (the default; drop the "
@@ -406,6 +410,12 @@ def start_method(value: Any) -> str:
             "which never re-run your script; 'fork' is unsafe once threads (of torch, tf, jax "
             "or the loader) are running"
         )
+    warnings.warn(
+        "Loader(start_method=) is deprecated and will be removed in stoker 0.3: 'spawn' is "
+        "the only start method; drop the argument",
+        DeprecationWarning,
+        stacklevel=user_stacklevel(),
+    )
     return str(value)
 
 

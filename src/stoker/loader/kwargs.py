@@ -57,7 +57,7 @@ class LoaderKwargs(TypedDict, total=False):
     prefetch: int | str
     max_errors: int | float
     timeout: float
-    start_method: str
+    start_method: str | None
     read_ahead: int | str
     page_cache: str
     request_rate: float

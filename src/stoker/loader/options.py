@@ -332,9 +332,10 @@ class RunOptions:
         "most 60 s) is a bad sample.",
         check=of_value(config.timeout),
     )
-    start_method: str = option(
-        "spawn",
-        '`"spawn"`, the only one: each worker is a fresh interpreter (no `__main__` guard needed).',
+    start_method: str | None = option(
+        None,
+        'Deprecated, removed in 0.3: `"spawn"` is the only start method (each worker is a fresh '
+        "interpreter, no `__main__` guard needed); leave it out.",
         check=of_value(config.start_method),
     )
     read_ahead: int | str = option(
