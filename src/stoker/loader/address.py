@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from . import steps
 if TYPE_CHECKING:
     from ..assemble import Assembler
     from ..order import Plan
-    from .starting import Supply
+    from ..recipe import Recipe
 
 #: ``{epoch: [(first step, stop step), ...]}``: the global steps left out
 Skips = dict[int, list[tuple[int, int]]]
@@ -116,6 +116,19 @@ def given(plan: Plan, epoch: int, skips: Skips) -> np.ndarray | None:
     for start, stop in ranges:
         keep &= (step < start) | (step >= stop)
     return np.flatnonzero(keep)
+
+
+class Supply(Protocol):
+    """What ``Addresses`` reads of the loader's run side (``starting.Supply`` is one; named
+    here, not imported: ``options`` imports this module's checks, and ``starting`` the
+    resolver that imports ``options``)."""
+
+    recipe: Recipe
+    batches: int
+
+    def ranked(self) -> None: ...
+    def replan(self, plan: Plan) -> None: ...
+    def peeker(self) -> Assembler: ...
 
 
 class Addresses:
