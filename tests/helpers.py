@@ -4,6 +4,7 @@ and the small builders several test files share."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import json
 import os
 import signal
@@ -53,6 +54,27 @@ def free_port() -> int:
 
 #: The source tree, for a script run in a fresh interpreter (``sys.path.insert(0, SRC)``).
 SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def global_steps(loaders, count=None) -> list[dict[int, tuple[int, float, str]]]:
+    """Global steps of the ranks' loaders, taken in lockstep: per step, {global position:
+    (source index, label, image bytes)}; global positions from the plan (``Plan.slots``)."""
+    out, its = [], [iter(loader) for loader in loaders]
+    while count is None or len(out) < count:
+        step = {}
+        for loader, it in zip(loaders, its, strict=True):
+            epoch, k = loader._received()  # the batch about to be taken
+            batch = next(it, None)
+            if batch is None:
+                return out
+            images, labels, index = batch
+            size = loader.batch_size
+            start = k * size
+            slots = loader.recipe.plan.slots(epoch)[start : start + len(index)]
+            for p, img, lab, idx in zip(slots, images, labels, index, strict=True):
+                step[int(p)] = (int(idx), float(lab), hashlib.sha1(img.tobytes()).hexdigest())
+        out.append(step)
+    return out
 
 
 def run_ranks(tmp_path, script_text, *args, timeout=240):

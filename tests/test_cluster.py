@@ -30,6 +30,7 @@ import psutil
 import pytest
 
 import stoker
+from helpers import global_steps
 from stoker.workers import actor as actor_mod
 from stoker.workers import cluster as cluster_mod
 from stoker.workers import wire
@@ -40,6 +41,7 @@ pytestmark = [
 ]
 CORPUS = Path(__file__).parent / "corpus" / "jpeg"
 HOST = "127.0.0.1"
+FIELDS = ("image", "label", "index")
 COMMON = {
     "batch_size": 4,
     "image_size": 32,
@@ -372,6 +374,58 @@ def test_resume_with_another_node_count_or_no_cluster_gives_the_same_tail(ray_cl
         with stoker.Loader(dataset, workers=1, **COMMON) as loader:
             loader.load_state_dict(state)
             assert _digests(loader) == want[3:]
+
+
+def _close(loaders: list[stoker.Loader]) -> None:
+    for loader in loaders:
+        loader.close()
+
+
+def _cluster_ranks(world: int, batch_size: int, make) -> list[stoker.Loader]:
+    """``world`` in-process ranks of ``batch_size``, rank ``r`` made by ``make(r, kw)``."""
+    kw = {**COMMON, "batch_size": batch_size, "world_size": world, "batch": FIELDS}
+    kw["drop_last"] = False  # each rank would drop its own last partial batch, and "pad"
+    kw["rank_split"] = "once"  # fill the last step up to the world size: 31 samples
+    return [make(r, {**kw, "rank": r}) for r in range(world)]
+
+
+@pytest.mark.timeout(300)
+def test_a_job_resumed_on_fewer_nodes_other_ranks_and_no_cluster_gives_the_same_global_batches(
+    ray_cluster, dataset
+):
+    """1 rank x 8 on 2 nodes, saved after step 1; 2 ranks x 4 (rank 0 on 1 node and 2 local
+    workers, rank 1 local), saved after step 2; 4 ranks x 2 without a cluster, workers=0: every
+    global batch of both epochs is the uninterrupted 1 x 8 workers=0 run's, byte for byte."""
+    local = lambda r, kw: stoker.Loader(dataset, **{**kw, "workers": 0})  # noqa: E731
+    with _quiet():
+        whole_run = _cluster_ranks(1, 8, local)
+        whole = global_steps(whole_run) + global_steps(whole_run)  # two epochs
+        first = _cluster_ranks(
+            1, 8, lambda r, kw: _cluster_loader(dataset, cluster_workers=2, **kw)
+        )
+        got = global_steps(first, 1)
+        state = json.loads(json.dumps(first[0].state_dict()))
+        assert len(first[0].stats().cluster["nodes"]) == 2
+        _close(first)  # its actors hold both nodes' CPUs
+        on_one = lambda r, kw: (  # noqa: E731
+            _cluster_loader(dataset, cluster_workers=1, **{**kw, "workers": 2})
+            if r == 0
+            else stoker.Loader(dataset, **{**kw, "workers": 1})
+        )
+        second = _cluster_ranks(2, 4, on_one)
+        for loader in second:
+            loader.load_state_dict(state)
+        got += global_steps(second, 1)
+        state = json.loads(json.dumps(second[1].state_dict()))
+        assert len(second[0].stats().cluster["nodes"]) == 1
+        _close(second)
+        third = _cluster_ranks(4, 2, local)
+        for loader in third:
+            loader.load_state_dict(state)
+        got += global_steps(third) + global_steps(third)
+        _close(whole_run + third)
+    assert len(whole) == 8 and got == whole  # 31 samples: 4 steps an epoch
+    assert "world_size 2 -> 4" in third[0].resume_note
 
 
 @pytest.mark.timeout(240)

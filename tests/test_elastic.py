@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import stoker
-from helpers import SRC, free_port, script_result
+from helpers import SRC, free_port, global_steps, script_result
 
 FIELDS = ("image", "label", "index")
 
@@ -39,27 +39,6 @@ def _ranks(source, world, batch_size, **extra):
         stoker.Loader(source, rank=r, world_size=world, batch_size=batch_size, **_kw(**extra))
         for r in range(world)
     ]
-
-
-def _steps(loaders, count=None):
-    """Global steps of the ranks' loaders, taken in lockstep: per step, {global position:
-    (source index, label, image bytes)}; global positions from the plan (``Plan.slots``)."""
-    out, its = [], [iter(loader) for loader in loaders]
-    while count is None or len(out) < count:
-        step = {}
-        for loader, it in zip(loaders, its, strict=True):
-            epoch, k = loader._received()  # the batch about to be taken
-            batch = next(it, None)
-            if batch is None:
-                return out
-            images, labels, index = batch
-            size = loader.batch_size
-            start = k * size
-            slots = loader.recipe.plan.slots(epoch)[start : start + len(index)]
-            for p, img, lab, idx in zip(slots, images, labels, index, strict=True):
-                step[int(p)] = (int(idx), float(lab), hashlib.sha1(img.tobytes()).hexdigest())
-        out.append(step)
-    return out
 
 
 def _close(loaders):
@@ -84,12 +63,12 @@ def test_4_and_2_ranks_give_the_same_global_batches_and_resume_into_each_other(b
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the bad file is warned about on every pass
         four = _ranks(bad_folder, 4, 4, **kw)
-        whole = _steps(four) + _steps(four)  # two epochs
+        whole = global_steps(four) + global_steps(four)  # two epochs
         two = _ranks(bad_folder, 2, 8, **kw)
-        assert _steps(two) + _steps(two) == whole
+        assert global_steps(two) + global_steps(two) == whole
         _close(two)
         four = _ranks(bad_folder, 4, 4, **kw)
-        first = _steps(four, 1)
+        first = global_steps(four, 1)
         states = [loader.state_dict() for loader in four]
         assert all(s == states[0] for s in states)  # the same dict on every rank
         assert states[0]["samples"] == 16 and states[0]["position"] == 1
@@ -97,7 +76,7 @@ def test_4_and_2_ranks_give_the_same_global_batches_and_resume_into_each_other(b
         two = _ranks(bad_folder, 2, 8, **kw)
         for loader in two:
             loader.load_state_dict(states[2])
-        rest = _steps(two) + _steps(two)
+        rest = global_steps(two) + global_steps(two)
     assert first + rest == whole
     replaced = [v for step in whole[:3] for p, v in step.items() if v[0] != _at(four[0], p)]
     assert replaced  # the bad file was met and replaced (by the next sample in global order)
@@ -117,21 +96,21 @@ def test_another_global_batch_gives_the_rest_of_the_epoch_each_once(image_folder
     not yet consumed, each once, in global order; epoch 1 is a 2 x 5 run's; a warning names
     what changed."""
     four = _ranks(image_folder, 4, 4)
-    _steps(four, 1)
+    global_steps(four, 1)
     state = four[1].state_dict()
     two = _ranks(image_folder, 2, 5)
     with pytest.warns(UserWarning, match=r"world_size 4 -> 2, batch_size 4 -> 5: 16 -> 10"):
         for loader in two:
             loader.load_state_dict(state)
     assert [len(loader) for loader in two] == [2, 2]  # 20 samples: 10 a rank
-    rest = _steps(two)
+    rest = global_steps(two)
     got = [v[0] for step in rest for _, v in sorted(step.items())]
     order = two[0].recipe.plan.global_order(0)
     assert got == two[0].recipe.source.source_indices(order[16:]).tolist()
     fresh = _ranks(image_folder, 2, 5)
     for loader in fresh:
         loader.set_epoch(1)
-    assert _steps(two) == _steps(fresh)
+    assert global_steps(two) == global_steps(fresh)
     assert "global sample 16 (step 1) of epoch 0 on 2 ranks" in two[0].resume_note
     _close(four + two + fresh)
 
@@ -141,16 +120,16 @@ def test_a_state_in_a_resumed_epoch_resumes_it_again_and_advances(image_folder):
     """A state saved inside the rest of an epoch (resumed with another global batch) keeps
     its start: the same sizes resume at the same step; advance_state counts its steps."""
     (one,) = _ranks(image_folder, 1, 4)
-    _steps([one], 3)  # 12 samples
+    global_steps([one], 3)  # 12 samples
     (other,) = _ranks(image_folder, 1, 5)
     with pytest.warns(UserWarning, match="another global batch"):
         other.load_state_dict(one.state_dict())
-    _steps([other], 2)
+    global_steps([other], 2)
     state = other.state_dict()
     assert (state["position"], state["samples"], state["resumed"]) == (5, 22, [0, 12, 3])
     (again,) = _ranks(image_folder, 1, 5)
     again.load_state_dict(state)
-    assert _steps([again]) == _steps([other])
+    assert global_steps([again]) == global_steps([other])
     ahead = again.advance_state(state, 2)  # 14 samples left: 2 full batches of 5 end it
     assert (ahead["epoch"], ahead["position"], ahead["samples"]) == (1, 0, 0)
     assert again.advance_state(state, 1)["samples"] == 27
@@ -176,7 +155,7 @@ def test_a_state_of_the_earlier_format_still_loads(image_folder):
     assert (state["epoch"], state["position"], state["samples"]) == (1, 2, 8)
     (fresh,) = _ranks(image_folder, 1, 4)
     fresh.set_epoch(1)
-    assert _steps([loader]) == _steps([fresh])[2:]
+    assert global_steps([loader]) == global_steps([fresh])[2:]
     with pytest.raises(stoker.ConfigError, match="different batch_size"):
         loader.load_state_dict({**old, "batch_size": 8})
     _close([loader, fresh])
@@ -440,12 +419,12 @@ def test_a_torch_distributed_checkpoint_carries_a_resumed_and_skipping_state(
     resumed epoch's start and the skips included (dcp loads into the template's keys)."""
     dcp = pytest.importorskip("torch.distributed.checkpoint")
     (four,) = _ranks(image_folder, 1, 4)
-    _steps([four], 3)
+    global_steps([four], 3)
     (five,) = _ranks(image_folder, 1, 5)
     with pytest.warns(UserWarning, match="another global batch"):
         five.load_state_dict(four.state_dict())
     five.skip(0, (5, 6))
-    _steps([five], 1)
+    global_steps([five], 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # dcp without a process group says so
         dcp.save({"loader": five.torch()}, checkpoint_id=str(tmp_path / "ckpt"))
@@ -453,7 +432,7 @@ def test_a_torch_distributed_checkpoint_carries_a_resumed_and_skipping_state(
         dcp.load({"loader": fresh.torch()}, checkpoint_id=str(tmp_path / "ckpt"))
     assert fresh.state_dict() == five.state_dict()
     assert fresh.state_dict()["resumed"] == [0, 12, 3]
-    assert _steps([fresh]) == _steps([five])
+    assert global_steps([fresh]) == global_steps([five])
     _close([four, five, fresh])
 
 

@@ -25,11 +25,13 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": path, **extra}
 
 
-def _reports(out: Path, procs: list[subprocess.Popen], timeout: float) -> list[dict]:
+def _reports(
+    out: Path, procs: list[subprocess.Popen], timeout: float, names=("rank0", "rank1")
+) -> list[dict]:
     errs = [p.communicate(timeout=timeout)[1] for p in procs]  # every rank's, for a failure
     told = "\n".join(f"rank {r}:\n{e[-3000:]}" for r, e in enumerate(errs))
     assert all(p.returncode == 0 for p in procs), told
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((out / f"{name}.json").read_text()) for name in names]
 
 
 def _training_split(reports: list[dict], per_rank: int) -> None:
@@ -37,6 +39,21 @@ def _training_split(reports: list[dict], per_rank: int) -> None:
     for epoch in range(len(reports[0]["expected"])):
         halves = [{i for b in r["expected"][epoch] for i in b} for r in reports]
         assert not halves[0] & halves[1] and len(halves[0]) == len(halves[1]) == per_rank
+
+
+def _resumed_on_one_process(out: Path, ranks: list[dict]) -> None:
+    """1 x 8 after 2 ranks x 4: each later global batch is the 2 ranks' step, sample for
+    sample, pixels included, in global order; 1 x 5: the 20 samples not yet consumed (after
+    global sample 16), each once, in the epoch's global order."""
+    same, other = (json.loads((out / f"resumed{b}.json").read_text()) for b in (8, 5))
+    order = same["order"]
+    assert same["rest"] == [  # global step k: the samples at positions [8k, 8k + 8)
+        sorted(ranks[0]["rest"][k] + ranks[1]["rest"][k], key=lambda s: order.index(s[0], 8 * k))
+        for k in range(2)
+    ]
+    assert [[i for i, _ in b] for b in same["rest"]] == [order[16:24], order[24:32]]
+    assert [i for b in other["rest"] for i, _ in b] == order[16:]
+    assert "world_size 2 -> 1" in other["note"] and "unchanged" in same["note"]
 
 
 @pytest.mark.needs("lightning")
@@ -79,6 +96,14 @@ def test_accelerate_prepare_resume_skip_and_gather_for_metrics(tmp_path, image_f
         for r in range(2)
     ]
     reports = _reports(tmp_path, procs, timeout=540)
+    one = [  # the state saved by 2 ranks x 4, resumed on 1 process x 8 (the same global batch)
+        subprocess.Popen(
+            [*script, str(size)], stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=_env()
+        )  # and x 5 (another one)
+        for size in (8, 5)
+    ]
+    _reports(tmp_path, one, timeout=300, names=["resumed8", "resumed5"])
+    _resumed_on_one_process(tmp_path, reports)
     assert [r["split"] for r in reports] == [[0, 2, 4], [1, 2, 4]]  # made before the group
     halves = [{i for b in r["seen"] + r["unbroken"] for i in b} for r in reports]
     assert not halves[0] & halves[1] and len(halves[0]) == len(halves[1]) == 16
