@@ -2,7 +2,9 @@
 built in ``__init__`` (before the process group exists) for a first fit stopped mid-epoch, in
 ``setup()`` for a second fit resumed from its checkpoint; ``val_dataloader()`` returns a view of
 a ``rank_split="pad"`` loader, gathered with the padding dropped by ``index``. Each rank writes
-what it saw to ``OUT/rank{r}.json``. Usage: ``python lightning_ddp.py FOLDER OUT``."""
+what it saw to ``OUT/rank{r}.json``. Usage: ``python lightning_ddp.py FOLDER OUT``; then
+``python lightning_ddp.py FOLDER OUT 8`` resumes that run's step-3 checkpoint on 1 device x
+batch 8 (the same global batch) and writes ``OUT/resumed.json``."""
 
 import json
 import sys
@@ -17,6 +19,9 @@ import stoker
 FOLDER, OUT = sys.argv[1], Path(sys.argv[2])
 FIELDS = ("image", "label", "index")
 TRAIN = {"batch_size": 4, "image_size": 16, "workers": 0, "seed": 1, "batch": FIELDS}
+LATER_JOB = len(sys.argv) > 3  # 1 device, batch_size argv[3]
+if LATER_JOB:
+    TRAIN["batch_size"] = int(sys.argv[3])
 VAL = {"batch_size": 5, "image_size": 16, "workers": 0, "augment": "eval", "shuffle": False}
 
 
@@ -91,6 +96,26 @@ def trainer(**kw) -> L.Trainer:
     )
 
 
+if LATER_JOB:  # the checkpoint 2 devices x 4 saved at step 3, resumed on 1 device x 8
+    later = Net(data_in_init=False)
+    once = L.Trainer(
+        devices=1,
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    once.fit(later, ckpt_path=str(OUT / "epoch=0-step=3.ckpt"))
+    with stoker.Loader(FOLDER, rank=0, world_size=1, **TRAIN) as alone:
+        order = alone.recipe.source.source_indices(alone.recipe.plan.global_order(0)).tolist()
+        alone.set_epoch(1)
+        fresh = [[int(i) for i in b[2]] for b in alone]
+    resumed = {"resumed": later.seen, "order": order, "epoch1": fresh}
+    resumed["note"] = later.train_data.resume_note
+    (OUT / "resumed.json").write_text(json.dumps(resumed))
+    sys.exit(0)
 # --8<-- [start:fit]
 first = Net(data_in_init=True)
 save = L.pytorch.callbacks.ModelCheckpoint(OUT, every_n_train_steps=3, save_top_k=-1)

@@ -63,6 +63,16 @@ def test_lightning_ddp_data_in_init_and_setup_resume_and_validation(tmp_path, im
     script = [sys.executable, str(HERE / "lightning_ddp.py"), str(image_folder), str(tmp_path)]
     run = subprocess.Popen(script, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
     reports = _reports(tmp_path, [run], timeout=540)  # Lightning starts rank 1 itself
+    later = subprocess.Popen(
+        [*script, "8"], stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp_path
+    )
+    (resumed,) = _reports(tmp_path, [later], timeout=300, names=["resumed"])
+    order = resumed["order"]  # 2 devices x 4 stopped at step 3, resumed on 1 device x 8:
+    assert resumed["resumed"] == [order[24:32]] + resumed["epoch1"]  # global step 3, epoch 1
+    assert "world_size 2 -> 1" in resumed["note"] and "unchanged" in resumed["note"]
+    assert sorted(order[24:32]) == sorted(
+        reports[0]["expected"][0][3] + reports[1]["expected"][0][3]
+    )
     assert sorted(r["rank"] for r in reports) == [0, 1]
     _training_split(reports, per_rank=16)  # 18 samples a rank: 4 full batches of 4
     for r in reports:
