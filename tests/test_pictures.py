@@ -144,7 +144,7 @@ def test_show_refuses_bad_options_in_one_line(image_folder, tmp_path, capsys, ar
 
 
 def test_bins_hold_consecutive_batches_with_their_rate_and_wait_share():
-    batches = [plot_mod.Batch(at=0.1 * (i + 1), images=10, waited=0.05) for i in range(40)]
+    batches = [plot_mod.Arrival(at=0.1 * (i + 1), images=10, waited=0.05) for i in range(40)]
     cut = plot_mod.bins(batches, count=10)
     assert len(cut) == 10 and cut[0].start == 0 and cut[-1].end == pytest.approx(4.0)
     assert sum(b.images for b in cut) == 400
@@ -162,7 +162,7 @@ def _ceiling_row(chart: np.ndarray) -> int:
 
 
 def test_chart_draws_rate_ceiling_and_wait_where_their_values_are(tmp_path):
-    batches = [plot_mod.Batch(at=0.1 * (i + 1), images=10, waited=0.05) for i in range(80)]
+    batches = [plot_mod.Arrival(at=0.1 * (i + 1), images=10, waited=0.05) for i in range(80)]
     out = tmp_path / "chart.png"
     plot_mod.bench_chart(batches, ceiling=250.0, epoch_starts=[0.0, 4.0], out=out, title="t")
     chart = _png(out)
