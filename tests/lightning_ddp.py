@@ -4,7 +4,8 @@ built in ``__init__`` (before the process group exists) for a first fit stopped 
 a ``rank_split="pad"`` loader, gathered with the padding dropped by ``index``. Each rank writes
 what it saw to ``OUT/rank{r}.json``. Usage: ``python lightning_ddp.py FOLDER OUT``; then
 ``python lightning_ddp.py FOLDER OUT 8`` resumes that run's step-3 checkpoint on 1 device x
-batch 8 (the same global batch) and writes ``OUT/resumed.json``."""
+batch 8 (the same global batch), its data in a ``LightningDataModule``, and writes
+``OUT/resumed.json``."""
 
 import json
 import sys
@@ -96,8 +97,34 @@ def trainer(**kw) -> L.Trainer:
     )
 
 
+# --8<-- [start:datamodule]
+class Data(L.LightningDataModule):
+    """The loaders in a DataModule: nothing to save or load in it, Lightning keeps the
+    train view's state_dict() in the checkpoint and restores it, as for the model's own."""
+
+    def setup(self, stage: str) -> None:
+        self.train_data = stoker.Loader(FOLDER, **TRAIN)
+        self.val_data = stoker.Loader(FOLDER, rank_split="pad", batch=FIELDS, **VAL)
+
+    def train_dataloader(self):
+        return as_tensors(self.train_data)
+
+    def val_dataloader(self):
+        return as_tensors(self.val_data)
+
+
+# --8<-- [end:datamodule]
+
+
+class Later(Net):
+    """The module of the later job: its data comes from ``Data``."""
+
+    def setup(self, stage: str) -> None:
+        pass
+
+
 if LATER_JOB:  # the checkpoint 2 devices x 4 saved at step 3, resumed on 1 device x 8
-    later = Net(data_in_init=False)
+    later, data = Later(data_in_init=False), Data()
     once = L.Trainer(
         devices=1,
         accelerator="cpu",
@@ -107,13 +134,13 @@ if LATER_JOB:  # the checkpoint 2 devices x 4 saved at step 3, resumed on 1 devi
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    once.fit(later, ckpt_path=str(OUT / "epoch=0-step=3.ckpt"))
+    once.fit(later, datamodule=data, ckpt_path=str(OUT / "epoch=0-step=3.ckpt"))
     with stoker.Loader(FOLDER, rank=0, world_size=1, **TRAIN) as alone:
         order = alone.recipe.source.source_indices(alone.recipe.plan.global_order(0)).tolist()
         alone.set_epoch(1)
         fresh = [[int(i) for i in b[2]] for b in alone]
     resumed = {"resumed": later.seen, "order": order, "epoch1": fresh}
-    resumed["note"] = later.train_data.resume_note
+    resumed["note"] = data.train_data.resume_note
     (OUT / "resumed.json").write_text(json.dumps(resumed))
     sys.exit(0)
 # --8<-- [start:fit]
