@@ -482,3 +482,30 @@ def test_skip_and_exclude_options_are_the_methods(image_folder):
     with pytest.raises(stoker.ConfigError, match="exclude="):
         stoker.Loader(image_folder, exclude=7)
     _close([plain, made, out])
+
+
+@pytest.mark.needs("jax")
+@pytest.mark.timeout(120)
+def test_a_jax_views_state_resumes_on_another_world_size(image_folder):
+    """The JAX view carries the global state: 2 ranks x 4 take 2 steps through jax(), rank 1's
+    view's state resumes a 1 x 8 view at global step 2, byte for byte the uninterrupted 1 x 8
+    run's batches (the same global batch)."""
+
+    def batches(view):
+        return [tuple(np.asarray(a).tobytes() for a in b) for b in view]
+
+    two = _ranks(image_folder, 2, 4)
+    its = [iter(loader.jax()) for loader in two]
+    for _ in range(2):
+        for it in its:
+            next(it)
+    state = two[1].jax().state_dict()
+    assert state["samples"] == 16 and state["position"] == 2
+    whole = stoker.Loader(image_folder, rank=0, world_size=1, batch_size=8, **_kw())
+    want = batches(whole.jax())
+    one = stoker.Loader(image_folder, rank=0, world_size=1, batch_size=8, **_kw())
+    view = one.jax()
+    view.load_state_dict(state)
+    got = batches(view)
+    assert len(got) == 2 and got == want[2:]
+    _close([*two, whole, one])
