@@ -214,3 +214,70 @@ def test_a_run_of_tar_members_is_one_get_and_a_folder_takes_one_get_per_image(
         # tar and batch at most; a folder: one GET per image, never more
         assert 0 < gets <= most and requests["gets"] == gets, (layout, gets)
         assert requests["gets_per_image"] <= (most / 36), layout
+
+
+FOOTER_READ = 64 << 10  # what a Parquet footer read fetches from the end of a file
+
+
+def _column_bytes(folder: pathlib.Path, leaf: str) -> int:
+    total = 0
+    for path in folder.glob("*.parquet"):
+        md = pq.ParquetFile(path).metadata
+        for g in range(md.num_row_groups):
+            group = md.row_group(g)
+            for c in range(group.num_columns):
+                if group.column(c).path_in_schema == leaf:
+                    total += group.column(c).total_compressed_size
+    return total
+
+
+@pytest.mark.timeout(180)
+def test_opening_indexed_shards_again_reads_no_image_bytes(
+    proxied: tuple[FaultProxy, str], shards: pathlib.Path
+) -> None:
+    """A Loader over shards whose offset index is cached reads their footers and labels only:
+    the rows without image bytes come from the index, and the label chunks of every row group
+    arrive in one round of concurrent GETs (each row group one after the other was seconds
+    behind a real latency, and the path check read every image)."""
+    proxy, url = proxied
+    stoker.Loader(url, **KW).close()  # builds and caches each shard's offset index
+    proxy.reset_counts()
+    with stoker.Loader(url, **KW) as loader:
+        sent = proxy.stats()["bytes_sent"]
+        assert len(loader) == 3
+    images = _column_bytes(shards, "image.bytes")
+    labels = _column_bytes(shards, "label")
+    groups = sum(pq.ParquetFile(p).metadata.num_row_groups for p in shards.glob("*.parquet"))
+    assert groups > 4 and images > 2 * FOOTER_READ
+    # the footer is one read of the file's last FOOTER_READ bytes (images among them), then
+    # the label chunks: no other image bytes
+    assert sent <= FOOTER_READ + labels + 8192 * groups, (sent, images, labels)
+
+
+@pytest.mark.timeout(180)
+def test_indexed_shard_rows_holding_only_a_path_are_refused_at_construction(
+    s3_bucket: str, s3_env: object, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the image bytes stored verbatim (so an offset index is built), the rows the index
+    finds empty have their path read and are refused by name, as without an index."""
+    import pyarrow as pa
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    from PIL import Image
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    cells = []
+    for i in range(6):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((6, 6, 3), 20 * i, np.uint8)).save(buf, format="PNG")
+        cells.append({"bytes": None if i == 4 else buf.getvalue(), "path": f"imgs/{i}.png"})
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    table = pa.table({"image": pa.array(cells, type=kind), "label": pa.array(range(6))})
+    pq.write_table(
+        table, folder / "train.parquet", row_group_size=2, compression="none", use_dictionary=False
+    )
+    s3_env.upload(folder, f"s3://{s3_bucket}/hf")  # type: ignore[attr-defined]
+    for _ in range(2):  # the index is built, then taken from the cache
+        with pytest.raises(stoker.SourceError, match=r"(?s)train\.parquet.*1 rows.*row 4: imgs/4"):
+            stoker.Loader(f"s3://{s3_bucket}/hf/train.parquet", batch_size=2, image_size=6)

@@ -54,7 +54,7 @@ class PathRows:
 def path_rows(pf: pq.ParquetFile, shard: str, column: str) -> PathRows | None:
     """The path-only rows of ``shard``'s image ``column`` (None when it has none), each path
     resolved and its file checked; an error names the first rows whose file is missing."""
-    if not _has_paths(pf, column):
+    if not has_paths(pf, column):
         return None
     folder = os.path.dirname(os.path.abspath(shard))
     named = _named_rows(pf, column)
@@ -66,12 +66,16 @@ def path_rows(pf: pq.ParquetFile, shard: str, column: str) -> PathRows | None:
     return PathRows(np.asarray(rows, dtype=np.int64), PathIndex(Path("/"), paths))
 
 
-def refuse_remote_path_rows(pf: pq.ParquetFile, url: str, column: str) -> None:
+def refuse_remote_path_rows(
+    pf: pq.ParquetFile, url: str, column: str, empty: np.ndarray | None = None
+) -> None:
     """A remote shard's rows must hold their image bytes: a path stored in a file that came
-    over the network names a file on the machine that wrote it, never one to open here."""
-    if not _has_paths(pf, column):
+    over the network names a file on the machine that wrote it, never one to open here.
+    ``empty``: the rows known to hold no image bytes (from the shard's offset index), so only
+    their paths are read; None reads the image column wherever its statistics allow a null."""
+    if not has_paths(pf, column):
         return
-    named = _named_rows(pf, column)
+    named = _named_rows(pf, column) if empty is None else _paths_of(pf, column, empty)
     if not named:
         return
     listed = "\n".join(f"  row {r}: {p}" for r, p in named[:3])
@@ -83,7 +87,7 @@ def refuse_remote_path_rows(pf: pq.ParquetFile, url: str, column: str) -> None:
     )
 
 
-def _has_paths(pf: pq.ParquetFile, column: str) -> bool:
+def has_paths(pf: pq.ParquetFile, column: str) -> bool:
     """Whether ``column`` is an image struct with a ``path`` field."""
     kind = pf.schema_arrow.field(column).type
     return pa.types.is_struct(kind) and kind.get_field_index("path") >= 0
@@ -101,6 +105,15 @@ def _named_rows(pf: pq.ParquetFile, column: str) -> list[tuple[int, str]]:
         stored = values.field("path").to_pylist()
         out += [(start + int(r), stored[r]) for r in np.flatnonzero(empty) if stored[r] is not None]
     return out
+
+
+def _paths_of(pf: pq.ParquetFile, column: str, rows: np.ndarray) -> list[tuple[int, str]]:
+    """``(row, stored path)`` of those of ``rows`` whose path is set (only the path is read)."""
+    if not len(rows):
+        return []
+    stored = pf.read(columns=[f"{column}.path"]).column(0).combine_chunks().field("path")
+    picked = stored.take(pa.array(rows, type=pa.int64())).to_pylist()
+    return [(int(r), p) for r, p in zip(rows, picked, strict=True) if p is not None]
 
 
 def _groups_with_nulls(pf: pq.ParquetFile, column: str) -> list[int]:

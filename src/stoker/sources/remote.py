@@ -47,8 +47,10 @@ import pyarrow.parquet as pq
 from ..errors import DecodeError, ObjectChanged, SourceError, one_line
 from .base import cache_folder
 from .fetchpolicy import DEFAULT_MAX_GAP
-from .hfpaths import refuse_remote_path_rows
+from .heldfile import HeldFile, column_ranges
+from .hfpaths import has_paths, refuse_remote_path_rows
 from .listing import listed, note
+from .parquet_targets import label_names
 from .shardindex import (
     HEADER_ROWS,
     cache_index,
@@ -56,6 +58,7 @@ from .shardindex import (
     index_valid,
     layout_key,
     locate_values,
+    missing_rows,
     trusted_cached,
 )
 from .shards import MANIFEST, ShardSource
@@ -65,7 +68,6 @@ from .store import (
     DEFAULT_TIMEOUT,
     LISTING_TTL,
     Entry,
-    ObjectFile,
     directly_under,
     is_url,
     open_store,
@@ -148,16 +150,35 @@ class RemoteShardSource(MergedReads, ShardSource):
             )
         pf, handle = self._open_parquet(k)
         self._files_open.append(handle)
+        self._scanned = handle
         self._sizes.append(actual)
         return pf
 
     def _shard_index(
         self, k: int, url: str, pf: pq.ParquetFile, manifest: dict | None
     ) -> str | None:
-        """Shard ``k``'s cached offset index (built if missing or stale), or None."""
-        refuse_remote_path_rows(pf, url, self.image_column)
+        """Shard ``k``'s cached offset index (built if missing or stale), or None. Its rows
+        without image bytes are the only ones whose paths are read to refuse them; with no
+        index every row group's image column is read for that."""
         version = f"{self._entries[k][2]}|{self._objects[k].tag}"
-        return self._remote_index(k, url, pf, self._sizes[k], version)
+        index = self._remote_index(k, url, pf, self._sizes[k], version)
+        empty = None if index is None else missing_rows(index)
+        if empty is not None and len(empty) and has_paths(pf, self.image_column):
+            self._scanned.prefetch(column_ranges(pf, [f"{self.image_column}.path"]))
+        try:
+            refuse_remote_path_rows(pf, url, self.image_column, empty)
+        finally:
+            self._scanned.release()
+        return index
+
+    def _labels(self, pf: pq.ParquetFile, where: str = "") -> np.ndarray | list[Any]:
+        """The shard's target, its columns' chunks fetched in one round of requests."""
+        names = [n for n in label_names(self.label_column)[0] if n in pf.schema_arrow.names]
+        self._scanned.prefetch(column_ranges(pf, names))
+        try:
+            return super()._labels(pf, where)
+        finally:
+            self._scanned.release()
 
     def _list(self) -> tuple[list[tuple[str, int, str]], dict | None]:
         """(url, size, checksum or ETag) of every shard, and the manifest when there is one."""
@@ -213,7 +234,7 @@ class RemoteShardSource(MergedReads, ShardSource):
 
     def _open_parquet(self, k: int) -> tuple[pq.ParquetFile, Any]:
         """A ParquetFile reading shard ``k`` through the store, and its file."""
-        f = ObjectFile(self.store, self._objects[k])
+        f = HeldFile(self.store, self._objects[k])
         try:
             return pq.ParquetFile(f), f
         except (pa.ArrowException, OSError, ValueError) as exc:
@@ -243,8 +264,9 @@ class RemoteShardSource(MergedReads, ShardSource):
             url,
             pf,
             column,
-            fetch=lambda start, end: self.store.get(url, start, end, self._objects[k].tag),
+            fetch=lambda start, end: self._held_get(url, start, end, self._objects[k].tag),
         )
+        self._scanned.release()
         if offsets is None:
             return None
         written = cache_index(path, header, offsets)
@@ -255,6 +277,14 @@ class RemoteShardSource(MergedReads, ShardSource):
                 "cache_dir= a folder of your own"
             )
         return str(written)
+
+    def _held_get(self, url: str, start: int, end: int, tag: str) -> bytes:
+        """Bytes ``[start, end)`` of the shard being scanned, held so that its Parquet reads of
+        the same range come from memory (only the latest range is held)."""
+        data = self.store.get(url, start, end, tag)
+        self._scanned.release()
+        self._scanned.hold(start, data)
+        return data
 
     def _make_digest(self, manifest: dict | None) -> str:
         """The same digest a local ShardSource gives for the same shards (so a resume can

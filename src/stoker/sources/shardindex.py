@@ -185,6 +185,12 @@ def index_valid(candidate: str | os.PathLike, header: Header, shard: str | None 
     return shard is None or _prefixes_match(shard, present)
 
 
+def missing_rows(index: str | os.PathLike) -> np.ndarray:
+    """The rows a valid stored index marks as holding no image bytes (``[-1, 0]``)."""
+    table = np.load(index, mmap_mode="r", allow_pickle=False)
+    return np.flatnonzero(table[HEADER_ROWS:, 0] < 0)
+
+
 def _prefixes_match(shard: str, present: np.ndarray) -> bool:
     """Whether the first and last stored values are preceded in ``shard`` by their length, as
     every PLAIN byte array is (a cheap check that the offsets belong to this file)."""
