@@ -99,10 +99,9 @@ Usage
 
 MAKE_DATASET = "/work/shared/make_dataset.py"
 PEERS = ("stoker", "stoker-noahead", "torch-simplejpeg", "tf-fused")
-# also: stoker-window (read_ahead=8, native reads), stoker-pywindow (8, on Python threads)
+# also: stoker-window (read_ahead=8), stoker-windowN (read_ahead=N)
 SHARD_PEERS = ("stoker-parquet", "stoker-parquet-noahead")
-# "-py": read_ahead="auto" on Python threads (STOKER_NATIVE_READS=0: how tars read before)
-TAR_PEERS = ("stoker-tar", "stoker-tar-py", "stoker-tar-noahead")
+TAR_PEERS = ("stoker-tar", "stoker-tar-noahead")
 GB = 1e9
 
 
@@ -375,8 +374,6 @@ def make_pipeline(name: str, data: str) -> tuple[Any, Any]:
     import peers
 
     if name.startswith("stoker"):
-        if name.endswith(("pywindow", "-py")):  # the window's reads on Python threads (A/B)
-            os.environ["STOKER_NATIVE_READS"] = "0"
         import stoker
 
         loader = stoker.Loader(
@@ -401,8 +398,8 @@ def make_pipeline(name: str, data: str) -> tuple[Any, Any]:
 
 
 def _read_ahead(name: str) -> int | str:
-    """A stoker peer's read_ahead: 0 for "-noahead", 8 for "-window"/"-pywindow" (N for
-    "-windowN"), else auto."""
+    """A stoker peer's read_ahead: 0 for "-noahead", 8 for "-window" (N for "-windowN"), else
+    auto."""
     if name.endswith("noahead"):
         return 0
     tail = name.rsplit("window", 1)

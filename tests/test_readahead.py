@@ -806,3 +806,34 @@ def test_page_cache_auto_drops_pages_only_for_a_dataset_larger_than_ram():
     assert larger_than_ram(64 * 100_000, 64, 6_000, 16 * gib) is False  # 0.6 GB fits
     assert larger_than_ram(64 * 200_000, 64, 400_000, 0) is False  # memory unknown: keep pages
     assert larger_than_ram(0, 0, 400_000, 16 * gib) is False
+
+
+def test_an_epochs_last_batches_plan_the_next_epochs_first_samples(image_folder, monkeypatch):
+    """The order of every epoch is known in advance, so the reads planned with an epoch's last
+    batches run on into the next epoch's first samples (a bucket's spans for them are fetched
+    before that epoch starts, not at its first batch); within an epoch, the next batches'."""
+    from stoker.assemble import Assembler
+    from stoker.order import Plan
+    from stoker.sources.readahead import PLAN_AHEAD
+    from stoker.transforms import PipelineSpec
+
+    source = open_source(str(image_folder))
+    plan = Plan(len(source), 4, seed=3, shuffle=True, drop_last=True)
+    assembler = Assembler(source, PipelineSpec(size=(16, 16), channels=3), plan)
+    planned = []
+    monkeypatch.setattr(source, "plan_reads", lambda now, ahead=None: planned.append(ahead))
+    arrays = {"image": np.zeros((4, 16, 16, 3), np.uint8), "index": np.zeros(4, np.int64)}
+    arrays["label"] = np.zeros(4, source.labels.dtype)
+    batches, want = plan.epoch_batches(0), PLAN_AHEAD * 4
+    for b in range(batches):
+        assembler.fill(0, b, arrays)
+    first, last = plan.order(0), plan.order(1)
+    assert len(first) == batches * 4 > 2 * want
+    np.testing.assert_array_equal(planned[0], first[4 : 4 + want])
+    for b in range(batches):  # the epoch's rest, then as many of epoch 1's first as it lacks
+        rest = first[(b + 1) * 4 : (b + 1) * 4 + want]
+        expected = np.concatenate([rest, last[: want - len(rest)]])
+        np.testing.assert_array_equal(planned[b], expected)
+    assert not np.array_equal(first[:want], last[:want])  # another epoch's order
+    assembler.fill(1, 0, arrays)  # epoch 1 itself is still filled in its own order
+    np.testing.assert_array_equal(arrays["index"], source.source_indices(last[:4]))

@@ -86,6 +86,7 @@ class Assembler:
         self._fields = source if isinstance(source, LoadsFields) else None
         self._order = np.zeros(0, dtype=np.int64)
         self._global = self._slots = self._order  # the epoch's global order, this rank's slots
+        self._following = (-1, self._order)  # the next epoch's first samples, read ahead into
         self.current = -1  # index of the sample being loaded, for crash reports
 
     def order(self, epoch: int) -> np.ndarray:
@@ -94,6 +95,21 @@ class Assembler:
             self._global, self._slots = self.plan.global_order(epoch), self.plan.slots(epoch)
             self._order, self._epoch = self.plan.order(epoch), epoch
         return self._order
+
+    def _ahead(self, epoch: int, at: int) -> np.ndarray:
+        """The samples of the ``PLAN_AHEAD`` batches after position ``at`` of ``epoch``, read
+        ahead of decoding: within the epoch's batches (drop_last leaves a tail out), then the
+        next epoch's first ones, so its first batches do not wait for their reads. The next
+        epoch's order is a hint only, never the order it is filled in (an ``exclude()`` may
+        still change it)."""
+        order, want = self.order(epoch), PLAN_AHEAD * self.plan.batch_size
+        last = min(len(order), self.plan.epoch_batches(epoch) * self.plan.batch_size)
+        ahead = order[at : min(last, at + want)]
+        if len(ahead) == want:
+            return ahead
+        if self._following[0] != epoch + 1:  # its head only: no second order held
+            self._following = (epoch + 1, self.plan.order(epoch + 1)[:want].copy())
+        return np.concatenate([ahead, self._following[1][: want - len(ahead)]])
 
     def fill(
         self,
@@ -117,12 +133,7 @@ class Assembler:
         indices = order[positions]
         u = order_mod.sample_uniforms(self.plan.seed, epoch, indices, self.pipeline.uniforms)
         report = Report(count=len(indices))
-        # the next batches' samples, within the epoch's batches (drop_last leaves a tail out)
-        last = min(len(order), self.plan.epoch_batches(epoch) * self.plan.batch_size)
-        ahead = order[
-            start + len(indices) : min(last, start + (PLAN_AHEAD + 1) * self.plan.batch_size)
-        ]
-        self.reader.start(indices, ahead)  # reads ahead of decoding (files or network)
+        self.reader.start(indices, self._ahead(epoch, start + len(indices)))
         masks = arrays.get("mask")
         columns = self.columns.items()
         dropped = self.reader.counters.dropped

@@ -31,16 +31,13 @@ except ImportError:  # pragma: no cover - built without a C compiler
 if _readfiles is not None and getattr(_readfiles, "API_VERSION", 0) != API_VERSION:
     STALE = f"the built {_readfiles.__file__} is from another stoker version"
     _readfiles = None  # Python threads read instead
-# STOKER_NATIVE_READS=0 reads on Python threads (the -pywindow A/B of `benchmarks/storage.py cold`)
-AVAILABLE = _readfiles is not None and os.environ.get("STOKER_NATIVE_READS", "1") != "0"
+AVAILABLE = _readfiles is not None
 
 
 def describe() -> str:
     """Who runs the read-ahead window's file reads, and the fix when it is not native."""
     if AVAILABLE:
         return "native threads (stoker.sources._readfiles)"
-    if _readfiles is not None:
-        return "Python threads (turned off by STOKER_NATIVE_READS=0)"
     why = STALE or "stoker.sources._readfiles is not built (no C compiler at install?)"
     return (
         f"Python threads: {why}; the window then costs each decode more CPU. Fix: rebuild "
