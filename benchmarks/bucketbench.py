@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -319,10 +320,15 @@ def run_child(
     cmd += [str(batch), str(workers)]
     env = {**os.environ, **(endpoint.env() if endpoint else {})}
     env["XDG_CACHE_HOME"] = str(root / "cache")
+    # a fresh temporary folder per run, removed after it (litdata's chunk cache goes there):
+    # no run writes behind the next one's back, and nothing piles up over the rounds
+    env["TMPDIR"] = tempfile.mkdtemp(prefix="run-", dir=root)
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 600)
     except subprocess.TimeoutExpired:
         raise common.Skip(f"{peer}: no result within {seconds + 600:.0f} s") from None
+    finally:
+        shutil.rmtree(env["TMPDIR"], ignore_errors=True)
     if out.returncode:
         tail = [line for line in out.stderr.strip().splitlines() if line.strip()][-3:]
         raise common.Skip(f"{peer} failed ({out.returncode}): {' | '.join(tail)[-600:]}")
