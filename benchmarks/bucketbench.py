@@ -350,9 +350,11 @@ What it does
    WebDataset tars, litdata chunks (``litdata.optimize``); each conversion's time is reported
    apart (and the layouts are reused by later runs).
 2. Serves the bucket from ``benchmarks/s3local.py`` (moto's server is too slow: ``storage.py
-   s3-ceiling``), one server per ``--latency`` (seconds to each answer's first byte), each
-   connection capped at ``--bandwidth`` bytes/s.
-3. Times every peer in a fresh process for ``--seconds`` after its first batch (same work:
+   s3-ceiling``), a fresh server for every run, with ``--latency`` seconds to each answer's
+   first byte and each connection capped at ``--bandwidth`` bytes/s.
+3. Reads the data each run will read once just before it (``warm``: this VM pages out file
+   pages unused for a minute), then times every peer in a fresh process for ``--seconds``
+   after its first batch (same work:
    decode, RandomResizedCrop 224, flip, batch ``--batch-size``, ``--workers`` workers),
    the peers interleaved in rounds (`common.interleave`); a peer that cannot run is skipped
    with its reason (MosaicML Streaming always: `MOSAIC_SKIP`).
@@ -393,16 +395,8 @@ def bucket_main(argv: list[str] | None = None) -> int:
     sizes = [os.path.getsize(p) for p, _ in _items(images)]
     mean_bytes = sum(sizes) / len(sizes)
     print("conversion s: " + ", ".join(f"{k} {v:.1f}" for k, v in converted.items()))
-    servers = {
-        lat: s3clients.Endpoint("s3local", root, lat, args.bandwidth) for lat in args.latency
-    }
-    chosen = args.peers.split(",")
-    try:
-        peers = _peers(chosen, servers, root, images, args, mean_bytes)
-        result = common.interleave(peers, args.rounds, args.warmup, progress="{:,.2f}")
-    finally:
-        for ep in servers.values():
-            ep.close()
+    peers = _peers(args.peers.split(","), root, images, args, mean_bytes)
+    result = common.interleave(peers, args.rounds, args.warmup, progress="{:,.2f}")
     _report(result, args.latency, mean_bytes)
     common.write_json(
         args.json, {**result.to_json(), "conversion_s": converted, "mean_jpeg_bytes": mean_bytes}
@@ -420,21 +414,36 @@ PEERS = (
 )
 
 
-def _peers(
-    chosen: list[str],
-    servers: dict[float, Any],
-    root: Path,
-    images: Path,
-    args: Any,
-    mean_bytes: float,
-) -> list[Any]:
+def warm(folder: Path) -> None:
+    """Read every file under ``folder`` once, so a run starts with its data in the page cache:
+    this VM pages out file pages unused for a minute (DAMON ``pageout``), so a layout last read
+    a round ago would otherwise be served partly from disk, and the local baseline read partly
+    cold."""
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with open(path, "rb") as f:
+                while f.read(1 << 20):
+                    pass
+
+
+def _peers(chosen: list[str], root: Path, images: Path, args: Any, mean_bytes: float) -> list[Any]:
+    """One ``common.Peer`` per loader and latency; every run gets its data read just before
+    it (``warm``) and a fresh server, so no run inherits another's state."""
     import common
 
-    def measure(peer: str, ep: Any) -> Any:
+    def measure(peer: str, latency: float | None) -> Any:
         def one() -> dict[str, float]:
             if peer == "mosaicml-streaming":
                 raise common.Skip(MOSAIC_SKIP)
-            r = run_child(peer, ep, root, images, args.seconds, args.batch_size, args.workers)
+            warm(images if latency is None else root / BUCKET / NEEDS[peer])
+            ep = None
+            if latency is not None:
+                ep = s3clients.Endpoint("s3local", root, latency, args.bandwidth)
+            try:
+                r = run_child(peer, ep, root, images, args.seconds, args.batch_size, args.workers)
+            finally:
+                if ep is not None:
+                    ep.close()
             n = max(1, r["images"])
             out = {"img/s": r["images"] / r["seconds"], "img/CPU-s": n / max(r["cpu_s"], 1e-9)}
             out["first batch s"] = r["first_batch_s"]  # from the loader's construction
@@ -446,8 +455,8 @@ def _peers(
         return one
 
     peers = [common.Peer("stoker-local", measure("stoker-local", None))]
-    for lat, ep in servers.items():
-        peers += [common.Peer(f"{p} {lat * 1000:g} ms", measure(p, ep)) for p in chosen]
+    for lat in args.latency:
+        peers += [common.Peer(f"{p} {lat * 1000:g} ms", measure(p, lat)) for p in chosen]
     return peers
 
 
