@@ -126,6 +126,7 @@ class RemoteShardSource(MergedReads, ShardSource):
         self._objects = self._stored(entries)
         self._sizes: list[int] = []
         self._scan(self.files, manifest, self.url)
+        del self._scanned  # the last shard's file: scanning only, never sent to workers
         self._listing = None  # not sent to workers: each shard's entry is kept
         self.chunked = self._fits_in_spans()
         self.close()  # the main process's handles are not needed until read()
@@ -150,7 +151,7 @@ class RemoteShardSource(MergedReads, ShardSource):
             )
         pf, handle = self._open_parquet(k)
         self._files_open.append(handle)
-        self._scanned = handle
+        self._scanned: HeldFile = handle  # the shard being scanned (``_scan``)
         self._sizes.append(actual)
         return pf
 
@@ -308,7 +309,7 @@ class RemoteShardSource(MergedReads, ShardSource):
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        for key in ("_tables", "_files_open", "_fixed"):
+        for key in ("_tables", "_files_open", "_fixed", "_scanned"):
             state.pop(key, None)
         return self.span_state(state)
 
