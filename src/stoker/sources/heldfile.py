@@ -16,19 +16,19 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from .fetchpolicy import merge_ranges
 from .store import ObjectFile
 
 IN_FLIGHT = 16  # prefetch requests in flight at once
 MERGE_GAP = 8 << 10  # ranges at most this far apart are fetched as one (as pyarrow's pre-buffer)
 
 
-def column_ranges(pf: pq.ParquetFile, columns: Iterable[str]) -> list[tuple[int, int]]:
-    """The byte ranges ``[start, end)`` of the chunks of ``columns`` (top-level names or
-    dotted leaf paths; a name covers its nested leaves) in every row group, sorted, with
-    neighbours at most ``MERGE_GAP`` apart merged."""
+def _chunks(pf: pq.ParquetFile, columns: Iterable[str]) -> list[tuple[int, int, int]]:
+    """``(row group, start, end)`` of each chunk of ``columns`` (top-level names or dotted leaf
+    paths; a name covers its nested leaves; a name the file lacks covers nothing)."""
     wanted = tuple(columns)
     md = pf.metadata
-    spans = []
+    out = []
     for g in range(md.num_row_groups):
         group = md.row_group(g)
         for c in range(group.num_columns):
@@ -39,14 +39,25 @@ def column_ranges(pf: pq.ParquetFile, columns: Iterable[str]) -> list[tuple[int,
             start = chunk.data_page_offset
             if chunk.has_dictionary_page and chunk.dictionary_page_offset:
                 start = min(start, chunk.dictionary_page_offset)
-            spans.append((start, start + chunk.total_compressed_size))
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(spans):
-        if merged and start - merged[-1][1] <= MERGE_GAP:
-            merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
-        else:
-            merged.append((start, end))
-    return merged
+            out.append((g, start, start + chunk.total_compressed_size))
+    return out
+
+
+def column_ranges(pf: pq.ParquetFile, columns: Iterable[str]) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, end)`` of the chunks of ``columns`` in every row group, merged
+    by ``fetchpolicy.merge_ranges`` (neighbours at most ``MERGE_GAP`` apart)."""
+    spans = [(start, end) for _, start, end in _chunks(pf, columns)]
+    return [(span.start, span.end) for span in merge_ranges(spans, MERGE_GAP)]
+
+
+def group_ranges(pf: pq.ParquetFile, column: str) -> list[tuple[int, int]]:
+    """Per row group, the byte range from the first to the last chunk of ``column``'s leaves:
+    what Parquet reads at once to read that column of the row group."""
+    bounds: dict[int, tuple[int, int]] = {}
+    for g, start, end in _chunks(pf, [column]):
+        lo, hi = bounds.get(g, (start, end))
+        bounds[g] = (min(lo, start), max(hi, end))
+    return list(bounds.values())
 
 
 class HeldFile(ObjectFile):
@@ -74,17 +85,24 @@ class HeldFile(ObjectFile):
             for (start, _), data in zip(ranges, pool.map(get, ranges), strict=True):
                 self.hold(start, data)
 
+    def hold_covering(
+        self, ranges: list[tuple[int, int]], start: int, end: int
+    ) -> tuple[bytes, int]:
+        """Bytes ``[start, end)`` in a buffer, and the file offset of its first byte: the one of
+        ``ranges`` that covers them (else just them), fetched and held alone, so that a later
+        read inside it comes from memory."""
+        lo, hi = next(((a, b) for a, b in ranges if a <= start and end <= b), (start, end))
+        data = self.store.get(self.entry.url, lo, hi, self.entry.tag)
+        self._held = [(lo, data)]
+        return data, lo
+
     def release(self) -> None:
         """Drop every held range."""
         self._held = []
 
-    def readinto(self, out: Any) -> int:
-        view = memoryview(out).cast("B")
-        want = min(len(view), self.size - self.tell())
+    def _covering(self, want: int) -> tuple[bytes, int]:
         for start, data in self._held:
             offset = self.tell() - start
-            if want > 0 and 0 <= offset and offset + want <= len(data):
-                view[:want] = data[offset : offset + want]
-                self.seek(want, 1)
-                return want
-        return super().readinto(out)
+            if 0 <= offset and offset + want <= len(data):
+                return data, offset
+        return super()._covering(want)

@@ -54,7 +54,7 @@ class PathRows:
 def path_rows(pf: pq.ParquetFile, shard: str, column: str) -> PathRows | None:
     """The path-only rows of ``shard``'s image ``column`` (None when it has none), each path
     resolved and its file checked; an error names the first rows whose file is missing."""
-    if not has_paths(pf, column):
+    if not _has_paths(pf, column):
         return None
     folder = os.path.dirname(os.path.abspath(shard))
     named = _named_rows(pf, column)
@@ -73,7 +73,7 @@ def refuse_remote_path_rows(
     over the network names a file on the machine that wrote it, never one to open here.
     ``empty``: the rows known to hold no image bytes (from the shard's offset index), so only
     their paths are read; None reads the image column wherever its statistics allow a null."""
-    if not has_paths(pf, column):
+    if not _has_paths(pf, column):
         return
     named = _named_rows(pf, column) if empty is None else _paths_of(pf, column, empty)
     if not named:
@@ -87,7 +87,7 @@ def refuse_remote_path_rows(
     )
 
 
-def has_paths(pf: pq.ParquetFile, column: str) -> bool:
+def _has_paths(pf: pq.ParquetFile, column: str) -> bool:
     """Whether ``column`` is an image struct with a ``path`` field."""
     kind = pf.schema_arrow.field(column).type
     return pa.types.is_struct(kind) and kind.get_field_index("path") >= 0

@@ -47,8 +47,8 @@ import pyarrow.parquet as pq
 from ..errors import DecodeError, ObjectChanged, SourceError, one_line
 from .base import cache_folder
 from .fetchpolicy import DEFAULT_MAX_GAP
-from .heldfile import HeldFile, column_ranges
-from .hfpaths import has_paths, refuse_remote_path_rows
+from .heldfile import HeldFile, column_ranges, group_ranges
+from .hfpaths import refuse_remote_path_rows
 from .listing import listed, note
 from .parquet_targets import label_names
 from .shardindex import (
@@ -162,11 +162,11 @@ class RemoteShardSource(MergedReads, ShardSource):
         without image bytes are the only ones whose paths are read to refuse them; with no
         index every row group's image column is read for that."""
         version = f"{self._entries[k][2]}|{self._objects[k].tag}"
-        index = self._remote_index(k, url, pf, self._sizes[k], version)
-        empty = None if index is None else missing_rows(index)
-        if empty is not None and len(empty) and has_paths(pf, self.image_column):
-            self._scanned.prefetch(column_ranges(pf, [f"{self.image_column}.path"]))
         try:
+            index = self._remote_index(k, url, pf, self._sizes[k], version)
+            empty = None if index is None else missing_rows(index)
+            if empty is not None and len(empty):  # their paths, if the column has a path
+                self._scanned.prefetch(column_ranges(pf, [f"{self.image_column}.path"]))
             refuse_remote_path_rows(pf, url, self.image_column, empty)
         finally:
             self._scanned.release()
@@ -261,13 +261,12 @@ class RemoteShardSource(MergedReads, ShardSource):
         trusted = trusted_cached(path)
         if trusted is not None and index_valid(trusted, header):
             return str(trusted)
+        # each chunk is fetched with its neighbours of the same column (a struct's leaves),
+        # which is how Parquet reads them next: from memory
+        whole = group_ranges(pf, self.image_column)
         offsets = locate_values(
-            url,
-            pf,
-            column,
-            fetch=lambda start, end: self._held_get(url, start, end, self._objects[k].tag),
+            url, pf, column, fetch=lambda start, end: self._scanned.hold_covering(whole, start, end)
         )
-        self._scanned.release()
         if offsets is None:
             return None
         written = cache_index(path, header, offsets)
@@ -278,14 +277,6 @@ class RemoteShardSource(MergedReads, ShardSource):
                 "cache_dir= a folder of your own"
             )
         return str(written)
-
-    def _held_get(self, url: str, start: int, end: int, tag: str) -> bytes:
-        """Bytes ``[start, end)`` of the shard being scanned, held so that its Parquet reads of
-        the same range come from memory (only the latest range is held)."""
-        data = self.store.get(url, start, end, tag)
-        self._scanned.release()
-        self._scanned.hold(start, data)
-        return data
 
     def _make_digest(self, manifest: dict | None) -> str:
         """The same digest a local ShardSource gives for the same shards (so a resume can

@@ -238,16 +238,17 @@ def locate_values(
     path: str,
     pf: pq.ParquetFile,
     column: str,
-    fetch: Callable[[int, int], bytes] | None = None,
+    fetch: Callable[[int, int], tuple[Any, int]] | None = None,
 ) -> np.ndarray | None:
     """(offset, length) of every value of ``column`` inside the file, or None if they are not
     stored verbatim. PLAIN byte arrays are a 4-byte little-endian length then the bytes; each is
     found from its length and first bytes, searching forward within its column chunk, and then
-    compared in full with the value pyarrow reads. ``fetch(start, end)``, when given, returns
-    those bytes of the file (a remote shard: one ranged read per column chunk); otherwise the
-    local file at ``path`` is memory-mapped."""
+    compared in full with the value pyarrow reads. ``fetch(start, end)``, when given, returns a
+    buffer holding at least those bytes of the file and the file offset of its first byte (a
+    remote shard: one ranged read per column chunk); otherwise the local file at ``path`` is
+    memory-mapped."""
     if fetch is not None:
-        return _locate_in(pf, column, lambda start, end: (fetch(start, end), start))
+        return _locate_in(pf, column, fetch)
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         return _locate_in(pf, column, lambda start, end: (mm, 0))
 

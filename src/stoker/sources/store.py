@@ -587,14 +587,20 @@ class ObjectFile(io.RawIOBase):
         want = min(len(view), self.size - self._pos)
         if want <= 0:
             return 0
+        buf, offset = self._covering(want)
+        view[:want] = buf[offset : offset + want]
+        self._pos += want
+        return want
+
+    def _covering(self, want: int) -> tuple[bytes, int]:
+        """A buffer holding the ``want`` bytes from the position, and where they start in it:
+        the last one read, else a new ``store.get`` of at least ``block`` bytes."""
         offset = self._pos - self._at
         if not (0 <= offset and offset + want <= len(self._buf)):
             end = min(self.size, self._pos + max(want, self.block))
             self._buf = self.store.get(self.entry.url, self._pos, end, self.entry.tag)
             self._at, offset = self._pos, 0
-        view[:want] = self._buf[offset : offset + want]
-        self._pos += want
-        return want
+        return self._buf, offset
 
 
 # ---------------------------------------------------------------------------- errors
