@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -145,6 +146,8 @@ def trial(data: str, moment: str, delay: float, signame: str, epoch: int) -> dic
     deadline = time.monotonic() + GRACE_S
     while (_segments(tmpdir) or _tagged(tag)) and time.monotonic() < deadline:
         time.sleep(0.05)
+    segments_left = _segments(tmpdir)
+    shutil.rmtree(tmpdir, ignore_errors=True)
     return {
         "moment": moment,
         "signal": signame,
@@ -152,7 +155,7 @@ def trial(data: str, moment: str, delay: float, signame: str, epoch: int) -> dic
         "reached": reached,
         "exit": code,
         "at_kill": at_kill,
-        "segments_left": _segments(tmpdir),
+        "segments_left": segments_left,
         "processes_left": _tagged(tag),
     }
 
