@@ -315,7 +315,8 @@ def test_read_ahead_window_bounds_the_ranged_reads_in_flight(server, shard_dir):
 @pytest.mark.timeout(90)
 def test_auto_window_grows_past_the_local_maximum_to_cover_network_latency(server, shard_dir):
     url = _serve(server, shard_dir)
-    src = RemoteShardSource(url, read_ahead_max=MAX_WINDOW + 8)
+    # merge_gap=None: each sample is a request of its own, so the window is the read-ahead
+    src = RemoteShardSource(url, read_ahead_max=MAX_WINDOW + 8, merge_gap=None)
     server.delay = 1.0  # every request takes far longer than a (here empty) decode, and long
     # enough that a busy machine still fills the window before the first ones answer
     server.reset()
@@ -327,6 +328,27 @@ def test_auto_window_grows_past_the_local_maximum_to_cover_network_latency(serve
     server.delay = 0.0
     assert data == [src.read(int(i)) for i in order]
     assert MAX_WINDOW < server.max_inflight <= MAX_WINDOW + 8  # past 32, within the source's cap
+    src.close()
+
+
+@pytest.mark.timeout(90)
+def test_shards_read_out_of_spans_fetched_ahead_open_no_window_threads(server, shard_dir):
+    url = _serve(server, shard_dir)
+    src = RemoteShardSource(url)
+    assert src.chunked  # the fixture's row groups fall into fixed spans, fetched ahead
+    server.delay = 0.2  # a window would open at once: every read waits far longer than a decode
+    order = np.tile(np.arange(len(src)), 2)
+    before = set(threading.enumerate())  # an earlier test's window threads may still be ending
+    reads = ReadAhead(src, ReadSettings(window="auto"))
+    reads.start(order, order[:8])
+    data = [reads.take(int(i))[0] for i in order]
+    window_threads = [
+        t for t in set(threading.enumerate()) - before if t.name == "stoker-read"
+    ]
+    reads.close()
+    server.delay = 0.0
+    assert data == [src.read(int(i)) for i in order]
+    assert window_threads == []  # the spans' own threads read ahead; no thread waits on them
     src.close()
 
 

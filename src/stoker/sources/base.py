@@ -101,6 +101,10 @@ class StoredReads:
     #: The most reads in flight an auto-sized read-ahead window may keep for this source (None:
     #: the read-ahead's own maximum; remote sources raise it to cover network latency).
     read_ahead_max: int | None = None
+    #: The source fetches the bytes of the samples it is told (``plan_reads``) ahead by itself
+    #: (remote shards' fixed spans): an auto window stays closed, as its threads would only
+    #: wait on the same fetches and slow decoding.
+    fetches_ahead: bool = False
 
     def forget(self, index: int) -> bool:
         """Hint: sample ``index``'s bytes were read and will not be needed again soon; drop

@@ -24,7 +24,11 @@ read latency and the time the caller spends from one ``take``'s return to the ne
 are slow), enough reads are kept in flight to cover a read's latency three times over (a cold
 disk's latency varies a lot), between ``MIN_WINDOW`` and ``MAX_WINDOW`` (or the source's own
 ``read_ahead_max``: a remote source's requests take tens of milliseconds, so it lets the window
-grow further), and never more completed bytes held than ``max_bytes``. Every read has a deadline
+grow further), and never more completed bytes held than ``max_bytes``. A source that fetches
+its planned samples ahead by itself (``fetches_ahead``: remote shards' fixed spans, fetched on
+their own threads in the order the plan needs them) is read plainly under "auto": a window's
+threads would only wait on the same fetches, and their wake-ups slowed decoding by about a tenth
+(benchmarks/README.md#remote-shards). Every read has a deadline
 (``timeout``): a file that never answers (a FIFO, a hung mount, a request with no reply) becomes
 an ``OSError`` for that sample (a bad sample, replaced as usual) and its stuck thread is
 replaced, so it never blocks the other samples.
@@ -149,6 +153,8 @@ class ReadAhead:
         fixed = self.settings.window
         self.auto = fixed == "auto"
         self.window = START_WINDOW if self.auto else int(fixed)  # type: ignore[arg-type]
+        if self.auto and self.stored.fetches_ahead:
+            self.window = 0  # the source reads ahead itself: plain reads, no window threads
         self.max_window = max(MIN_WINDOW, int(self.stored.read_ahead_max or MAX_WINDOW))
         self.enabled = self.stored.parallel_reads and self.window > 0
         self.masks = bool(source.has_masks)

@@ -286,6 +286,12 @@ class MergedReads:
     _span_folder_pid = -1
     _span_folder_end: Any = None
 
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether planned samples' spans are fetched ahead on the source's own threads
+        (``StoredReads.fetches_ahead``): fixed spans, with merging on."""
+        return self.chunked and self.merge_gap is not None
+
     def sample_range(self, index: int) -> tuple[str, int, int] | None:
         """Where sample ``index``'s bytes are: ``(url, start, end)``, or None."""
         raise NotImplementedError
