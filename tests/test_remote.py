@@ -342,9 +342,7 @@ def test_shards_read_out_of_spans_fetched_ahead_open_no_window_threads(server, s
     reads = ReadAhead(src, ReadSettings(window="auto"))
     reads.start(order, order[:8])
     data = [reads.take(int(i))[0] for i in order]
-    window_threads = [
-        t for t in set(threading.enumerate()) - before if t.name == "stoker-read"
-    ]
+    window_threads = [t for t in set(threading.enumerate()) - before if t.name == "stoker-read"]
     reads.close()
     server.delay = 0.0
     assert data == [src.read(int(i)) for i in order]

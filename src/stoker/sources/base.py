@@ -101,11 +101,6 @@ class StoredReads:
     #: The most reads in flight an auto-sized read-ahead window may keep for this source (None:
     #: the read-ahead's own maximum; remote sources raise it to cover network latency).
     read_ahead_max: int | None = None
-    #: The source fetches the bytes of the samples it is told (``plan_reads``) ahead by itself
-    #: (remote shards' fixed spans): an auto window stays closed, as its threads would only
-    #: wait on the same fetches and slow decoding.
-    fetches_ahead: bool = False
-
     def forget(self, index: int) -> bool:
         """Hint: sample ``index``'s bytes were read and will not be needed again soon; drop
         them from the page cache if the storage allows it. True when pages were dropped
@@ -117,6 +112,13 @@ class StoredReads:
         ``upcoming`` ones after them (the next batches', or None). A remote source merges
         their byte ranges into few requests, fetched ahead (``sources.spans``); the default
         does nothing. Must not raise (a failed plan is read sample by sample)."""
+
+    @property
+    def fetches_ahead(self) -> bool:
+        """Whether the source fetches the bytes of the samples it is told (``plan_reads``)
+        ahead by itself (remote shards' fixed spans): an auto window then stays closed, as its
+        threads would only wait on the same fetches and slow decoding (default False)."""
+        return False
 
     def bypass_page_cache(self) -> bool:
         """From now on read around the page cache where the storage allows it (``O_DIRECT``):
