@@ -101,6 +101,7 @@ class StoredReads:
     #: The most reads in flight an auto-sized read-ahead window may keep for this source (None:
     #: the read-ahead's own maximum; remote sources raise it to cover network latency).
     read_ahead_max: int | None = None
+
     def forget(self, index: int) -> bool:
         """Hint: sample ``index``'s bytes were read and will not be needed again soon; drop
         them from the page cache if the storage allows it. True when pages were dropped
