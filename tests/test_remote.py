@@ -351,6 +351,26 @@ def test_shards_read_out_of_spans_fetched_ahead_open_no_window_threads(server, s
 
 
 @pytest.mark.timeout(120)
+def test_a_span_request_that_never_answers_makes_bad_samples_not_a_wait(server, shard_dir):
+    url = _serve(server, shard_dir)
+    src = RemoteShardSource(url)
+    assert src.chunked  # read plainly out of spans fetched ahead: no window gives a deadline
+    key = src.sample_chunks(np.array([2]))[0][1]
+    server.hang = f"bytes={key.start}-{key.end - 1}"  # held 60 s, far past the loader's 8 s
+    kw = {"batch_size": 3, "image_size": 16, "shuffle": False, "timeout": 8.0, "augment": "eval"}
+    with (
+        stoker.Loader(src, workers=0, max_errors=0.9, **kw) as loader,
+        pytest.warns(stoker.StokerWarning),
+    ):
+        labels = np.concatenate([y for _, y in loader])
+        stats = loader.stats()
+    assert len(labels) == len(src) and stats.skipped >= 1
+    assert src.name(2) in dict(stats.bad_files)
+    assert all("no bytes after" in why for why in dict(stats.bad_files).values())
+    src.close()
+
+
+@pytest.mark.timeout(120)
 def test_a_request_that_never_answers_is_a_bad_sample_and_blocks_only_itself(server, shard_dir):
     url = _serve(server, shard_dir)
     src = RemoteShardSource(url, merge_gap=None)  # sample 2's own request is the one to hang

@@ -28,7 +28,8 @@ grow further), and never more completed bytes held than ``max_bytes``. A source 
 its planned samples ahead by itself (``fetches_ahead``: remote shards' fixed spans, fetched on
 their own threads in the order the plan needs them) is read plainly under "auto": a window's
 threads would only wait on the same fetches, and their wake-ups slowed decoding by about a tenth
-(benchmarks/README.md#bucket). Every read has a deadline
+(benchmarks/README.md#bucket); such a source keeps the deadline itself (``spans.ChunkReads``: a
+sample waits for its span at most the request deadline). Every read has a deadline
 (``timeout``): a file that never answers (a FIFO, a hung mount, a request with no reply) becomes
 an ``OSError`` for that sample (a bad sample, replaced as usual) and its stuck thread is
 replaced, so it never blocks the other samples.

@@ -63,7 +63,7 @@ from .shardindex import (
 )
 from .shards import MANIFEST, ShardSource
 from .spancache import SpanKey
-from .spans import CHUNK_BYTES, MergedReads, SpanReads, fixed_spans
+from .spans import CHUNK_BYTES, MergedReads, SpanLate, SpanReads, fixed_spans
 from .store import (
     DEFAULT_TIMEOUT,
     LISTING_TTL,
@@ -427,7 +427,10 @@ class RemoteShardSource(MergedReads, ShardSource):
         offset, length = (int(v) for v in self._table(shard)[row + HEADER_ROWS])
         if offset < 0:
             raise DecodeError(f"{self.name(index)}: no image bytes (null)")
-        planned = self.planned(index)
+        try:
+            planned = self.planned(index)
+        except SpanLate as exc:
+            raise OSError(f"{self.name(index)}: {exc}") from None
         if planned is not None:
             return planned
         return self.store.get(self.files[shard], offset, offset + length, self._objects[shard].tag)

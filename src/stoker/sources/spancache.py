@@ -112,6 +112,15 @@ class SpanCache:
             flight.done.set()
         return flight.data
 
+    def held(self, key: SpanKey) -> bytes | mmap.mmap | None:
+        """The span's bytes if this process holds it at hand now (never fetches, never
+        waits), else None."""
+        with self._lock:
+            data = self._hand.get(key)
+            if data is not None:
+                self._hand.move_to_end(key)
+            return data
+
     def has(self, key: SpanKey) -> bool:
         """Whether this process holds the span at hand or is fetching it now."""
         with self._lock:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from . import spancache
+from . import fetch, spancache
 from .fetchpolicy import DEFAULT_MAX_GAP, DEFAULT_MAX_SPAN, Span, merge_ranges
 from .spancache import LocalSpans, SharedSpans, SpanCache, SpanKey
 
@@ -46,6 +46,7 @@ Get = Callable[[str, int, int], bytes]
 DEFAULT_MAX_HELD = 64 << 20  # bytes of fetched spans one process keeps for later batches
 CHUNK_BYTES = 8 << 20  # a fixed span's most bytes (and one sample more): a row group is cut there
 PREFETCH_THREADS = 8  # threads per process fetching the planned spans ahead
+READERS = 4  # threads per process getting the spans samples wait for (some may be stuck)
 
 
 class _Pending:
@@ -180,9 +181,27 @@ def fixed_spans(
     return span_of, spans
 
 
+class SpanLate(TimeoutError):
+    """A planned span did not arrive within the read's deadline (a stalled store): the
+    sample is a bad one, named by its source."""
+
+
+class _Wanted:
+    """A span a sample's read waits for, got by one of the reading threads."""
+
+    def __init__(self, key: SpanKey) -> None:
+        self.key = key
+        self.done = threading.Event()
+        self.data: bytes | Any = None  # None once done: its request failed
+
+
 class ChunkReads:
     """One process's reads out of fixed spans held by a ``SpanCache``; see the module
-    docstring. ``get(url, start, end)`` is one request."""
+    docstring. ``get(url, start, end)`` is one request. A sample whose span is not at hand
+    has it got by a reading thread (``READERS`` at most: a span fetched, mapped from the
+    shared folder, or waited for while a prefetch thread fetches it) and waits at most the
+    process's request deadline (``fetch.fetcher().timeout``): a stalled store makes bad
+    samples, never a hang, and the sample never queues behind the prefetches."""
 
     def __init__(self, get: Get, cache: SpanCache, threads: int = PREFETCH_THREADS) -> None:
         self.get, self.cache, self.threads = get, cache, threads
@@ -190,7 +209,8 @@ class ChunkReads:
         self._failed: set[SpanKey] = set()
         self._queued: set[SpanKey] = set()
         self._todo: queue.SimpleQueue[SpanKey] = queue.SimpleQueue()
-        self._started = 0
+        self._wants: queue.SimpleQueue[_Wanted] = queue.SimpleQueue()
+        self._started = self._readers = 0
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self.planned = 0
@@ -209,13 +229,18 @@ class ChunkReads:
                 seen.add(key)
                 self._ahead(key)
 
+    def _forked(self) -> None:
+        """In a forked copy (none of the parent's threads): start afresh. Under the lock."""
+        if self._pid != os.getpid():
+            self._pid, self._started, self._readers = os.getpid(), 0, 0
+            self._queued, self._todo, self._wants = set(), queue.SimpleQueue(), queue.SimpleQueue()
+
     def _ahead(self, key: SpanKey) -> None:
         with self._lock:
+            self._forked()
             if key in self._queued or self.cache.has(key):
                 return
             self._queued.add(key)
-            if self._pid != os.getpid():  # a forked copy: its threads are the parent's
-                self._pid, self._started = os.getpid(), 0
             start = self._started < self.threads
             self._started += start
         self._todo.put(key)
@@ -238,17 +263,48 @@ class ChunkReads:
     def _fetch(self, key: SpanKey) -> bytes:
         return self.get(key.url, key.start, key.end)
 
+    def _wait_for(self, key: SpanKey) -> Any:
+        """The span's bytes, got by a reading thread (None: its request failed); raises
+        ``SpanLate`` past the deadline."""
+        wanted = _Wanted(key)
+        with self._lock:
+            self._forked()
+            start = self._readers < READERS
+            self._readers += start
+        self._wants.put(wanted)
+        if start:
+            threading.Thread(target=self._serve, name="stoker-spans-read", daemon=True).start()
+        seconds = fetch.fetcher().timeout
+        if not wanted.done.wait(seconds):
+            raise SpanLate(
+                f"no bytes after {seconds:.0f} s (a request that never answers: a stalled "
+                "server?); counted as bad"
+            )
+        return wanted.data
+
+    def _serve(self) -> None:
+        """A reading thread: get the spans samples wait for."""
+        while True:
+            wanted = self._wants.get()
+            try:
+                wanted.data = self.cache.get(wanted.key, self._fetch)
+            except Exception:  # noqa: BLE001, S110 - None: the samples read alone
+                pass
+            finally:
+                wanted.done.set()
+
     def read(self, index: int) -> bytes | None:
         """Sample ``index``'s bytes out of its span, or None (not planned, or its span's
-        request failed): read it alone."""
+        request failed): read it alone. Raises ``SpanLate`` past the deadline."""
         with self._lock:
             found = self._where.pop(index, None)
             if found is None or found[0] in self._failed:
                 return None
         key, start, end = found
-        try:
-            data = self.cache.get(key, self._fetch)
-        except Exception:  # noqa: BLE001 - each sample is then read alone, and named
+        data = self.cache.held(key)
+        if data is None:
+            data = self._wait_for(key)
+        if data is None:  # its request failed: each sample is then read alone, and named
             with self._lock:
                 self._failed.add(key)
             return None
