@@ -83,9 +83,8 @@ class SpanCache:
     def get(self, key: SpanKey, fetch: Fetch) -> bytes | mmap.mmap:
         """The span's bytes (sliceable), fetched at most once; raises what the fetch raised."""
         with self._lock:
-            held = self._hand.get(key)
+            held = self._at_hand(key)
             if held is not None:
-                self._hand.move_to_end(key)
                 return held
             flight = self._flights.get(key)
             mine = flight is None
@@ -116,10 +115,14 @@ class SpanCache:
         """The span's bytes if this process holds it at hand now (never fetches, never
         waits), else None."""
         with self._lock:
-            data = self._hand.get(key)
-            if data is not None:
-                self._hand.move_to_end(key)
-            return data
+            return self._at_hand(key)
+
+    def _at_hand(self, key: SpanKey) -> bytes | mmap.mmap | None:
+        """``held``'s answer, marked used now; under the lock."""
+        data = self._hand.get(key)
+        if data is not None:
+            self._hand.move_to_end(key)
+        return data
 
     def has(self, key: SpanKey) -> bool:
         """Whether this process holds the span at hand or is fetching it now."""

@@ -28,6 +28,7 @@ and every byte fetched is decoded (a row group's bytes are its images, less its 
 
 from __future__ import annotations
 
+import mmap
 import os
 import queue
 import threading
@@ -192,7 +193,7 @@ class _Wanted:
     def __init__(self, key: SpanKey) -> None:
         self.key = key
         self.done = threading.Event()
-        self.data: bytes | Any = None  # None once done: its request failed
+        self.data: bytes | mmap.mmap | None = None  # None once done: its request failed
 
 
 class ChunkReads:
@@ -263,7 +264,7 @@ class ChunkReads:
     def _fetch(self, key: SpanKey) -> bytes:
         return self.get(key.url, key.start, key.end)
 
-    def _wait_for(self, key: SpanKey) -> Any:
+    def _wait_for(self, key: SpanKey) -> bytes | mmap.mmap | None:
         """The span's bytes, got by a reading thread (None: its request failed); raises
         ``SpanLate`` past the deadline."""
         wanted = _Wanted(key)
