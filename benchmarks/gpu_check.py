@@ -493,6 +493,11 @@ def table(results: dict[str, Any]) -> str:
     )
 
 
+def save(out: Path, results: dict[str, Any]) -> None:
+    """Write what is measured so far: a run stopped at its limit keeps its finished parts."""
+    (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="gpu_check_out", help="folder for data and results")
@@ -512,6 +517,7 @@ def main() -> int:
         "config": cfg,
     }
     results["setup"] = setup(out / "site", build=not args.dry_run)
+    save(out, results)
     env = environment(out / "site")
     sys.path[:0] = [str(ROOT / "src"), str(out / "site"), str(HERE)]
     import photo_source
@@ -535,6 +541,7 @@ def main() -> int:
         "seconds": round(time.perf_counter() - t0, 1),
     }
     print(f"data: {results['data']}", flush=True)
+    save(out, results)
     if cuda:
         tests = subprocess.run(
             [
@@ -562,7 +569,10 @@ def main() -> int:
             "returncode": tests.returncode,
             "tail": tests.stdout[-1500:] + tests.stderr[-500:],
         }
+        print(f"cuda tests: {results['cuda_tests']}", flush=True)
         results["transfer"] = child(["transfer", str(data), json.dumps(cfg)], env, cfg["child_s"])
+        print(f"transfer: {results['transfer']}", flush=True)
+        save(out, results)
     else:
         results["cuda_tests"] = "skipped: no CUDA device (or --dry-run)"
         print("CUDA tests, stoker's transfer line and peer (c) skipped: no CUDA", flush=True)
@@ -573,18 +583,20 @@ def main() -> int:
         r.setdefault("feeder", kind)
         results["train"].append(r)
         print(f"train {kind}: {r}", flush=True)
+        save(out, results)
     results["scale"] = []
     for w in cfg["scale"]:
         r = child(["scale", str(data), json.dumps(cfg), str(w)], env, cfg["child_s"])
         results["scale"].append(r)
         print(f"scale {w}: {r}", flush=True)
+        save(out, results)
     results["cluster_scale"] = []
     for cores in [c for c in cfg["cluster_scale"] if c < (os.cpu_count() or 1)]:
         r = child(["cluster_scale", str(data), json.dumps(cfg), str(cores)], env, cfg["child_s"])
         results["cluster_scale"].append(r)
         print(f"cluster {cores}: {r}", flush=True)
     results["seconds"] = round(time.perf_counter() - t_start, 1)
-    (out / "gpu_check.json").write_text(json.dumps(results, indent=2))
+    save(out, results)
     text = table(results)
     (out / "gpu_check.md").write_text(text + "\n")
     print(text)
