@@ -270,6 +270,8 @@ def train(kind: str, data: str, cfg: dict[str, Any]) -> dict[str, Any]:
     loss_fn = torch.nn.CrossEntropyLoss()
     batches = feed(kind, data, cfg, device)
     pairs, host_wait, images = [], 0.0, 0
+    checks: dict[str, Any] = {}
+    loss = torch.zeros(())
     t0 = cpu0 = 0.0
     start = end = None
     for step in range(cfg["warmup"] + cfg["steps"]):
@@ -280,11 +282,20 @@ def train(kind: str, data: str, cfg: dict[str, Any]) -> dict[str, Any]:
                 start = torch.cuda.Event(enable_timing=True)
                 start.record()
             t0, cpu0 = time.perf_counter(), tree_cpu()
+            checks["loss_after_warmup"] = float(loss)
         asked = time.perf_counter()
         if cuda and timed:
             a = torch.cuda.Event(enable_timing=True)
             a.record()
         x, y = next(batches)
+        if step == 0:  # what the model is fed, once, before the timed steps
+            first = x.float()
+            checks["input"] = {
+                "min": float(first.min()),
+                "max": float(first.max()),
+                "mean": round(float(first.mean()), 4),
+                "finite": bool(torch.isfinite(first).all()),
+            }
         if cuda and timed:
             b = torch.cuda.Event(enable_timing=True)
             b.record()
@@ -310,6 +321,7 @@ def train(kind: str, data: str, cfg: dict[str, Any]) -> dict[str, Any]:
         "host_wait_share": round(host_wait / seconds, 4),
         "cpu_ms_per_img": round(1000 * cpu / images, 3),
         "loss": float(loss),
+        **checks,
     }
     if cuda and start is not None and end is not None:
         gpu_wait = sum(a.elapsed_time(b) for a, b in pairs)

@@ -153,7 +153,8 @@ def test_zero_copy_from_page_locked_slots_waits_for_each_copy(image_folder) -> N
     assert sorted(runtime.unregistered) == sorted(runtime.registered)  # and unlocked at close
     assert runtime.synced >= 6  # slot reuse waited on the copies' events
     assert report.kept_batches == 0
-    assert report.device_wait_s == pytest.approx(8 * 0.002)  # 2 ms GPU idle per batch
+    # 2 ms GPU idle per batch; the first batch's wait is start-up, left out as the host's is
+    assert report.device_wait_s == pytest.approx(7 * 0.002)
     assert "GPU waited" in str(report)
 
 

@@ -24,6 +24,7 @@ from typing import TypeAlias, TypeVar
 import numpy as np
 import torch
 
+from ..stats import Stats
 from .feed import FieldList, Ring, RingSegment
 
 __all__ = ["CudaRuntime", "DeviceClock", "MemcpyTransfer", "SlotPinner", "ZeroCopyTransfer"]
@@ -152,11 +153,14 @@ def pinner_for(ring: Ring, runtime: CudaRuntime) -> SlotPinner:
 class DeviceClock:
     """The GPU's own idle time while the consumer waited: an event recorded on the consumer's
     stream when it asks for a batch, another once the batch is ready on it; their distance is
-    time the GPU had nothing queued (as the events complete, added to the loader's stats)."""
+    time the GPU had nothing queued (as the events complete, added to the loader's stats).
 
-    def __init__(self, runtime: CudaRuntime, add: Callable[[float], None]) -> None:
-        self.runtime, self.add = runtime, add
-        self.pending: deque[tuple[torch.cuda.Event, torch.cuda.Event]] = deque()
+    The wait for the loader's first batch is start-up, not training: like the host's wait, it
+    is left out, so the GPU's share is of the same training loop as the host's."""
+
+    def __init__(self, runtime: CudaRuntime, stats: Stats) -> None:
+        self.runtime, self.stats = runtime, stats
+        self.pending: deque[tuple[torch.cuda.Event, torch.cuda.Event, bool]] = deque()
 
     def timed(self, batches: Iterator[Item]) -> Iterator[Item]:
         """``batches``, with the GPU's wait for each one measured."""
@@ -164,12 +168,13 @@ class DeviceClock:
             while True:
                 start = self.runtime.event(timing=True)
                 start.record(self.runtime.current_stream())
+                first = self.stats.first_at is None
                 out = next(batches, None)
                 if out is None:
                     return
                 end = self.runtime.event(timing=True)
                 end.record(self.runtime.current_stream())
-                self.pending.append((start, end))
+                self.pending.append((start, end, first))
                 self.collect()
                 yield out
                 del out
@@ -181,8 +186,9 @@ class DeviceClock:
     def collect(self) -> None:
         """Add the waits whose events have completed (they complete in order)."""
         while self.pending and self.pending[0][1].query():
-            start, end = self.pending.popleft()
-            self.add(start.elapsed_time(end) / 1000.0)
+            start, end, first = self.pending.popleft()
+            if not first:
+                self.stats.add_device_wait(start.elapsed_time(end) / 1000.0)
 
 
 class _Transfer:

@@ -213,7 +213,7 @@ class TorchLoader(LoaderView):
             transfer.hand_over(issued)  # by the transfer that issued it
             return pending[0]
 
-        clock = DeviceClock(runtime, self.loader._device_stats().add_device_wait)
+        clock = DeviceClock(runtime, self.loader._device_stats())
         return clock.timed(look_ahead(self.loader, issue, hand_over))
 
     def _transfer(self, runtime: CudaRuntime) -> Transfer:
