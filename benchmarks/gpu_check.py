@@ -235,6 +235,10 @@ def feed(kind: str, data: str, cfg: dict[str, Any], device: Any) -> Any:
         rng = np.random.default_rng(0)
         while True:
             for raw, y in dl:
+                # decode_jpeg(device="cuda") may write into blocks freed while kernels queued on
+                # this stream still read them (pytorch/vision PR 9606): on the H100 the model
+                # trained to NaN in 3 of 3 runs without a wait, and like (b) with one each step
+                torch.cuda.synchronize(device)
                 images = decode_jpeg(raw, device=device)
                 crops = []
                 for im in images:
