@@ -25,11 +25,13 @@ of ``--batch-size``, ``--workers`` worker processes; the peers decode with simpl
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -323,16 +325,29 @@ def run_child(
     # a fresh temporary folder per run, removed after it (litdata's chunk cache goes there):
     # no run writes behind the next one's back, and nothing piles up over the rounds
     env["TMPDIR"] = tempfile.mkdtemp(prefix="run-", dir=root)
+    # its own process group, ended with it: a peer's process that outlived the run (litdata's)
+    # wrote its chunk cache into the removed folder behind the next runs' backs
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 600)
+        stdout, stderr = proc.communicate(timeout=seconds + 600)
     except subprocess.TimeoutExpired:
         raise common.Skip(f"{peer}: no result within {seconds + 600:.0f} s") from None
     finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         shutil.rmtree(env["TMPDIR"], ignore_errors=True)
-    if out.returncode:
-        tail = [line for line in out.stderr.strip().splitlines() if line.strip()][-3:]
-        raise common.Skip(f"{peer} failed ({out.returncode}): {' | '.join(tail)[-600:]}")
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    if proc.returncode:
+        tail = [line for line in stderr.strip().splitlines() if line.strip()][-3:]
+        raise common.Skip(f"{peer} failed ({proc.returncode}): {' | '.join(tail)[-600:]}")
+    return dict(json.loads(stdout.strip().splitlines()[-1]))
 
 
 # ---------------------------------------------------------------------------- the case

@@ -94,6 +94,7 @@ class Assembler:
         if epoch != self._epoch:
             self._global, self._slots = self.plan.global_order(epoch), self.plan.slots(epoch)
             self._order, self._epoch = self.plan.order(epoch), epoch
+            self.reader.plan_epoch(self._order, lambda: self.plan.order(epoch + 1))
         return self._order
 
     def _ahead(self, epoch: int, at: int) -> np.ndarray:

@@ -8,6 +8,7 @@ import mmap
 import os
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -113,6 +114,11 @@ class StoredReads:
         ``upcoming`` ones after them (the next batches', or None). A remote source merges
         their byte ranges into few requests, fetched ahead (``sources.spans``); the default
         does nothing. Must not raise (a failed plan is read sample by sample)."""
+
+    def plan_epoch(self, order: Any, following: Callable[[], Any]) -> None:
+        """Hint: an epoch starts, its samples in ``order``; ``following()`` gives the next
+        epoch's. A source that caches fetched bytes keeps those needed soonest (remote shards'
+        span cache); the default does nothing. Must not raise."""
 
     @property
     def fetches_ahead(self) -> bool:

@@ -56,6 +56,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -183,6 +184,11 @@ class ReadAhead:
         self._native_mode()
 
     # ------------------------------------------------------------------ caller side
+
+    def plan_epoch(self, order: np.ndarray, following: Callable[[], np.ndarray]) -> None:
+        """An epoch starts with samples ``order``; ``following()`` is the next epoch's: told
+        to the source (``StoredReads.plan_epoch``)."""
+        self.stored.plan_epoch(order, following)
 
     def start(self, indices: np.ndarray, upcoming: np.ndarray | None = None) -> None:
         """The samples about to be taken, in order (one batch); replaces any earlier window.

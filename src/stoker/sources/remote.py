@@ -367,17 +367,13 @@ class RemoteShardSource(MergedReads, ShardSource):
         """The fixed spans (a row group's images, or a part of them) holding these samples'
         image bytes (``MergedReads.sample_chunks``); a null image has none."""
         indices = np.asarray(indices, dtype=np.int64)
-        shard = np.searchsorted(self.starts, indices, side="right") - 1
-        row = indices - self.starts[shard]
-        number = np.full(len(indices), -1, dtype=np.int64)
+        shard, row, number = self._span_numbers(indices)
         offset = np.zeros(len(indices), dtype=np.int64)
         end = np.zeros(len(indices), dtype=np.int64)
-        for k in np.unique(shard).tolist():
+        for k in [] if only_spans else np.unique(shard).tolist():
             mine = shard == k
-            number[mine] = self._fixed_spans(k)[0][row[mine]]
-            if not only_spans:
-                pairs = np.asarray(self._table(k)[row[mine] + HEADER_ROWS], dtype=np.int64)
-                offset[mine], end[mine] = pairs[:, 0], pairs[:, 0] + pairs[:, 1]
+            pairs = np.asarray(self._table(k)[row[mine] + HEADER_ROWS], dtype=np.int64)
+            offset[mine], end[mine] = pairs[:, 0], pairs[:, 0] + pairs[:, 1]
         if only_spans:  # each span once, in the order first needed
             _, first = np.unique(shard * (1 << 32) + number, return_index=True)
             picked = np.sort(first)
@@ -396,6 +392,27 @@ class RemoteShardSource(MergedReads, ShardSource):
             for i in range(len(indices))
             if number[i] >= 0
         ]
+
+    def span_ids(self, indices: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+        """Each sample's fixed span as one number (its shard and its span in it), and those
+        numbers by the spans' file names (``MergedReads.span_ids``)."""
+        shard, _, number = self._span_numbers(np.asarray(indices, dtype=np.int64))
+        ids = np.where(number >= 0, (shard << 32) + number, -1)
+        names = {
+            self._span_key(int(i) >> 32, int(i) & 0xFFFFFFFF).file_name(): int(i)
+            for i in np.unique(ids[ids >= 0]).tolist()
+        }
+        return ids, names
+
+    def _span_numbers(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Each sample's shard, row in it and fixed span in it (-1: a null image has none)."""
+        shard = np.searchsorted(self.starts, indices, side="right") - 1
+        row = indices - self.starts[shard]
+        number = np.full(len(indices), -1, dtype=np.int64)
+        for k in np.unique(shard).tolist():
+            mine = shard == k
+            number[mine] = self._fixed_spans(k)[0][row[mine]]
+        return shard, row, number
 
     def _span_key(self, shard: int, number: int) -> SpanKey:
         start, end = (int(v) for v in self._fixed_spans(shard)[1][number])

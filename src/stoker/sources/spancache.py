@@ -10,11 +10,16 @@ first to ask fetches, the others wait for it and read what it wrote.
   trainer is killed: ``shm.reaper``). A span is fetched by whoever holds its lock file's
   exclusive ``flock`` (single flight across processes; a killed fetcher's lock goes with it),
   written under a temporary name and renamed into place, so a span file is always whole. The
-  folder holds at most ``limit`` bytes of spans (the least recently used go first; a process
-  still reading one keeps its mapping), plus the spans being written at that moment. A folder
-  that is not this user's alone (another owner, group or world access, a link) is never used.
+  folder holds at most ``limit`` bytes of spans (a process still reading one keeps its
+  mapping), plus the spans being written at that moment. A folder that is not this user's
+  alone (another owner, group or world access, a link) is never used.
 - ``LocalSpans(limit)``: the same in one process's memory (``workers=0``, or a process that
   cannot reach the loader's folder: a node of a cluster), at most ``limit`` bytes.
+
+Which spans go when the cache is full: those the plan needs last (``next_use``: how far ahead
+each span is needed next, which the plan knows for this epoch and the next; Belady's rule), or,
+where nothing tells that, the least recently used. Over epochs of data a little larger than the
+cache, the least recently used is the worst choice: it drops the spans the epoch still needs.
 
 Each process also keeps the spans it maps, at most ``MAPPED`` of them (least recently used
 out first), so the memory a loader's spans take is bounded by ``limit`` plus ``MAPPED`` spans
@@ -33,7 +38,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ..shm import ownerlock, reaper
 from ..shm.folder import pick_folder
@@ -59,6 +64,9 @@ class SpanKey(NamedTuple):
 
 
 Fetch = Callable[[SpanKey], bytes]
+#: How far ahead the span of this file name (``SpanKey.file_name``) is needed next, in samples
+#: of the plan (``math.inf``: not again that it knows of).
+NextUse = Callable[[str], float]
 
 
 class _Flight:
@@ -79,6 +87,9 @@ class SpanCache:
         self._hand: OrderedDict[SpanKey, bytes | mmap.mmap] = OrderedDict()
         self._flights: dict[SpanKey, _Flight] = {}
         self.fetched = self.shared = 0  # spans this process fetched / found fetched by another
+        #: the plan's answer to which spans go first when the cache is full (None: the least
+        #: recently used); see the module docstring
+        self.next_use: NextUse | None = None
 
     def get(self, key: SpanKey, fetch: Fetch) -> bytes | mmap.mmap:
         """The span's bytes (sliceable), fetched at most once; raises what the fetch raised."""
@@ -157,8 +168,11 @@ class LocalSpans(SpanCache):
         with self._lock:
             self._kept[key] = data
             self._kept_bytes += len(data)
-            while self._kept_bytes > self.limit and len(self._kept) > 1:
-                self._kept_bytes -= len(self._kept.popitem(last=False)[1])
+            if self._kept_bytes > self.limit:
+                for victim in _first_out(list(self._kept), key, self.next_use):
+                    if self._kept_bytes <= self.limit:
+                        break
+                    self._kept_bytes -= len(self._kept.pop(victim))
         return data
 
     def clear(self) -> None:
@@ -217,7 +231,8 @@ class SharedSpans(SpanCache):
         self._trim(path)
 
     def _trim(self, keep: str) -> None:
-        """Remove the least recently used spans until the folder holds at most ``limit``."""
+        """Remove spans, those needed last first (``next_use``; else the least recently
+        used), until the folder holds at most ``limit``."""
         spans = []
         try:
             names = os.listdir(self.folder)
@@ -226,18 +241,38 @@ class SharedSpans(SpanCache):
         for name in names:
             if "." in name:  # a lock or a span being written
                 continue
-            path = os.path.join(self.folder, name)
             with contextlib.suppress(OSError):
-                st = os.lstat(path)
-                spans.append((st.st_mtime_ns, st.st_size, path))
+                st = os.lstat(os.path.join(self.folder, name))
+                spans.append((st.st_mtime_ns, st.st_size, name))
         total = sum(size for _, size, _ in spans)
-        for _, size, path in sorted(spans):
+        if total <= self.limit:
+            return
+        sizes = {name: size for _, size, name in spans}
+        ranked = [name for _, _, name in sorted(spans)]  # least recently used first
+        for name in _first_out(ranked, os.path.basename(keep), self.next_use, str):
             if total <= self.limit:
                 return
-            if path != keep:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-                total -= size
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.folder, name))
+            total -= sizes[name]
+
+
+def _first_out(
+    ranked: list[Any],
+    keep: Any,
+    next_use: NextUse | None,
+    name: Callable[[Any], str] | None = None,
+) -> list[Any]:
+    """The spans of ``ranked`` (least recently used first) in the order they leave a full
+    cache, ``keep`` (the one just added) not among them: those the plan needs last first,
+    the least recently used first among equals and where nothing tells (``next_use`` None).
+    ``name``: a span's file name (default: ``SpanKey.file_name``)."""
+    out = [span for span in ranked if span != keep]
+    if next_use is None:
+        return out
+    named = name or SpanKey.file_name
+    far = [next_use(named(span)) for span in out]
+    return [out[i] for i in sorted(range(len(out)), key=lambda i: -far[i])]
 
 
 def _mapped(path: str, key: SpanKey) -> mmap.mmap | None:

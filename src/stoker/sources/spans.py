@@ -28,6 +28,7 @@ and every byte fetched is decoded (a row group's bytes are its images, less its 
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import queue
@@ -318,6 +319,43 @@ class ChunkReads:
         self.cache.clear()
 
 
+class NextUses:
+    """How far ahead the plan needs each fixed span next (``spancache.NextUse``), from one
+    epoch's order of samples, their spans' ids, the next epoch's, and each span's id by file
+    name; ``at(indices)`` moves it to the batch that starts with ``indices[0]``."""
+
+    def __init__(
+        self, order: np.ndarray, ids: np.ndarray, following: np.ndarray, names: dict[str, int]
+    ) -> None:
+        self.names, self.length, self.position = names, len(ids), 0
+        self.sorter = np.argsort(ids, kind="stable")  # each span's positions, ascending
+        self.sorted_ids = ids[self.sorter]
+        unique, first = np.unique(following, return_index=True)
+        self.first_next = dict(zip(unique.tolist(), first.tolist(), strict=True))
+        self.position_of = np.full(int(order.max(initial=-1)) + 1, -1, dtype=np.int64)
+        self.position_of[order] = np.arange(len(order))
+
+    def at(self, indices: np.ndarray) -> None:
+        """The batch being planned starts with sample ``indices[0]``."""
+        if len(indices) and 0 <= indices[0] < len(self.position_of):
+            where = int(self.position_of[indices[0]])
+            self.position = where if where >= 0 else self.position
+
+    def __call__(self, name: str) -> float:
+        """Samples until span ``name`` is needed next: in this epoch, else in the next."""
+        span = self.names.get(name)
+        if span is None:
+            return math.inf
+        lo = int(np.searchsorted(self.sorted_ids, span, side="left"))
+        hi = int(np.searchsorted(self.sorted_ids, span, side="right"))
+        positions = self.sorter[lo:hi]
+        k = int(np.searchsorted(positions, self.position))
+        if k < len(positions):
+            return float(positions[k] - self.position)
+        first = self.first_next.get(span)
+        return math.inf if first is None else float(self.length - self.position + first)
+
+
 class MergedReads:
     """For a source whose sample is one byte range of a stored object (a Parquet shard's
     image, a tar's member): ``plan_reads`` tells the reads of the next batches, and
@@ -342,6 +380,7 @@ class MergedReads:
     _span_folder: str | None = None
     _span_folder_pid = -1
     _span_folder_end: Any = None
+    _next_use: NextUses | None = None
 
     @property
     def fetches_ahead(self) -> bool:
@@ -362,9 +401,30 @@ class MergedReads:
         Used only where ``chunked``."""
         raise NotImplementedError
 
+    def span_ids(self, indices: np.ndarray) -> tuple[np.ndarray, dict[str, int]]:
+        """Each sample's fixed span as a number (-1: none), and the numbers of those spans by
+        file name (``SpanKey.file_name``). Used only where ``chunked``."""
+        raise NotImplementedError
+
     def span_get(self, url: str, start: int, end: int) -> bytes:
         """One request for bytes ``[start, end)`` of ``url``."""
         raise NotImplementedError
+
+    def plan_epoch(self, order: Any, following: Callable[[], Any]) -> None:
+        """An epoch starts with samples ``order``, and ``following()`` is the next epoch's:
+        the span cache then drops the spans they need last (``NextUses``) where the spans
+        are fixed; a plan that cannot be made leaves it the least recently used."""
+        if not self.fetches_ahead:
+            return
+        try:
+            order = np.asarray(order, dtype=np.int64)
+            ids, names = self.span_ids(order)
+            next_ids, more = self.span_ids(np.asarray(following(), dtype=np.int64))
+            self._next_use = NextUses(order, ids, next_ids, {**names, **more})
+        except Exception:  # noqa: BLE001 - no plan: the least recently used go first
+            self._next_use = None
+        if self._chunks is not None:
+            self._chunks.cache.next_use = self._next_use
 
     def plan_reads(self, indices: Any, upcoming: Any = None) -> None:
         """Plan the reads of these samples (the next batch's) and of ``upcoming`` ones (the
@@ -395,6 +455,9 @@ class MergedReads:
             else:  # one process (workers=0), or a node that cannot reach the loader's folder
                 cache = LocalSpans(self.span_bytes)
             self._chunks = ChunkReads(self.span_get, cache)
+            cache.next_use = self._next_use
+        if self._next_use is not None:
+            self._next_use.at(np.asarray(indices, dtype=np.int64))
         try:
             wanted = self.sample_chunks(np.asarray(indices, dtype=np.int64))
             ahead = (
@@ -418,7 +481,7 @@ class MergedReads:
         """``state`` (the source's, being sent to worker processes) without this process's
         reads, and with the path of the span folder they share (made now, in the process that
         owns the source, when its objects fall into fixed spans)."""
-        for key in ("_spans", "_chunks", "_span_folder_end"):
+        for key in ("_spans", "_chunks", "_span_folder_end", "_next_use"):
             state.pop(key, None)
         if self.chunked and self.merge_gap is not None and self._span_folder is None:
             if self._span_folder_pid in (-1, os.getpid()):

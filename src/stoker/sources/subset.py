@@ -10,6 +10,7 @@ passed (``source_indices`` translates)."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -85,6 +86,15 @@ class SubsetSource(StoredReads, Source):
         """The base's, for samples ``indices[indices]`` (and ``indices[upcoming]``)."""
         ahead = None if upcoming is None else self.indices[np.asarray(upcoming, dtype=np.int64)]
         self.stored.plan_reads(self.indices[np.asarray(indices, dtype=np.int64)], ahead)
+
+    def plan_epoch(self, order: Any, following: Callable[[], Any]) -> None:
+        """The base's, for samples ``indices[order]`` (and ``indices[following()]``)."""
+        base = self.indices
+
+        def mapped() -> Any:
+            return base[np.asarray(following(), dtype=np.int64)]
+
+        self.stored.plan_epoch(base[np.asarray(order, dtype=np.int64)], mapped)
 
     def bypass_page_cache(self) -> bool:
         """The base's."""
