@@ -409,8 +409,9 @@ class RemoteShardSource(MergedReads, ShardSource):
         shard = np.searchsorted(self.starts, indices, side="right") - 1
         row = indices - self.starts[shard]
         number = np.full(len(indices), -1, dtype=np.int64)
-        for k in np.unique(shard).tolist():
-            mine = shard == k
+        by_shard = np.argsort(shard, kind="stable")  # one pass per shard, not one per sample
+        shards, cuts = np.unique(shard[by_shard], return_index=True)
+        for k, mine in zip(shards.tolist(), np.split(by_shard, cuts[1:]), strict=True):
             number[mine] = self._fixed_spans(k)[0][row[mine]]
         return shard, row, number
 

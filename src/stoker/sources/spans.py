@@ -24,6 +24,9 @@ says which spans are needed next, and they are fetched ahead, in the order they 
 needed, on ``PREFETCH_THREADS`` threads. While the spans of two of the quasi-random order's
 windows fit in the cache, no byte is fetched twice in an epoch by the processes of one machine,
 and every byte fetched is decoded (a row group's bytes are its images, less its page headers).
+At the start of each epoch the source is told its order and the next epoch's (``plan_epoch``):
+a full cache then drops the spans needed last (``NextUses``), so over epochs of data larger
+than the cache only about what does not fit is fetched again.
 """
 
 from __future__ import annotations
@@ -332,14 +335,16 @@ class NextUses:
         self.sorted_ids = ids[self.sorter]
         unique, first = np.unique(following, return_index=True)
         self.first_next = dict(zip(unique.tolist(), first.tolist(), strict=True))
-        self.position_of = np.full(int(order.max(initial=-1)) + 1, -1, dtype=np.int64)
-        self.position_of[order] = np.arange(len(order))
+        self.by_sample = np.argsort(order, kind="stable")  # a sample's position: a search
+        self.samples = order[self.by_sample]
 
     def at(self, indices: np.ndarray) -> None:
         """The batch being planned starts with sample ``indices[0]``."""
-        if len(indices) and 0 <= indices[0] < len(self.position_of):
-            where = int(self.position_of[indices[0]])
-            self.position = where if where >= 0 else self.position
+        if not len(indices):
+            return
+        k = int(np.searchsorted(self.samples, indices[0]))
+        if k < len(self.samples) and self.samples[k] == indices[0]:
+            self.position = int(self.by_sample[k])
 
     def __call__(self, name: str) -> float:
         """Samples until span ``name`` is needed next: in this epoch, else in the next."""
@@ -381,6 +386,7 @@ class MergedReads:
     _span_folder_pid = -1
     _span_folder_end: Any = None
     _next_use: NextUses | None = None
+    _next_made = 0  # epochs told to plan_epoch: only the latest one's NextUses is kept
 
     @property
     def fetches_ahead(self) -> bool:
@@ -413,18 +419,31 @@ class MergedReads:
     def plan_epoch(self, order: Any, following: Callable[[], Any]) -> None:
         """An epoch starts with samples ``order``, and ``following()`` is the next epoch's:
         the span cache then drops the spans they need last (``NextUses``) where the spans
-        are fixed; a plan that cannot be made leaves it the least recently used."""
+        are fixed. Worked out on a thread of its own (about 2 s for ImageNet's 1.28 M samples
+        in 1,000 shards): until it is done the previous epoch's answer holds, which already
+        knows this epoch's order; a plan that cannot be made leaves the least recently used."""
         if not self.fetches_ahead:
             return
+        self._next_made = made = self._next_made + 1
+        args = (np.asarray(order, dtype=np.int64), np.asarray(following(), dtype=np.int64), made)
+        threading.Thread(
+            target=self._make_next_uses, args=args, name="stoker-spans-plan", daemon=True
+        ).start()
+
+    def _make_next_uses(self, order: np.ndarray, following: np.ndarray, made: int) -> None:
+        """``plan_epoch``'s thread: the epoch's ``NextUses``, unless a later epoch's came."""
         try:
-            order = np.asarray(order, dtype=np.int64)
             ids, names = self.span_ids(order)
-            next_ids, more = self.span_ids(np.asarray(following(), dtype=np.int64))
-            self._next_use = NextUses(order, ids, next_ids, {**names, **more})
+            next_ids, more = self.span_ids(following)
+            uses: NextUses | None = NextUses(order, ids, next_ids, {**names, **more})
         except Exception:  # noqa: BLE001 - no plan: the least recently used go first
-            self._next_use = None
-        if self._chunks is not None:
-            self._chunks.cache.next_use = self._next_use
+            uses = None
+        if made != self._next_made:
+            return
+        self._next_use = uses
+        chunks = self._chunks
+        if chunks is not None:
+            chunks.cache.next_use = uses
 
     def plan_reads(self, indices: Any, upcoming: Any = None) -> None:
         """Plan the reads of these samples (the next batch's) and of ``upcoming`` ones (the
