@@ -331,11 +331,14 @@ class NextUses:
         self, order: np.ndarray, ids: np.ndarray, following: np.ndarray, names: dict[str, int]
     ) -> None:
         self.names, self.length, self.position = names, len(ids), 0
-        self.sorter = np.argsort(ids, kind="stable")  # each span's positions, ascending
-        self.sorted_ids = ids[self.sorter]
+        small = np.int32 if len(ids) < 2**31 else np.int64  # positions: 4 bytes a sample
+        self.sorter = np.argsort(ids, kind="stable").astype(small)  # by span, ascending
+        spans, cuts = np.unique(ids[self.sorter], return_index=True)
+        ends = [*cuts[1:].tolist(), len(ids)]
+        self.bounds = dict(zip(spans.tolist(), zip(cuts.tolist(), ends, strict=True), strict=True))
         unique, first = np.unique(following, return_index=True)
         self.first_next = dict(zip(unique.tolist(), first.tolist(), strict=True))
-        self.by_sample = np.argsort(order, kind="stable")  # a sample's position: a search
+        self.by_sample = np.argsort(order, kind="stable").astype(small)  # a sample's position
         self.samples = order[self.by_sample]
 
     def at(self, indices: np.ndarray) -> None:
@@ -351,8 +354,7 @@ class NextUses:
         span = self.names.get(name)
         if span is None:
             return math.inf
-        lo = int(np.searchsorted(self.sorted_ids, span, side="left"))
-        hi = int(np.searchsorted(self.sorted_ids, span, side="right"))
+        lo, hi = self.bounds.get(span, (0, 0))
         positions = self.sorter[lo:hi]
         k = int(np.searchsorted(positions, self.position))
         if k < len(positions):
