@@ -370,8 +370,7 @@ class RemoteShardSource(MergedReads, ShardSource):
         shard, row, number = self._span_numbers(indices)
         offset = np.zeros(len(indices), dtype=np.int64)
         end = np.zeros(len(indices), dtype=np.int64)
-        for k in [] if only_spans else np.unique(shard).tolist():
-            mine = shard == k
+        for k, mine in [] if only_spans else _by_shard(shard):
             pairs = np.asarray(self._table(k)[row[mine] + HEADER_ROWS], dtype=np.int64)
             offset[mine], end[mine] = pairs[:, 0], pairs[:, 0] + pairs[:, 1]
         if only_spans:  # each span once, in the order first needed
@@ -409,9 +408,7 @@ class RemoteShardSource(MergedReads, ShardSource):
         shard = np.searchsorted(self.starts, indices, side="right") - 1
         row = indices - self.starts[shard]
         number = np.full(len(indices), -1, dtype=np.int64)
-        by_shard = np.argsort(shard, kind="stable")  # one pass per shard, not one per sample
-        shards, cuts = np.unique(shard[by_shard], return_index=True)
-        for k, mine in zip(shards.tolist(), np.split(by_shard, cuts[1:]), strict=True):
+        for k, mine in _by_shard(shard):
             number[mine] = self._fixed_spans(k)[0][row[mine]]
         return shard, row, number
 
@@ -479,3 +476,11 @@ def _manifest_entries(url: str, where: str, raw: bytes) -> tuple[list[tuple[str,
     if not entries:
         raise SourceError(f"{shown(where)}: lists no shards")
     return entries, manifest
+
+
+def _by_shard(shard: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """Each shard among ``shard`` (one per sample) with the positions of its samples: one
+    sort, not one pass over all samples per shard."""
+    order = np.argsort(shard, kind="stable")
+    shards, cuts = np.unique(shard[order], return_index=True)
+    return list(zip(shards.tolist(), np.split(order, cuts[1:]), strict=True))
